@@ -1,0 +1,64 @@
+//! Where the Kubernetes binaries built by `hack/k8s-bins.sh` are.
+
+use crate::Error;
+use std::path::{Path, PathBuf};
+
+/// A directory holding etcd, kube-apiserver, kube-scheduler, kube-controller-manager and
+/// (for the main version) kubelet-peer.
+#[derive(Clone, Debug)]
+pub struct BinDir {
+    dir: PathBuf,
+    version: String,
+}
+
+impl BinDir {
+    /// `$AKRI_K8S_BIN_DIR` if set, else the main version's build output
+    /// (`_output/k8s/v<hack/k8s/VERSION>/bin`). `$AKRI_K8S_VERSION` selects another
+    /// version's output, e.g. `1.34.4`.
+    pub fn from_env() -> Result<Self, Error> {
+        let repo = repo_root();
+        let main_version = std::fs::read_to_string(repo.join("hack/k8s/VERSION"))
+            .map_err(Error::io("read hack/k8s/VERSION"))?
+            .trim()
+            .to_string();
+        let version = std::env::var("AKRI_K8S_VERSION")
+            .map(|v| v.trim_start_matches('v').to_string())
+            .unwrap_or(main_version);
+        let dir = match std::env::var_os("AKRI_K8S_BIN_DIR") {
+            Some(dir) => PathBuf::from(dir),
+            None => repo.join(format!("_output/k8s/v{version}/bin")),
+        };
+        let bins = BinDir { dir, version };
+        for name in ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"] {
+            bins.require(name)?;
+        }
+        Ok(bins)
+    }
+
+    /// The Kubernetes version these binaries were built from, e.g. `1.36.3`.
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// The path of one binary, or an error that says how to build it.
+    pub fn require(&self, name: &str) -> Result<PathBuf, Error> {
+        let path = self.dir.join(name);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::BinariesMissing {
+                dir: self.dir.clone(),
+                missing: name.to_string(),
+                version_arg: format!(" {}", self.version),
+            })
+        }
+    }
+}
+
+/// The repository root (this crate lives in `<root>/testing`).
+pub(crate) fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testing/ has a parent")
+        .to_path_buf()
+}

@@ -1,0 +1,446 @@
+//! etcd + kube-apiserver (+ kube-scheduler + kube-controller-manager) as processes.
+
+use crate::bins::BinDir;
+use crate::certs::Certs;
+use crate::process::Component;
+use crate::{Error, free_port};
+use base64::Engine;
+use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// What to run besides etcd and kube-apiserver, and with which gates.
+#[derive(Clone, Debug, Default)]
+pub struct ControlPlaneOptions {
+    /// Run kube-scheduler (allocation of ResourceClaims happens there).
+    pub scheduler: bool,
+    /// Run kube-controller-manager (ResourceClaims from templates, garbage collection,
+    /// namespaces, service accounts; never the node-lifecycle controller, which would taint
+    /// our simulated nodes as unreachable).
+    pub controller_manager: bool,
+    /// Feature gates on top of the defaults (every beta `DRA*` gate of the binary is on).
+    pub feature_gates: BTreeMap<String, bool>,
+    /// Extra `--runtime-config` entries for kube-apiserver, e.g. `resource.k8s.io/v1alpha3=true`.
+    pub runtime_config: Vec<String>,
+}
+
+impl ControlPlaneOptions {
+    /// Everything: etcd, kube-apiserver, kube-scheduler and kube-controller-manager.
+    pub fn full() -> Self {
+        ControlPlaneOptions {
+            scheduler: true,
+            controller_manager: true,
+            ..Default::default()
+        }
+    }
+
+    /// Adds a feature gate (alpha gates are set per test this way).
+    pub fn feature_gate(mut self, name: &str, enabled: bool) -> Self {
+        self.feature_gates.insert(name.to_string(), enabled);
+        self
+    }
+}
+
+/// A running control plane. Dropping it stops every process and removes its directory.
+pub struct ControlPlane {
+    bins: BinDir,
+    dir: tempfile::TempDir,
+    kubeconfig: PathBuf,
+    kubeconfig_yaml: Kubeconfig,
+    feature_gates: String,
+    // Field order is drop order: clients of the API server go first, etcd last.
+    controller_manager: Option<Component>,
+    scheduler: Option<Component>,
+    apiserver: Component,
+    etcd: Component,
+    started_in: Duration,
+}
+
+impl std::fmt::Debug for ControlPlane {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ControlPlane")
+            .field("dir", &self.dir.path())
+            .field("version", &self.bins.version())
+            .finish()
+    }
+}
+
+const READY_TIMEOUT: Duration = Duration::from_secs(90);
+
+impl ControlPlane {
+    /// One full control plane per test binary, started on first use. Tests that share it keep
+    /// to their own namespaces and node names ([`unique_name`](Self::unique_name) helps).
+    pub async fn shared() -> Result<&'static ControlPlane, Error> {
+        static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+        SHARED
+            .get_or_try_init(|| ControlPlane::start(ControlPlaneOptions::full()))
+            .await
+    }
+
+    /// Starts a control plane of its own.
+    pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane, Error> {
+        let started = Instant::now();
+        let bins = BinDir::from_env()?;
+        let dir = tempfile::Builder::new()
+            .prefix("akri-k8s-")
+            .tempdir()
+            .map_err(Error::io("create the control plane directory"))?;
+        let certs = Certs::generate(dir.path())?;
+        let feature_gates = feature_gates(&bins, &options)?;
+
+        let etcd_port = free_port()?;
+        let mut etcd = Component::start(
+            "etcd",
+            &bins.require("etcd")?,
+            &[
+                format!("--data-dir={}", dir.path().join("etcd").display()),
+                format!("--listen-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{etcd_port}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{}", free_port()?),
+                "--unsafe-no-fsync".into(),
+                "--log-level=warn".into(),
+            ],
+            dir.path(),
+        )?;
+        etcd.check_running()?;
+
+        let apiserver_port = free_port()?;
+        let mut runtime_config = vec!["resource.k8s.io/v1beta2=true".to_string()];
+        runtime_config.extend(options.runtime_config.iter().cloned());
+        let mut apiserver = Component::start(
+            "kube-apiserver",
+            &bins.require("kube-apiserver")?,
+            &[
+                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--bind-address=127.0.0.1".into(),
+                "--advertise-address=127.0.0.1".into(),
+                format!("--secure-port={apiserver_port}"),
+                format!("--cert-dir={}", dir.path().display()),
+                format!("--tls-cert-file={}", certs.serving_cert.display()),
+                format!("--tls-private-key-file={}", certs.serving_key.display()),
+                format!("--client-ca-file={}", certs.ca_cert.display()),
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+                format!("--service-account-key-file={}", certs.sa_pub.display()),
+                format!("--service-account-signing-key-file={}", certs.sa_key.display()),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--authorization-mode=Node,RBAC".into(),
+                "--allow-privileged=true".into(),
+                "--enable-priority-and-fairness=false".into(),
+                format!("--runtime-config={}", runtime_config.join(",")),
+                format!("--feature-gates={feature_gates}"),
+                "--v=1".into(),
+            ],
+            dir.path(),
+        )?;
+
+        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let kubeconfig_text = kubeconfig_yaml(&server, &certs);
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, &kubeconfig_text).map_err(Error::io("write the kubeconfig"))?;
+        let kubeconfig_yaml = Kubeconfig::from_yaml(&kubeconfig_text)
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        let client = client_from(&kubeconfig_yaml).await?;
+        wait_until("kube-apiserver", &mut apiserver, || async {
+            let request = http_get("/readyz");
+            matches!(client.request_text(request).await, Ok(body) if body.trim() == "ok")
+        })
+        .await?;
+        etcd.check_running()?;
+
+        let kubeconfig_arg = format!("--kubeconfig={}", kubeconfig.display());
+        let mut scheduler = None;
+        if options.scheduler {
+            let port = free_port()?;
+            let mut component = Component::start(
+                "kube-scheduler",
+                &bins.require("kube-scheduler")?,
+                &[
+                    kubeconfig_arg.clone(),
+                    format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                    format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                    "--leader-elect=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={port}"),
+                    format!("--cert-dir={}", dir.path().join("scheduler-certs").display()),
+                    format!("--feature-gates={feature_gates}"),
+                    "--v=2".into(),
+                ],
+                dir.path(),
+            )?;
+            wait_healthz(&mut component, port).await?;
+            scheduler = Some(component);
+        }
+
+        let mut controller_manager = None;
+        if options.controller_manager {
+            let port = free_port()?;
+            let mut component = Component::start(
+                "kube-controller-manager",
+                &bins.require("kube-controller-manager")?,
+                &[
+                    kubeconfig_arg.clone(),
+                    format!("--authentication-kubeconfig={}", kubeconfig.display()),
+                    format!("--authorization-kubeconfig={}", kubeconfig.display()),
+                    "--leader-elect=false".into(),
+                    "--bind-address=127.0.0.1".into(),
+                    format!("--secure-port={port}"),
+                    format!("--cert-dir={}", dir.path().join("cm-certs").display()),
+                    "--controllers=*,-node-lifecycle-controller,-node-ipam-controller".into(),
+                    format!("--service-account-private-key-file={}", certs.sa_key.display()),
+                    format!("--root-ca-file={}", certs.ca_cert.display()),
+                    format!("--cluster-signing-cert-file={}", certs.ca_cert.display()),
+                    format!("--cluster-signing-key-file={}", certs.ca_key.display()),
+                    "--use-service-account-credentials=false".into(),
+                    format!("--feature-gates={feature_gates}"),
+                    "--v=2".into(),
+                ],
+                dir.path(),
+            )?;
+            wait_healthz(&mut component, port).await?;
+            controller_manager = Some(component);
+        }
+
+        let started_in = started.elapsed();
+        tracing::info!(dir = %dir.path().display(), ?started_in, version = bins.version(), "control plane ready");
+        Ok(ControlPlane {
+            bins,
+            dir,
+            kubeconfig,
+            kubeconfig_yaml,
+            feature_gates,
+            controller_manager,
+            scheduler,
+            apiserver,
+            etcd,
+            started_in,
+        })
+    }
+
+    /// A client (admin, system:masters) for the calling test's runtime.
+    pub async fn client(&self) -> Result<kube::Client, Error> {
+        client_from(&self.kubeconfig_yaml).await
+    }
+
+    /// The admin kubeconfig file, for processes under test.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// The directory with the components' logs, certificates and etcd data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The binaries this control plane runs.
+    pub fn bins(&self) -> &BinDir {
+        &self.bins
+    }
+
+    /// The `--feature-gates` value every component got.
+    pub fn feature_gates(&self) -> &str {
+        &self.feature_gates
+    }
+
+    /// How long start-up took, from nothing to every component ready.
+    pub fn started_in(&self) -> Duration {
+        self.started_in
+    }
+
+    /// An error carrying the log tails of every component that is no longer running.
+    pub fn check_running(&mut self) -> Result<(), Error> {
+        self.etcd.check_running()?;
+        self.apiserver.check_running()?;
+        if let Some(s) = self.scheduler.as_mut() {
+            s.check_running()?;
+        }
+        if let Some(c) = self.controller_manager.as_mut() {
+            c.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// The last lines of one component's log (`etcd`, `kube-apiserver`, `kube-scheduler`,
+    /// `kube-controller-manager`), for test failure messages.
+    pub fn log_tail(&self, component: &str, lines: usize) -> String {
+        crate::process::log_tail(&self.dir.path().join(format!("{component}.log")), lines)
+    }
+
+    /// A name no other test of this process has: `<prefix>-<pid>-<n>`.
+    pub fn unique_name(prefix: &str) -> String {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        format!(
+            "{prefix}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+
+    /// Creates a namespace and its `default` ServiceAccount (so pods can be created even
+    /// before, or without, the controller-manager's service-account controller).
+    pub async fn create_namespace(&self, prefix: &str) -> Result<String, Error> {
+        let client = self.client().await?;
+        let name = Self::unique_name(prefix);
+        let namespace: Namespace = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": name }
+        }))
+        .expect("static namespace");
+        Api::<Namespace>::all(client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await?;
+        let account: ServiceAccount = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "default" }
+        }))
+        .expect("static service account");
+        match Api::<ServiceAccount>::namespaced(client, &name)
+            .create(&PostParams::default(), &account)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        Ok(name)
+    }
+
+    /// Creates a Node object for a simulated node, Ready, with room for 110 pods. No kubelet
+    /// heartbeats it, and the node-lifecycle controller is off, so it stays Ready and untainted.
+    pub async fn create_node(&self, name: &str) -> Result<Node, Error> {
+        let nodes = Api::<Node>::all(self.client().await?);
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": name,
+                "labels": { "kubernetes.io/hostname": name, "kubernetes.io/os": "linux" },
+            },
+        }))
+        .expect("static node");
+        nodes.create(&PostParams::default(), &node).await?;
+        let resources = serde_json::json!({ "cpu": "8", "memory": "32Gi", "pods": "110" });
+        let status = serde_json::json!({
+            "status": {
+                "capacity": resources,
+                "allocatable": resources,
+                "conditions": [{
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "simulated node of akri-testing",
+                    "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now(),
+                    "lastTransitionTime": k8s_openapi::jiff::Timestamp::now(),
+                }],
+            }
+        });
+        Ok(nodes
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?)
+    }
+}
+
+/// `--feature-gates`: every beta DRA gate the binary knows is on (some are beta but off by
+/// default), then the test's own gates.
+fn feature_gates(bins: &BinDir, options: &ControlPlaneOptions) -> Result<String, Error> {
+    let help = std::process::Command::new(bins.require("kube-apiserver")?)
+        .arg("--help")
+        .output()
+        .map_err(Error::io("run kube-apiserver --help"))?;
+    let help = String::from_utf8_lossy(&help.stdout);
+    let mut gates = BTreeMap::new();
+    for line in help.lines() {
+        let line = line.trim();
+        let Some(rest) = line.strip_prefix("kube:") else {
+            continue;
+        };
+        if let Some((name, tail)) = rest.split_once("=true|false (BETA") {
+            if name.starts_with("DRA") || name == "DynamicResourceAllocation" {
+                let _ = tail;
+                gates.insert(name.to_string(), true);
+            }
+        }
+    }
+    gates.extend(options.feature_gates.clone());
+    Ok(gates
+        .iter()
+        .map(|(name, on)| format!("{name}={on}"))
+        .collect::<Vec<_>>()
+        .join(","))
+}
+
+fn kubeconfig_yaml(server: &str, certs: &Certs) -> String {
+    let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+    format!(
+        "apiVersion: v1
+kind: Config
+clusters:
+- name: akri-testing
+  cluster:
+    server: {server}
+    certificate-authority-data: {ca}
+users:
+- name: admin
+  user:
+    client-certificate-data: {cert}
+    client-key-data: {key}
+contexts:
+- name: akri-testing
+  context:
+    cluster: akri-testing
+    user: admin
+current-context: akri-testing
+",
+        ca = b64(&certs.ca_pem),
+        cert = b64(&certs.admin_cert_pem),
+        key = b64(&certs.admin_key_pem),
+    )
+}
+
+async fn client_from(kubeconfig: &Kubeconfig) -> Result<kube::Client, Error> {
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn http_get(path: &str) -> http::Request<Vec<u8>> {
+    http::Request::get(path).body(Vec::new()).expect("static request")
+}
+
+/// Polls `ready` until it holds, failing early (with the log tail) if the process exits.
+async fn wait_until<F, Fut>(name: &str, component: &mut Component, mut ready: F) -> Result<(), Error>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        component.check_running()?;
+        if ready().await {
+            tracing::debug!(component = name, elapsed = ?start.elapsed(), "ready");
+            return Ok(());
+        }
+        if start.elapsed() > READY_TIMEOUT {
+            return Err(component.not_ready(READY_TIMEOUT.as_secs()));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits for a component's `/healthz` on its own serving port (self-signed certificate).
+async fn wait_healthz(component: &mut Component, port: u16) -> Result<(), Error> {
+    let http = reqwest::Client::builder()
+        .danger_accept_invalid_certs(true)
+        .timeout(Duration::from_secs(2))
+        .build()?;
+    let url = format!("https://127.0.0.1:{port}/healthz");
+    let name = component.name.clone();
+    wait_until(&name, component, || async {
+        match http.get(&url).send().await {
+            Ok(response) => response.status().is_success(),
+            Err(_) => false,
+        }
+    })
+    .await
+}

@@ -1,0 +1,58 @@
+//! Errors of the test harness.
+
+use std::path::PathBuf;
+
+/// What went wrong while bringing up or driving real Kubernetes components.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes binaries not found in {dir}: run `hack/k8s-bins.sh{version_arg}` first ({missing} is missing)")]
+    BinariesMissing {
+        dir: PathBuf,
+        missing: String,
+        version_arg: String,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("generating certificates: {0}")]
+    Certs(#[from] rcgen::Error),
+    #[error("{component} exited during start-up ({status}); last lines of {log}:\n{tail}")]
+    Exited {
+        component: String,
+        status: String,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("{component} was not ready after {seconds}s; last lines of {log}:\n{tail}")]
+    NotReady {
+        component: String,
+        seconds: u64,
+        log: PathBuf,
+        tail: String,
+    },
+    #[error("kube client: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("kubeconfig: {0}")]
+    Kubeconfig(String),
+    #[error("kubelet peer {call}: HTTP {status}: {body}")]
+    Peer {
+        call: String,
+        status: u16,
+        body: String,
+    },
+    #[error("HTTP: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl Error {
+    /// Wraps an I/O error with what was being done, for `map_err`.
+    pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
+        let what = what.into();
+        move |source| Error::Io { what, source }
+    }
+}

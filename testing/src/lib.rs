@@ -1,0 +1,36 @@
+//! Real Kubernetes for tests.
+//!
+//! [`ControlPlane`] runs etcd and kube-apiserver (and, when asked, kube-scheduler and
+//! kube-controller-manager) built from source by `hack/k8s-bins.sh`, as plain processes on
+//! loopback ports with generated certificates. [`KubeletPeer`] runs the kubelet's own plugin
+//! watcher, DRA manager and device manager for one simulated node, so our plugins talk to
+//! the kubelet's real code.
+//!
+//! Processes are started with a parent-death signal, from a thread that lives as long as the
+//! test binary, so nothing outlives a test run, even one that panics or is killed.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), akri_testing::Error> {
+//! let cp = akri_testing::ControlPlane::shared().await?;
+//! let client = cp.client().await?;
+//! cp.create_node("node-a").await?;
+//! # Ok(()) }
+//! ```
+
+mod bins;
+mod certs;
+mod control_plane;
+mod error;
+mod kubelet_peer;
+mod process;
+
+pub use bins::BinDir;
+pub use control_plane::{ControlPlane, ControlPlaneOptions};
+pub use error::Error;
+pub use kubelet_peer::KubeletPeer;
+
+/// A free TCP port on 127.0.0.1 (bound and released; tests run on one machine).
+pub fn free_port() -> Result<u16, Error> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
+    Ok(listener.local_addr().map_err(Error::io("read a bound port"))?.port())
+}
