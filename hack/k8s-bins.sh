@@ -66,6 +66,16 @@ go_directive=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")
   echo "replace ("
   for m in $replaces; do echo "	$m => $m $staging_version"; done
   echo ")"
+  if $with_peer; then
+    # The kubelet peer's CDI library (POST /cdi/inject), pinned so tidy does not float.
+    # v1.1.0 only adds modules; v1.1.1 would raise go.yaml.in/yaml/v3 for the whole
+    # build and thereby recompile most of the control plane.
+    echo
+    echo "require ("
+    echo "	tags.cncf.io/container-device-interface v1.1.0"
+    echo "	tags.cncf.io/container-device-interface/specs-go v1.1.0"
+    echo ")"
+  fi
 } >"$src/go.mod"
 rm -f "$src/go.sum"
 cp "$repo/hack/k8s/tools.go" "$src/"
