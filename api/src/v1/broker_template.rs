@@ -1,0 +1,105 @@
+//! `BrokerTemplate`: what to run next to the devices of a DiscoveryConfiguration.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Workloads the broker-controller creates for a DiscoveryConfiguration's devices: one copy of
+/// `instanceBrokerResources` per Instance (bound to that device through a ResourceClaim) and
+/// one copy of `globalBrokerResources` per DiscoveryConfiguration.
+#[allow(
+    clippy::duplicated_attributes,
+    reason = "two printcolumn(...) share `type_ = \"string\"`, which clippy takes for a duplicate"
+)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "akri.sh",
+    version = "v1",
+    kind = "BrokerTemplate",
+    namespaced,
+    shortname = "bt",
+    status = "BrokerTemplateStatus",
+    printcolumn(
+        name = "Discovery",
+        type_ = "string",
+        json_path = ".spec.discoveryReference.name"
+    ),
+    printcolumn(name = "Brokers", type_ = "integer", json_path = ".status.brokers"),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("size(self.instanceBrokerResources) + size(self.globalBrokerResources) > 0").message("a BrokerTemplate needs at least one object in instanceBrokerResources or globalBrokerResources"))]
+pub struct BrokerTemplateSpec {
+    /// The DiscoveryConfiguration whose devices the brokers serve.
+    pub discovery_reference: DiscoveryReference,
+    /// Objects created once per Instance (e.g. a Deployment or Job and a Service).
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub instance_broker_resources: Vec<BrokerResource>,
+    /// Objects created once per DiscoveryConfiguration (e.g. a Service over all brokers).
+    #[serde(default)]
+    #[schemars(length(max = 32))]
+    pub global_broker_resources: Vec<BrokerResource>,
+}
+
+/// A reference to a cluster-scoped DiscoveryConfiguration (or, from a PropertyFilter, the
+/// configuration whose devices it narrows).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryReference {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// Any Kubernetes object, kept as written. Its `apiVersion` and `kind` are checked here; the
+/// rest is checked by the API server when the broker-controller creates it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(transparent)]
+pub struct BrokerResource(pub serde_json::Map<String, serde_json::Value>);
+
+impl schemars::JsonSchema for BrokerResource {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "BrokerResource".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({
+            "type": "object",
+            "description": "A Kubernetes object to create for each device (or once), as it would be applied.",
+            "required": ["apiVersion", "kind"],
+            "properties": {
+                "apiVersion": { "type": "string", "minLength": 1 },
+                "kind": { "type": "string", "minLength": 1 },
+                "metadata": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+            },
+            "x-kubernetes-preserve-unknown-fields": true,
+            "x-kubernetes-validations": [{
+                "rule": "!has(self.metadata) || !has(self.metadata.namespace)",
+                "message": "broker resources are created in the BrokerTemplate's namespace: leave metadata.namespace out",
+            }],
+        })
+    }
+}
+
+/// What the broker-controller observed of a BrokerTemplate.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BrokerTemplateStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Instances that currently have their brokers.
+    #[serde(default)]
+    pub brokers: i32,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}

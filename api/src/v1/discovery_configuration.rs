@@ -1,0 +1,140 @@
+//! `DiscoveryConfiguration`: what a discovery handler should look for, and how the devices it
+//! finds may be shared.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// Devices found by one discovery handler with one set of details.
+///
+/// Becomes a DeviceClass of the same name (with extended resource `akri.sh/<name>`), so pods
+/// ask for its devices with `deviceClassName: <name>` in a ResourceClaim, or with
+/// `resources.requests: {akri.sh/<name>: N}`.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "akri.sh",
+    version = "v1",
+    kind = "DiscoveryConfiguration",
+    shortname = "dc",
+    status = "DiscoveryConfigurationStatus",
+    printcolumn(name = "Handler", type_ = "string", json_path = ".spec.discoveryHandler.name"),
+    printcolumn(name = "Capacity", type_ = "integer", json_path = ".spec.capacity"),
+    printcolumn(name = "Unique", type_ = "boolean", json_path = ".spec.uniqueDevices"),
+    printcolumn(name = "Instances", type_ = "integer", json_path = ".status.instances"),
+    printcolumn(name = "Devices", type_ = "integer", json_path = ".status.devicesPublished"),
+    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
+    validation = Rule::new("size(self.metadata.name) <= 54").message("metadata.name must be at most 54 characters: it becomes the extended resource name akri.sh/<name>, and DeviceClass names of its PropertyFilters build on it"),
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryConfigurationSpec {
+    /// Which handler discovers the devices, and what it is told.
+    #[x_kube(validation = Rule::new("self.name == oldSelf.name").message("discoveryHandler.name is immutable: changing it would strand every device and claim of this configuration; create a new DiscoveryConfiguration instead"))]
+    pub discovery_handler: DiscoveryHandlerSpec,
+
+    /// How many claims may use one device at the same time (its slots).
+    #[serde(default = "default_capacity")]
+    #[schemars(range(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new("self >= oldSelf").message("capacity can only grow: lowering it could take slots from claims that already hold them; create a new DiscoveryConfiguration instead"))]
+    pub capacity: i32,
+
+    /// A request for N devices gets N different devices (`true`, devices as data sources such
+    /// as cameras), or may get several slots of one device (`false`, devices as compute).
+    #[serde(default = "default_unique_devices")]
+    pub unique_devices: bool,
+}
+
+fn default_capacity() -> i32 {
+    1
+}
+
+fn default_unique_devices() -> bool {
+    true
+}
+
+/// The discovery handler and its input.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryHandlerSpec {
+    /// Name the handler registers with (e.g. `udev`, `onvif`, `opcua`, `debugEcho`). The DRA
+    /// driver of its devices is `<name, lower-cased>.akri.sh`.
+    #[schemars(length(min = 1, max = 54))]
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$')").message("discoveryHandler.name must be letters, digits and '-', starting and ending with a letter or digit: it becomes part of the DRA driver name <name>.akri.sh"))]
+    pub name: String,
+
+    /// Handler-specific details, passed to the handler verbatim (usually YAML).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub discovery_details: String,
+
+    /// Extra values for the handler, literal or read from Secrets and ConfigMaps by the agent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    #[x_kube(validation = Rule::new("self.all(p, self.exists_one(q, q.name == p.name))").message("discoveryProperties names must be unique"))]
+    pub discovery_properties: Vec<DiscoveryProperty>,
+}
+
+/// One named value for the discovery handler.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message("a discovery property needs exactly one of value and valueFrom"))]
+pub struct DiscoveryProperty {
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[-._a-zA-Z0-9]+$')").message("a discovery property name may only contain letters, digits, '-', '_' and '.'"))]
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value_from: Option<DiscoveryPropertySource>,
+}
+
+/// Where a discovery property's value comes from. The configuration is cluster-scoped, so each
+/// reference names its namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretKeyRef) != has(self.configMapKeyRef)").message("valueFrom needs exactly one of secretKeyRef and configMapKeyRef"))]
+pub struct DiscoveryPropertySource {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_key_ref: Option<KeyReference>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_key_ref: Option<KeyReference>,
+}
+
+/// A key of a Secret or ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct KeyReference {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 63))]
+    pub namespace: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+    /// When true, a missing object or key is no error: the property is left out.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub optional: bool,
+}
+
+/// What the controllers observed of a DiscoveryConfiguration.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryConfigurationStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Instances currently discovered.
+    #[serde(default)]
+    pub instances: i32,
+    /// Nodes that see at least one of its devices.
+    #[serde(default)]
+    pub nodes: i32,
+    /// Devices published in ResourceSlices (slot devices counted one by one).
+    #[serde(default)]
+    pub devices_published: i32,
+    /// The DeviceClass made for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_class_name: Option<String>,
+    /// `Ready`, `Degraded` (with the handler's or the cluster's error in the message).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}

@@ -1,0 +1,38 @@
+//! `akri.sh/v1`: the DRA path.
+//!
+//! The seed design split Akri's v0 `Configuration` in two: *what to discover*
+//! ([`DiscoveryConfiguration`]) and *what to run next to each device* ([`BrokerTemplate`]);
+//! [`PropertyFilter`] narrows a request to devices whose discovered properties match.
+//!
+//! ## Scope
+//! `DiscoveryConfiguration` and `PropertyFilter` are **cluster-scoped**: each becomes a
+//! cluster-scoped DeviceClass of the same name (and `akri.sh/<name>` extended resource), so
+//! their names must be unique in the cluster, and a namespaced kind could not guarantee that.
+//! `BrokerTemplate` is namespaced: its workloads run in its namespace.
+//!
+//! ## Instances
+//! The v1 path keeps using the v0 [`Instance`](crate::v0::Instance) kind, unchanged, instead of
+//! a second Instance version: no conversion webhook, and Akri brokers and tooling that read
+//! Instances keep working. On the DRA path
+//! - the kubelet-plugin writes Instances into the driver's own namespace, with
+//!   `configurationName` naming the DiscoveryConfiguration and the label
+//!   [`INSTANCE_SOURCE_LABEL`] = [`INSTANCE_SOURCE_DISCOVERY_CONFIGURATION`], so the two paths
+//!   never mistake each other's Instances;
+//! - `deviceUsage` stays empty: allocation state lives in ResourceClaims, owned by the
+//!   scheduler, which is what removes Akri's slot leaks and races.
+
+mod broker_template;
+mod conditions;
+mod discovery_configuration;
+mod property_filter;
+
+pub use crate::v0::Instance;
+pub use broker_template::*;
+pub use conditions::*;
+pub use discovery_configuration::*;
+pub use property_filter::*;
+
+/// Label on Instances telling which kind `spec.configurationName` names.
+pub const INSTANCE_SOURCE_LABEL: &str = "akri.sh/configuration-kind";
+/// [`INSTANCE_SOURCE_LABEL`] value for Instances of the DRA path.
+pub const INSTANCE_SOURCE_DISCOVERY_CONFIGURATION: &str = "DiscoveryConfiguration";
