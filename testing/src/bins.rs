@@ -29,7 +29,12 @@ impl BinDir {
             None => repo.join(format!("_output/k8s/v{version}/bin")),
         };
         let bins = BinDir { dir, version };
-        for name in ["etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager"] {
+        for name in [
+            "etcd",
+            "kube-apiserver",
+            "kube-scheduler",
+            "kube-controller-manager",
+        ] {
             bins.require(name)?;
         }
         Ok(bins)

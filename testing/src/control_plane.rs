@@ -126,7 +126,10 @@ impl ControlPlane {
                 format!("--client-ca-file={}", certs.ca_cert.display()),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 format!("--service-account-key-file={}", certs.sa_pub.display()),
-                format!("--service-account-signing-key-file={}", certs.sa_key.display()),
+                format!(
+                    "--service-account-signing-key-file={}",
+                    certs.sa_key.display()
+                ),
                 "--service-cluster-ip-range=10.96.0.0/16".into(),
                 "--authorization-mode=Node,RBAC".into(),
                 "--allow-privileged=true".into(),
@@ -166,7 +169,10 @@ impl ControlPlane {
                     "--leader-elect=false".into(),
                     "--bind-address=127.0.0.1".into(),
                     format!("--secure-port={port}"),
-                    format!("--cert-dir={}", dir.path().join("scheduler-certs").display()),
+                    format!(
+                        "--cert-dir={}",
+                        dir.path().join("scheduler-certs").display()
+                    ),
                     format!("--feature-gates={feature_gates}"),
                     "--v=2".into(),
                 ],
@@ -191,7 +197,10 @@ impl ControlPlane {
                     format!("--secure-port={port}"),
                     format!("--cert-dir={}", dir.path().join("cm-certs").display()),
                     "--controllers=*,-node-lifecycle-controller,-node-ipam-controller".into(),
-                    format!("--service-account-private-key-file={}", certs.sa_key.display()),
+                    format!(
+                        "--service-account-private-key-file={}",
+                        certs.sa_key.display()
+                    ),
                     format!("--root-ca-file={}", certs.ca_cert.display()),
                     format!("--cluster-signing-cert-file={}", certs.ca_cert.display()),
                     format!("--cluster-signing-key-file={}", certs.ca_key.display()),
@@ -307,8 +316,8 @@ impl ControlPlane {
         Ok(name)
     }
 
-    /// Creates a Node object for a simulated node, Ready, with room for 110 pods. No kubelet
-    /// heartbeats it, and the node-lifecycle controller is off, so it stays Ready and untainted.
+    /// Creates a Node object for a simulated node, Ready, untainted, with room for 110 pods. No
+    /// kubelet heartbeats it, and the node-lifecycle controller is off, so it stays that way.
     pub async fn create_node(&self, name: &str) -> Result<Node, Error> {
         let nodes = Api::<Node>::all(self.client().await?);
         let node: Node = serde_json::from_value(serde_json::json!({
@@ -334,8 +343,14 @@ impl ControlPlane {
                 }],
             }
         });
-        Ok(nodes
+        nodes
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+            .await?;
+        // The TaintNodesByCondition admission plugin taints every new node not-ready; the
+        // node-lifecycle controller (off here) would lift it once the node is Ready.
+        let untaint = serde_json::json!({ "spec": { "taints": null } });
+        Ok(nodes
+            .patch(name, &PatchParams::default(), &Patch::Merge(&untaint))
             .await?)
     }
 }
@@ -354,11 +369,10 @@ fn feature_gates(bins: &BinDir, options: &ControlPlaneOptions) -> Result<String,
         let Some(rest) = line.strip_prefix("kube:") else {
             continue;
         };
-        if let Some((name, tail)) = rest.split_once("=true|false (BETA") {
-            if name.starts_with("DRA") || name == "DynamicResourceAllocation" {
-                let _ = tail;
-                gates.insert(name.to_string(), true);
-            }
+        if let Some((name, _)) = rest.split_once("=true|false (BETA")
+            && (name.starts_with("DRA") || name == "DynamicResourceAllocation")
+        {
+            gates.insert(name.to_string(), true);
         }
     }
     gates.extend(options.feature_gates.clone());
@@ -398,18 +412,25 @@ current-context: akri-testing
 }
 
 async fn client_from(kubeconfig: &Kubeconfig) -> Result<kube::Client, Error> {
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
-        .await
-        .map_err(|e| Error::Kubeconfig(e.to_string()))?;
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &KubeConfigOptions::default())
+            .await
+            .map_err(|e| Error::Kubeconfig(e.to_string()))?;
     Ok(kube::Client::try_from(config)?)
 }
 
 fn http_get(path: &str) -> http::Request<Vec<u8>> {
-    http::Request::get(path).body(Vec::new()).expect("static request")
+    http::Request::get(path)
+        .body(Vec::new())
+        .expect("static request")
 }
 
 /// Polls `ready` until it holds, failing early (with the log tail) if the process exits.
-async fn wait_until<F, Fut>(name: &str, component: &mut Component, mut ready: F) -> Result<(), Error>
+async fn wait_until<F, Fut>(
+    name: &str,
+    component: &mut Component,
+    mut ready: F,
+) -> Result<(), Error>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,

@@ -5,7 +5,9 @@ use std::path::PathBuf;
 /// What went wrong while bringing up or driving real Kubernetes components.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("Kubernetes binaries not found in {dir}: run `hack/k8s-bins.sh{version_arg}` first ({missing} is missing)")]
+    #[error(
+        "Kubernetes binaries not found in {dir}: run `hack/k8s-bins.sh{version_arg}` first ({missing} is missing)"
+    )]
     BinariesMissing {
         dir: PathBuf,
         missing: String,

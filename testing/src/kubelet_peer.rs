@@ -28,15 +28,27 @@ impl KubeletPeer {
             .prefix("akri-kubelet-")
             .tempdir()
             .map_err(Error::io("create the kubelet peer directory"))?;
-        for sub in ["plugins_registry", "plugins", "device-plugins", "state", "cdi"] {
+        for sub in [
+            "plugins_registry",
+            "plugins",
+            "device-plugins",
+            "state",
+            "cdi",
+        ] {
             std::fs::create_dir_all(dir.path().join(sub))
                 .map_err(Error::io(format!("create {sub}")))?;
         }
         let args = vec![
             format!("--kubeconfig={}", control_plane.kubeconfig().display()),
             format!("--node-name={node_name}"),
-            format!("--plugins-registry-dir={}", dir.path().join("plugins_registry").display()),
-            format!("--device-plugin-dir={}", dir.path().join("device-plugins").display()),
+            format!(
+                "--plugins-registry-dir={}",
+                dir.path().join("plugins_registry").display()
+            ),
+            format!(
+                "--device-plugin-dir={}",
+                dir.path().join("device-plugins").display()
+            ),
             format!("--state-dir={}", dir.path().join("state").display()),
             format!("--cdi-dir={}", dir.path().join("cdi").display()),
             "--listen=127.0.0.1:0".to_string(),
@@ -62,7 +74,9 @@ impl KubeletPeer {
         };
         let Some(url) = line.trim().strip_prefix("READY ") else {
             component.check_running()?;
-            return Err(Error::Other(format!("kubelet peer printed {line:?} instead of READY")));
+            return Err(Error::Other(format!(
+                "kubelet peer printed {line:?} instead of READY"
+            )));
         };
         Ok(KubeletPeer {
             url: url.to_string(),
@@ -137,7 +151,11 @@ impl KubeletPeer {
         pod: &str,
     ) -> Result<BTreeMap<String, Vec<String>>, Error> {
         let body: Value = self
-            .call("POST", "/dra/prepare", Some(json!({"namespace": namespace, "name": pod})))
+            .call(
+                "POST",
+                "/dra/prepare",
+                Some(json!({"namespace": namespace, "name": pod})),
+            )
             .await?;
         serde_json::from_value(body["containers"].clone())
             .map_err(|e| Error::Other(format!("prepare answer {body}: {e}")))
@@ -146,7 +164,11 @@ impl KubeletPeer {
     /// Unprepares the pod's claims as the kubelet does after the pod stopped.
     pub async fn unprepare(&self, namespace: &str, pod: &str) -> Result<(), Error> {
         let _: Value = self
-            .call("POST", "/dra/unprepare", Some(json!({"namespace": namespace, "name": pod})))
+            .call(
+                "POST",
+                "/dra/unprepare",
+                Some(json!({"namespace": namespace, "name": pod})),
+            )
             .await?;
         Ok(())
     }
@@ -158,7 +180,12 @@ impl KubeletPeer {
 
     /// Runs the device manager's admission for one container of a pod and returns the
     /// options the runtime would get (devices, envs, mounts, annotations, CDI devices).
-    pub async fn allocate(&self, namespace: &str, pod: &str, container: &str) -> Result<Value, Error> {
+    pub async fn allocate(
+        &self,
+        namespace: &str,
+        pod: &str,
+        container: &str,
+    ) -> Result<Value, Error> {
         self.call(
             "POST",
             "/devices/allocate",

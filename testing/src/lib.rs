@@ -31,6 +31,10 @@ pub use kubelet_peer::KubeletPeer;
 
 /// A free TCP port on 127.0.0.1 (bound and released; tests run on one machine).
 pub fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
-    Ok(listener.local_addr().map_err(Error::io("read a bound port"))?.port())
+    let listener =
+        std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
+    Ok(listener
+        .local_addr()
+        .map_err(Error::io("read a bound port"))?
+        .port())
 }

@@ -46,10 +46,17 @@ pub(crate) struct Component {
 
 impl Component {
     /// Starts `binary args...` with stdout and stderr going to `<log_dir>/<name>.log`.
-    pub fn start(name: &str, binary: &Path, args: &[String], log_dir: &Path) -> Result<Self, Error> {
+    pub fn start(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        log_dir: &Path,
+    ) -> Result<Self, Error> {
         let log = log_dir.join(format!("{name}.log"));
         let out = File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
-        let err = out.try_clone().map_err(Error::io("clone a log file handle"))?;
+        let err = out
+            .try_clone()
+            .map_err(Error::io("clone a log file handle"))?;
         Self::spawn(name, binary, args, Stdio::from(out), Stdio::from(err), log)
     }
 

@@ -11,7 +11,9 @@ async fn a_failed_start_reports_the_components_log_tail() {
         .await
         .expect_err("an unknown feature gate must stop kube-apiserver");
     match &error {
-        Error::Exited { component, tail, .. } => {
+        Error::Exited {
+            component, tail, ..
+        } => {
             assert_eq!(component, "kube-apiserver");
             assert!(
                 tail.contains("NoSuchGateForAkriTesting"),
@@ -39,5 +41,9 @@ async fn api_server_serves_resource_k8s_io_v1() {
         .await
         .expect("resource.k8s.io/v1 DeviceClasses are served");
     assert!(classes.items.is_empty());
-    assert!(control_plane.feature_gates().contains("DRAConsumableCapacity=true"));
+    assert!(
+        control_plane
+            .feature_gates()
+            .contains("DRAConsumableCapacity=true")
+    );
 }

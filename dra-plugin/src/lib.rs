@@ -1,0 +1,11 @@
+//! What a DRA driver written in Rust needs to be a good peer of the real kubelet.
+//!
+//! This crate knows nothing about Akri: another Rust DRA driver can use it as it is (the
+//! role Go drivers get from upstream's `kubeletplugin` helper).
+//!
+//! - [`registration`]: the plugin-registration socket the kubelet's plugin watcher finds.
+//! - [`authority`]: serving gRPC on a Unix socket to the kubelet's plugin watcher, whose
+//!   requests carry an `:authority` that Rust's HTTP/2 stack rejects.
+
+pub mod authority;
+pub mod registration;

@@ -1,0 +1,143 @@
+//! The plugin-registration socket: how the kubelet's plugin watcher finds a DRA driver.
+//!
+//! The watcher notices `<registry dir>/<name>.sock`, calls `GetInfo` (type `DRAPlugin`, the
+//! driver name, the service socket, the gRPC versions served) and reports back through
+//! `NotifyRegistrationStatus`.
+
+use akri_proto::pluginregistration as api;
+use std::path::{Path, PathBuf};
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// What the driver tells the kubelet about itself.
+#[derive(Clone, Debug)]
+pub struct PluginInfo {
+    /// The DRA driver name (a DNS subdomain, as in ResourceSlices).
+    pub driver_name: String,
+    /// Absolute path of the socket serving `DRAPlugin` (and the health service).
+    pub endpoint: PathBuf,
+    /// gRPC services served there, e.g. `v1.DRAPlugin`, `v1beta1.DRAPlugin`.
+    pub supported_versions: Vec<String>,
+}
+
+/// The registration as the kubelet last reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RegistrationStatus {
+    /// No report from the kubelet yet.
+    Pending,
+    /// The kubelet accepted the plugin.
+    Registered,
+    /// The kubelet refused it; its error.
+    Rejected(String),
+}
+
+/// Errors of serving the registration socket.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("registration socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A served registration socket. Dropping it stops serving and removes the socket file.
+#[derive(Debug)]
+pub struct Registration {
+    socket: PathBuf,
+    status: watch::Receiver<RegistrationStatus>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Registration {
+    /// Serves `GetInfo` / `NotifyRegistrationStatus` on `<registry_dir>/<driver>-reg.sock`,
+    /// replacing a stale socket file from an earlier run.
+    pub fn serve(registry_dir: &Path, info: PluginInfo) -> Result<Self, Error> {
+        let socket = registry_dir.join(format!("{}-reg.sock", info.driver_name));
+        let socket_error = |source| Error::Socket {
+            path: socket.clone(),
+            source,
+        };
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
+            _ => {}
+        }
+        let listener = tokio::net::UnixListener::bind(&socket).map_err(socket_error)?;
+        let (tx, status) = watch::channel(RegistrationStatus::Pending);
+        let service =
+            api::registration_server::RegistrationServer::new(Registrar { info, status: tx });
+        let server = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(crate::authority::incoming(listener))
+                .await;
+            if let Err(error) = result {
+                tracing::error!(%error, "registration server stopped");
+            }
+        });
+        Ok(Registration {
+            socket,
+            status,
+            server,
+        })
+    }
+
+    /// The socket file the kubelet's plugin watcher sees.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The last status the kubelet reported.
+    pub fn status(&self) -> RegistrationStatus {
+        self.status.borrow().clone()
+    }
+
+    /// Changes of the status, e.g. to wait for `Registered`.
+    pub fn watch(&self) -> watch::Receiver<RegistrationStatus> {
+        self.status.clone()
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+struct Registrar {
+    info: PluginInfo,
+    status: watch::Sender<RegistrationStatus>,
+}
+
+#[tonic::async_trait]
+impl api::registration_server::Registration for Registrar {
+    async fn get_info(
+        &self,
+        _: Request<api::InfoRequest>,
+    ) -> Result<Response<api::PluginInfo>, Status> {
+        Ok(Response::new(api::PluginInfo {
+            r#type: api::DRA_PLUGIN_TYPE.to_string(),
+            name: self.info.driver_name.clone(),
+            endpoint: self.info.endpoint.display().to_string(),
+            supported_versions: self.info.supported_versions.clone(),
+        }))
+    }
+
+    async fn notify_registration_status(
+        &self,
+        request: Request<api::RegistrationStatus>,
+    ) -> Result<Response<api::RegistrationStatusResponse>, Status> {
+        let report = request.into_inner();
+        let status = if report.plugin_registered {
+            tracing::info!(driver = %self.info.driver_name, "registered with the kubelet");
+            RegistrationStatus::Registered
+        } else {
+            tracing::warn!(driver = %self.info.driver_name, error = %report.error, "the kubelet refused the registration");
+            RegistrationStatus::Rejected(report.error)
+        };
+        self.status.send_replace(status);
+        Ok(Response::new(api::RegistrationStatusResponse {}))
+    }
+}
