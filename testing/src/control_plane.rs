@@ -82,6 +82,14 @@ impl ControlPlane {
             .await
     }
 
+    /// Only etcd + kube-apiserver, one per test binary: enough for API and validation tests.
+    pub async fn shared_api_server() -> Result<&'static ControlPlane, Error> {
+        static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
+        SHARED
+            .get_or_try_init(|| ControlPlane::start(ControlPlaneOptions::default()))
+            .await
+    }
+
     /// Starts a control plane of its own.
     pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane, Error> {
         let started = Instant::now();

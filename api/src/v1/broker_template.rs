@@ -79,7 +79,14 @@ impl schemars::JsonSchema for BrokerResource {
             "properties": {
                 "apiVersion": { "type": "string", "minLength": 1 },
                 "kind": { "type": "string", "minLength": 1 },
-                "metadata": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+                "metadata": {
+                    "type": "object",
+                    "properties": {
+                        "name": { "type": "string" },
+                        "namespace": { "type": "string" },
+                    },
+                    "x-kubernetes-preserve-unknown-fields": true,
+                },
             },
             "x-kubernetes-preserve-unknown-fields": true,
             "x-kubernetes-validations": [{

@@ -1,0 +1,470 @@
+//! Every CRD on a real kube-apiserver: it is accepted and established, a valid object of each
+//! kind is stored, and invalid objects are rejected with a message a person understands.
+
+use akri_testing::ControlPlane;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::core::GroupVersionKind;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+use tokio::sync::OnceCell;
+
+/// The CRDs installed once per test binary; returns the control plane.
+async fn cluster() -> &'static ControlPlane {
+    static INSTALLED: OnceCell<()> = OnceCell::const_new();
+    let cp = ControlPlane::shared_api_server()
+        .await
+        .expect("control plane starts");
+    INSTALLED
+        .get_or_init(|| async {
+            let client = cp.client().await.unwrap();
+            let crds = Api::<CustomResourceDefinition>::all(client);
+            for crd in akri_api::crds::all() {
+                match crds.create(&PostParams::default(), &crd).await {
+                    Ok(_) => {}
+                    // A test that panicked here before leaves the CRDs it created behind.
+                    Err(kube::Error::Api(status)) if status.code == 409 => {}
+                    Err(e) => panic!("{:?} rejected: {e}", crd.metadata.name),
+                }
+            }
+            for crd in akri_api::crds::all() {
+                wait_established(&crds, crd.metadata.name.as_deref().unwrap()).await;
+            }
+        })
+        .await;
+    cp
+}
+
+async fn wait_established(crds: &Api<CustomResourceDefinition>, name: &str) {
+    let start = Instant::now();
+    loop {
+        let crd = crds.get(name).await.unwrap();
+        let established = crd
+            .status
+            .and_then(|s| s.conditions)
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True");
+        if established {
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{name} not established"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A dynamic API for `kind` of akri.sh/`version`, in `namespace` when given.
+async fn api(
+    kind: &str,
+    version: &str,
+    plural: &str,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    let client = cluster().await.client().await.unwrap();
+    let resource =
+        ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("akri.sh", version, kind), plural);
+    match namespace {
+        Some(ns) => Api::namespaced_with(client, ns, &resource),
+        None => Api::all_with(client, &resource),
+    }
+}
+
+fn object(kind: &str, version: &str, name: &str, spec: Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": format!("akri.sh/{version}"),
+        "kind": kind,
+        "metadata": { "name": name },
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+/// Creating `spec` fails with HTTP 422 and a message containing `expected`.
+async fn assert_rejected(
+    api: &Api<DynamicObject>,
+    kind: &str,
+    version: &str,
+    spec: Value,
+    expected: &str,
+) {
+    let name = ControlPlane::unique_name("invalid");
+    match api
+        .create(
+            &PostParams::default(),
+            &object(kind, version, &name, spec.clone()),
+        )
+        .await
+    {
+        Ok(_) => panic!("{kind} {spec} was accepted; expected rejection with {expected:?}"),
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status.message.contains(expected),
+                "{kind} {spec}: message {:?} should contain {expected:?}",
+                status.message
+            );
+        }
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+/// Replacing the spec of an existing object with `spec` fails with a message containing
+/// `expected`.
+async fn assert_update_rejected(api: &Api<DynamicObject>, name: &str, spec: Value, expected: &str) {
+    let mut current = api.get(name).await.unwrap();
+    current.data["spec"] = spec;
+    match api.replace(name, &PostParams::default(), &current).await {
+        Ok(_) => panic!("update of {name} was accepted; expected {expected:?}"),
+        Err(kube::Error::Api(status)) => {
+            assert!(
+                status.message.contains(expected),
+                "message {:?} should contain {expected:?}",
+                status.message
+            );
+        }
+        Err(other) => panic!("unexpected error {other}"),
+    }
+}
+
+#[tokio::test]
+async fn configuration_v0() {
+    let cp = cluster().await;
+    let ns = cp.create_namespace("crd-config").await.unwrap();
+    let api = api("Configuration", "v0", "configurations", Some(&ns)).await;
+    let valid = json!({
+        "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [foo0]" },
+        "capacity": 2,
+    });
+    let created = api
+        .create(
+            &PostParams::default(),
+            &object("Configuration", "v0", "echo", valid),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["brokerProperties"],
+        json!({}),
+        "Akri's default is applied"
+    );
+
+    let kind = ("Configuration", "v0");
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "udev" }, "capacity": 0 }),
+        "greater than or equal to 1",
+    )
+    .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "discoveryDetails": "" } }),
+        "spec.discoveryHandler.name: Required value",
+    )
+    .await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryHandler": { "name": "onvif", "discoveryProperties": [
+        { "name": "user", "value": "a", "valueFrom": { "secretKeyRef": { "name": "s", "key": "k" } } }
+    ]}}), "a discovery property needs exactly one of value and valueFrom").await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryHandler": { "name": "udev" },
+        "brokerSpec": { "brokerPodSpec": { "containers": [] }, "brokerJobSpec": { "template": {} } } }),
+        "brokerSpec needs exactly one of brokerPodSpec and brokerJobSpec").await;
+}
+
+#[tokio::test]
+async fn configuration_v0_fixtures_round_trip_through_the_api_server() {
+    let cp = cluster().await;
+    let ns = cp.create_namespace("crd-fixtures").await.unwrap();
+    let api = api("Configuration", "v0", "configurations", Some(&ns)).await;
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/v0");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !name.starts_with("configuration-") && !name.starts_with("helm-") {
+            continue;
+        }
+        let fixture: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let object_name = ControlPlane::unique_name("fixture");
+        let stored = api
+            .create(
+                &PostParams::default(),
+                &object("Configuration", "v0", &object_name, fixture["spec"].clone()),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{name} rejected: {e}"));
+        // What the server stored reads into our types and writes back unchanged.
+        let typed: akri_api::v0::ConfigurationSpec =
+            serde_json::from_value(stored.data["spec"].clone()).unwrap();
+        assert_eq!(
+            serde_json::to_value(&typed).unwrap(),
+            stored.data["spec"],
+            "{name}"
+        );
+        if name != "configuration-defaults.yaml" {
+            assert_eq!(
+                stored.data["spec"], fixture["spec"],
+                "{name}: the server changed the spec"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 10, "only {checked} fixtures found in {dir:?}");
+}
+
+#[tokio::test]
+async fn instance_v0() {
+    let cp = cluster().await;
+    let ns = cp.create_namespace("crd-instance").await.unwrap();
+    let api = api("Instance", "v0", "instances", Some(&ns)).await;
+    let valid = json!({
+        "configurationName": "cam", "cdiName": "akri.sh/cam=abc", "capacity": 2, "shared": true,
+        "nodes": ["a", "b"], "deviceUsage": { "cam-abc-0": "", "cam-abc-1": "C:0:a" },
+    });
+    api.create(
+        &PostParams::default(),
+        &object("Instance", "v0", "cam-abc", valid),
+    )
+    .await
+    .unwrap();
+
+    let kind = ("Instance", "v0");
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "cdiName": "x", "capacity": 1 }),
+        "spec.configurationName: Required value",
+    )
+    .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "configurationName": "c", "cdiName": "x", "capacity": -1 }),
+        "greater than or equal to 0",
+    )
+    .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "configurationName": "c", "cdiName": "x", "capacity": 1, "nodes": ["a", "a"] }),
+        "Duplicate value",
+    )
+    .await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "configurationName": "c", "cdiName": "x", "capacity": 1, "deviceUsage": { "s": 3 } }), "must be of type string").await;
+}
+
+#[tokio::test]
+async fn discovery_configuration_v1() {
+    let api = api(
+        "DiscoveryConfiguration",
+        "v1",
+        "discoveryconfigurations",
+        None,
+    )
+    .await;
+    let name = ControlPlane::unique_name("cams");
+    let valid = json!({
+        "discoveryHandler": {
+            "name": "onvif",
+            "discoveryDetails": "ipAddresses: {action: Exclude, items: []}",
+            "discoveryProperties": [
+                { "name": "username", "value": "admin" },
+                { "name": "password", "valueFrom": { "secretKeyRef": { "name": "onvif", "namespace": "akri", "key": "password" } } },
+            ],
+        },
+        "capacity": 2,
+    });
+    let created = api
+        .create(
+            &PostParams::default(),
+            &object("DiscoveryConfiguration", "v1", &name, valid.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["uniqueDevices"],
+        json!(true),
+        "uniqueDevices defaults to true"
+    );
+
+    let kind = ("DiscoveryConfiguration", "v1");
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "udev" }, "capacity": 0 }),
+        "greater than or equal to 1",
+    )
+    .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "bad_name!" } }),
+        "discoveryHandler.name must be letters, digits and '-'",
+    )
+    .await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryHandler": { "name": "onvif", "discoveryProperties": [
+        { "name": "p", "value": "a", "valueFrom": { "configMapKeyRef": { "name": "c", "namespace": "n", "key": "k" } } }
+    ]}}), "a discovery property needs exactly one of value and valueFrom").await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "onvif", "discoveryProperties": [
+            { "name": "p", "valueFrom": { "secretKeyRef": { "name": "s", "key": "k" } } }
+        ]}}),
+        "namespace: Required value",
+    )
+    .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "onvif", "discoveryProperties": [
+            { "name": "p", "value": "a" }, { "name": "p", "value": "b" }
+        ]}}),
+        "discoveryProperties names must be unique",
+    )
+    .await;
+    let long_name = "x".repeat(60);
+    match api
+        .create(
+            &PostParams::default(),
+            &object(
+                kind.0,
+                kind.1,
+                &long_name,
+                json!({ "discoveryHandler": { "name": "udev" } }),
+            ),
+        )
+        .await
+    {
+        Err(kube::Error::Api(status)) => assert!(
+            status
+                .message
+                .contains("metadata.name must be at most 54 characters"),
+            "{}",
+            status.message
+        ),
+        other => panic!("a 60-character name must be rejected, got {other:?}"),
+    }
+
+    // Changes that would strand allocations.
+    let mut renamed = valid.clone();
+    renamed["discoveryHandler"]["name"] = json!("udev");
+    assert_update_rejected(&api, &name, renamed, "discoveryHandler.name is immutable").await;
+    let mut smaller = valid.clone();
+    smaller["capacity"] = json!(1);
+    assert_update_rejected(&api, &name, smaller, "capacity can only grow").await;
+    let mut larger = valid;
+    larger["capacity"] = json!(4);
+    let mut current = api.get(&name).await.unwrap();
+    current.data["spec"] = larger;
+    api.replace(&name, &PostParams::default(), &current)
+        .await
+        .expect("capacity may grow");
+}
+
+#[tokio::test]
+async fn broker_template_v1() {
+    let cp = cluster().await;
+    let ns = cp.create_namespace("crd-broker").await.unwrap();
+    let api = api("BrokerTemplate", "v1", "brokertemplates", Some(&ns)).await;
+    let deployment = json!({
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": { "name": "broker" },
+        "spec": { "template": { "spec": { "containers": [{ "name": "b", "image": "broker:1" }] } } },
+    });
+    let valid = json!({ "discoveryReference": { "name": "cams" }, "instanceBrokerResources": [deployment] });
+    let created = api
+        .create(
+            &PostParams::default(),
+            &object("BrokerTemplate", "v1", "brokers", valid),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["instanceBrokerResources"][0]["spec"]["template"]["spec"]["containers"]
+            [0]["image"],
+        json!("broker:1"),
+        "arbitrary object content is kept"
+    );
+
+    let kind = ("BrokerTemplate", "v1");
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryReference": { "name": "cams" } }),
+        "needs at least one object in instanceBrokerResources or globalBrokerResources",
+    )
+    .await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryReference": { "name": "cams" }, "globalBrokerResources": [{ "apiVersion": "v1" }] }), "kind: Required value").await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryReference": { "name": "cams" }, "globalBrokerResources": [
+        { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "s", "namespace": "other" } }
+    ]}), "leave metadata.namespace out").await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "instanceBrokerResources": [{ "apiVersion": "v1", "kind": "Service" }] }),
+        "spec.discoveryReference: Required value",
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn property_filter_v1() {
+    let api = api("PropertyFilter", "v1", "propertyfilters", None).await;
+    let name = ControlPlane::unique_name("front-door");
+    let valid = json!({
+        "discoveryReference": { "name": "cams" },
+        "filters": [{ "key": "ONVIF_DEVICE_IP_ADDRESS", "value": "10.0.0.7" }, { "key": "MODEL", "value": "x", "mode": "Exclude" }],
+    });
+    let created = api
+        .create(
+            &PostParams::default(),
+            &object("PropertyFilter", "v1", &name, valid.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        created.data["spec"]["filters"][0]["mode"],
+        json!("Include"),
+        "mode defaults to Include"
+    );
+
+    let kind = ("PropertyFilter", "v1");
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryReference": { "name": "cams" }, "filters": [] }),
+        "should have at least 1 items",
+    )
+    .await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryReference": { "name": "cams" }, "filters": [{ "key": "a", "value": "b", "mode": "Maybe" }] }), "supported values: \"Include\", \"Exclude\"").await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "filters": [{ "key": "a", "value": "b" }] }),
+        "spec.discoveryReference: Required value",
+    )
+    .await;
+    assert_rejected(&api, kind.0, kind.1, json!({ "discoveryReference": { "name": "cams" }, "filters": [{ "key": "", "value": "b" }] }), "should be at least 1 chars long").await;
+
+    let mut moved = valid;
+    moved["discoveryReference"]["name"] = json!("other");
+    assert_update_rejected(&api, &name, moved, "discoveryReference is immutable").await;
+}
