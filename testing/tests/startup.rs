@@ -41,9 +41,19 @@ async fn api_server_serves_resource_k8s_io_v1() {
         .await
         .expect("resource.k8s.io/v1 DeviceClasses are served");
     assert!(classes.items.is_empty());
-    assert!(
-        control_plane
-            .feature_gates()
-            .contains("DRAConsumableCapacity=true")
-    );
+    // Every beta DRA gate of the binary is on; on the main version that includes consumable
+    // capacity (beta, on by default) and device taint rules (beta, off by default).
+    if control_plane.bins().version().starts_with("1.36.") {
+        for gate in [
+            "DRAConsumableCapacity=true",
+            "DRADeviceTaintRules=true",
+            "DRAExtendedResource=true",
+        ] {
+            assert!(
+                control_plane.feature_gates().contains(gate),
+                "{gate} missing from {}",
+                control_plane.feature_gates()
+            );
+        }
+    }
 }
