@@ -14,7 +14,10 @@ fn assert_wire<M: Message + Default + PartialEq + std::fmt::Debug>(msg: &M, expe
 
 /// A length-delimited field: tag byte, one-byte length, payload.
 fn ld(tag: u8, payload: &[u8]) -> Vec<u8> {
-    assert!(payload.len() < 128, "test payloads stay below one length byte");
+    assert!(
+        payload.len() < 128,
+        "test payloads stay below one length byte"
+    );
     [&[tag, payload.len() as u8][..], payload].concat()
 }
 
@@ -183,7 +186,13 @@ fn device_plugin() {
             allocation_size: 1,
         }],
     };
-    let expected = [ld(0x0a, b"a"), ld(0x0a, b"b"), ld(0x12, b"a"), vec![0x18, 0x01]].concat();
+    let expected = [
+        ld(0x0a, b"a"),
+        ld(0x0a, b"b"),
+        ld(0x12, b"a"),
+        vec![0x18, 0x01],
+    ]
+    .concat();
     assert_wire(&preferred, &ld(0x0a, &expected));
 
     let allocate = AllocateResponse {

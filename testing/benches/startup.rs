@@ -10,7 +10,10 @@ const RUNS: usize = 5;
 async fn main() -> Result<(), akri_testing::Error> {
     for (label, options) in [
         ("etcd + kube-apiserver", ControlPlaneOptions::default()),
-        ("etcd + kube-apiserver + kube-scheduler + kube-controller-manager", ControlPlaneOptions::full()),
+        (
+            "etcd + kube-apiserver + kube-scheduler + kube-controller-manager",
+            ControlPlaneOptions::full(),
+        ),
     ] {
         let mut times: Vec<Duration> = Vec::new();
         for _ in 0..RUNS {
