@@ -17,10 +17,7 @@ impl BinDir {
     /// version's output, e.g. `1.34.4`.
     pub fn from_env() -> Result<Self, Error> {
         let repo = repo_root();
-        let main_version = std::fs::read_to_string(repo.join("hack/k8s/VERSION"))
-            .map_err(Error::io("read hack/k8s/VERSION"))?
-            .trim()
-            .to_string();
+        let main_version = main_version()?;
         let version = std::env::var("AKRI_K8S_VERSION")
             .map(|v| v.trim_start_matches('v').to_string())
             .unwrap_or(main_version);
@@ -45,6 +42,19 @@ impl BinDir {
         &self.version
     }
 
+    /// The kubelet peer: this version's if built, else the main version's. Built only for the
+    /// main version, so on an older control plane it runs one minor ahead of the API server
+    /// (a skew real clusters avoid; the DRA v1 API it uses is the same from 1.34 on).
+    pub fn kubelet_peer(&self) -> Result<PathBuf, Error> {
+        self.require("kubelet-peer").or_else(|missing| {
+            let main = BinDir {
+                dir: repo_root().join(format!("_output/k8s/v{}/bin", main_version()?)),
+                version: main_version()?,
+            };
+            main.require("kubelet-peer").map_err(|_| missing)
+        })
+    }
+
     /// The path of one binary, or an error that says how to build it.
     pub fn require(&self, name: &str) -> Result<PathBuf, Error> {
         let path = self.dir.join(name);
@@ -58,6 +68,16 @@ impl BinDir {
             })
         }
     }
+}
+
+/// The main Kubernetes version (`hack/k8s/VERSION`).
+fn main_version() -> Result<String, Error> {
+    Ok(
+        std::fs::read_to_string(repo_root().join("hack/k8s/VERSION"))
+            .map_err(Error::io("read hack/k8s/VERSION"))?
+            .trim()
+            .to_string(),
+    )
 }
 
 /// The repository root (this crate lives in `<root>/testing`).

@@ -23,7 +23,7 @@ pub struct KubeletPeer {
 impl KubeletPeer {
     /// Starts the peer for `node_name` against the control plane, with fresh directories.
     pub async fn start(control_plane: &ControlPlane, node_name: &str) -> Result<Self, Error> {
-        let binary = control_plane.bins().require("kubelet-peer")?;
+        let binary = control_plane.bins().kubelet_peer()?;
         let dir = tempfile::Builder::new()
             .prefix("akri-kubelet-")
             .tempdir()
