@@ -6,6 +6,15 @@
 //! - [`registration`]: the plugin-registration socket the kubelet's plugin watcher finds.
 //! - [`authority`]: serving gRPC on a Unix socket to the kubelet's plugin watcher, whose
 //!   requests carry an `:authority` that Rust's HTTP/2 stack rejects.
+//! - [`checkpoint`]: the prepared claims, on disk, so that a restarted plugin unprepares
+//!   exactly what it prepared and prepares again with the same CDI ids.
+//! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
 
 pub mod authority;
+pub mod cdi;
+pub mod checkpoint;
+pub mod health;
+pub mod plugin;
 pub mod registration;
+pub mod service;
+pub mod slices;

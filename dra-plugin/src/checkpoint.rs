@@ -1,0 +1,350 @@
+//! The claims a plugin has prepared, kept on disk so that they survive a restart.
+//!
+//! After a restart (even SIGKILL) the kubelet may call NodeUnprepareResources for a claim
+//! prepared by the previous process, and it may call NodePrepareResources again for a claim
+//! that is already prepared. The plugin must then remove exactly what prepare wrote and answer
+//! with the same CDI device ids as before; it can only do that if it remembers, so it stores
+//! the prepared claims here before it answers the kubelet.
+//!
+//! The file is JSON:
+//!
+//! ```json
+//! { "version": 1, "checksum": 1234567890, "claims": { "<claim uid>": { ... } } }
+//! ```
+//!
+//! `checksum` is the CRC-32 of the compact JSON serialization of `claims` as these types
+//! write it (struct fields in declaration order, map keys sorted), so re-indenting the file
+//! does not matter but any change to the data does. Every store writes a temporary file in the
+//! same directory, fsyncs it, renames it over the checkpoint and fsyncs the directory: a crash
+//! leaves either the old or the new checkpoint, never a mix (at worst a stray hidden `.tmp`
+//! file, which [`Checkpoint::open`] ignores).
+//!
+//! A checkpoint that cannot be read, does not parse, has an unknown version or a wrong
+//! checksum is an [`Error`], never an empty set of claims: a plugin that forgot its prepared
+//! claims would leak their devices and CDI specs. The binary should refuse to start and tell
+//! the operator which file to inspect ([`Error::path`]); removing it is safe only when no pod
+//! on the node uses a claim of this driver.
+//!
+//! The order that survives a crash at any point: prepare stores the claim, with the spec
+//! paths it is about to write ([`crate::cdi::CdiRoot::spec_path`]), before it writes the CDI
+//! specs, and writes them on every prepare, also for a claim already stored (same names, same
+//! content), so the kubelet's retry heals a missing spec; unprepare removes the specs (a
+//! missing one is fine) and then stores the claims without it.
+//!
+//! There is one writer: the plugin process that opened the checkpoint. Concurrent stores from
+//! several processes, or from several tasks without a lock around the claims map, are not
+//! supported (the last rename wins).
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::fs::{File, Permissions};
+use std::io::{self, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+/// The only format this code reads and writes.
+const VERSION: u64 = 1;
+
+/// A claim the plugin prepared, with what unprepare needs to undo it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedClaim {
+    pub uid: String,
+    pub namespace: String,
+    pub name: String,
+    pub devices: Vec<PreparedDevice>,
+    /// The CDI spec files prepare wrote for this claim (one per CDI kind), recorded as paths
+    /// so that unprepare removes exactly these even if the plugin's CDI settings changed.
+    pub cdi_spec_files: Vec<PathBuf>,
+}
+
+/// One allocated device of a prepared claim, as NodePrepareResources reported it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreparedDevice {
+    pub request_names: Vec<String>,
+    pub pool_name: String,
+    pub device_name: String,
+    pub cdi_device_ids: Vec<String>,
+    /// The share id of an allocation of consumable capacity, if any.
+    pub share_id: Option<String>,
+}
+
+/// Prepared claims by claim uid.
+pub type PreparedClaims = BTreeMap<String, PreparedClaim>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot read checkpoint {}: {source}", path.display())]
+    Read { path: PathBuf, source: io::Error },
+    #[error("checkpoint {} is not a valid checkpoint file: {source}", path.display())]
+    Parse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("checkpoint {} has version {found}; this plugin reads version {VERSION}", path.display())]
+    Version { path: PathBuf, found: String },
+    #[error("checkpoint {} is corrupt: it records checksum {recorded}, its data has {computed}", path.display())]
+    Checksum {
+        path: PathBuf,
+        recorded: u32,
+        computed: u32,
+    },
+    #[error("cannot encode prepared claims for checkpoint {}: {source}", path.display())]
+    Encode {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("cannot write checkpoint {}: {source}", path.display())]
+    Write { path: PathBuf, source: io::Error },
+}
+
+impl Error {
+    /// The checkpoint file, for a message telling the operator what to inspect.
+    pub fn path(&self) -> &Path {
+        match self {
+            Error::Read { path, .. }
+            | Error::Parse { path, .. }
+            | Error::Version { path, .. }
+            | Error::Checksum { path, .. }
+            | Error::Encode { path, .. }
+            | Error::Write { path, .. } => path,
+        }
+    }
+}
+
+/// The file on disk. Reading happens once, in [`Checkpoint::open`]; the plugin keeps the
+/// claims in memory and calls [`Checkpoint::store`] after every change.
+///
+/// The calls block on file I/O (a few small writes and fsyncs); from async code run them in
+/// `tokio::task::spawn_blocking` if that matters.
+#[derive(Debug)]
+pub struct Checkpoint {
+    path: PathBuf,
+}
+
+#[derive(Serialize, Deserialize)]
+struct OnDisk {
+    version: u64,
+    checksum: u32,
+    claims: PreparedClaims,
+}
+
+impl Checkpoint {
+    /// Reads the checkpoint at `path`; a missing file means no claims are prepared.
+    pub fn open(path: impl Into<PathBuf>) -> Result<(Checkpoint, PreparedClaims), Error> {
+        let path = path.into();
+        let bytes = match std::fs::read(&path) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok((Checkpoint { path }, PreparedClaims::new()));
+            }
+            Err(source) => return Err(Error::Read { path, source }),
+        };
+        // The version first: another version may have another shape.
+        let value: serde_json::Value = match serde_json::from_slice(&bytes) {
+            Ok(value) => value,
+            Err(source) => return Err(Error::Parse { path, source }),
+        };
+        let version = value.get("version");
+        if version.and_then(serde_json::Value::as_u64) != Some(VERSION) {
+            let found = version.map_or("(none)".to_string(), ToString::to_string);
+            return Err(Error::Version { path, found });
+        }
+        let file: OnDisk = match serde_json::from_value(value) {
+            Ok(file) => file,
+            Err(source) => return Err(Error::Parse { path, source }),
+        };
+        let computed = match checksum(&file.claims) {
+            Ok(computed) => computed,
+            Err(source) => return Err(Error::Encode { path, source }),
+        };
+        if computed != file.checksum {
+            return Err(Error::Checksum {
+                path,
+                recorded: file.checksum,
+                computed,
+            });
+        }
+        Ok((Checkpoint { path }, file.claims))
+    }
+
+    /// Replaces the checkpoint with `claims`, atomically; creates the directory if missing.
+    pub fn store(&self, claims: &PreparedClaims) -> Result<(), Error> {
+        let encode = |source| Error::Encode {
+            path: self.path.clone(),
+            source,
+        };
+        let file = OnDisk {
+            version: VERSION,
+            checksum: checksum(claims).map_err(encode)?,
+            claims: claims.clone(),
+        };
+        let mut bytes = serde_json::to_vec_pretty(&file).map_err(encode)?;
+        bytes.push(b'\n');
+        let write = |source| Error::Write {
+            path: self.path.clone(),
+            source,
+        };
+        if let Some(dir) = parent(&self.path) {
+            std::fs::create_dir_all(dir).map_err(write)?;
+        }
+        // Only the plugin needs to read it.
+        write_atomically(&self.path, &bytes, 0o600).map_err(write)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+fn checksum(claims: &PreparedClaims) -> Result<u32, serde_json::Error> {
+    Ok(crc32fast::hash(&serde_json::to_vec(claims)?))
+}
+
+/// The directory of `path`, `None` for a bare file name (the current directory).
+fn parent(path: &Path) -> Option<&Path> {
+    path.parent().filter(|dir| !dir.as_os_str().is_empty())
+}
+
+/// Writes `contents` to `path` so that readers see the old file or the new one, never a
+/// partial one, also across a crash: a hidden `.<name>.<random>.tmp` file in the same
+/// directory, fsync, rename over `path`, fsync the directory. The directory must exist.
+/// Also used for CDI spec files (the `.tmp` suffix keeps CDI registries from reading it).
+pub(crate) fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    let dir = parent(path).unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
+    let mut temp = tempfile::Builder::new()
+        .prefix(&format!(".{}.", name.to_string_lossy()))
+        .suffix(".tmp")
+        .tempfile_in(dir)?;
+    // Set explicitly: the mode given at creation is subject to the umask.
+    temp.as_file()
+        .set_permissions(Permissions::from_mode(mode))?;
+    temp.write_all(contents)?;
+    temp.as_file().sync_all()?;
+    temp.persist(path).map_err(|e| e.error)?;
+    File::open(dir)?.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claims() -> PreparedClaims {
+        let claim = PreparedClaim {
+            uid: "0b6c1c5e-8d0e-4b53-9a3f-1f2e3d4c5b6a".to_string(),
+            namespace: "default".to_string(),
+            name: "camera".to_string(),
+            devices: vec![PreparedDevice {
+                request_names: vec!["cam".to_string()],
+                pool_name: "node-a".to_string(),
+                device_name: "onvif-1a2b3c".to_string(),
+                cdi_device_ids: vec!["akri.sh/onvif=0b6c1c5e-onvif-1a2b3c".to_string()],
+                share_id: Some("7d1e".to_string()),
+            }],
+            cdi_spec_files: vec![PathBuf::from("/var/run/cdi/akri.sh-onvif-0b6c1c5e.json")],
+        };
+        BTreeMap::from([(claim.uid.clone(), claim)])
+    }
+
+    fn stored(dir: &Path) -> PathBuf {
+        let path = dir.join("checkpoint.json");
+        let (checkpoint, _) = Checkpoint::open(&path).unwrap();
+        checkpoint.store(&claims()).unwrap();
+        path
+    }
+
+    #[test]
+    fn round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = stored(dir.path());
+        let (checkpoint, read) = Checkpoint::open(&path).unwrap();
+        assert_eq!(read, claims());
+        checkpoint.store(&PreparedClaims::new()).unwrap();
+        assert!(Checkpoint::open(&path).unwrap().1.is_empty());
+
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            names,
+            ["checkpoint.json"],
+            "no temporary file is left behind"
+        );
+    }
+
+    #[test]
+    fn missing_file_is_empty_and_store_creates_the_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a/b/checkpoint.json");
+        let (checkpoint, read) = Checkpoint::open(&path).unwrap();
+        assert!(read.is_empty());
+        checkpoint.store(&claims()).unwrap();
+        assert_eq!(Checkpoint::open(&path).unwrap().1, claims());
+    }
+
+    #[test]
+    fn reformatting_keeps_the_checksum_valid() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = stored(dir.path());
+        let value: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&path).unwrap()).expect("the checkpoint is JSON");
+        std::fs::write(&path, serde_json::to_vec(&value).unwrap()).unwrap();
+        assert_eq!(Checkpoint::open(&path).unwrap().1, claims());
+    }
+
+    #[test]
+    fn a_changed_byte_is_a_checksum_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = stored(dir.path());
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("onvif-1a2b3c", "onvif-1a2b3d")).unwrap();
+        let error = Checkpoint::open(&path).unwrap_err();
+        assert!(matches!(error, Error::Checksum { .. }), "{error}");
+        assert_eq!(error.path(), path);
+        assert!(error.to_string().contains(&*path.to_string_lossy()));
+    }
+
+    #[test]
+    fn unknown_version_and_garbage_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = stored(dir.path());
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::write(&path, text.replace("\"version\": 1", "\"version\": 2")).unwrap();
+        let error = Checkpoint::open(&path).unwrap_err();
+        assert!(
+            matches!(&error, Error::Version { found, .. } if found == "2"),
+            "{error}"
+        );
+
+        std::fs::write(&path, r#"{"claims": {}}"#).unwrap();
+        let error = Checkpoint::open(&path).unwrap_err();
+        assert!(matches!(error, Error::Version { .. }), "{error}");
+
+        std::fs::write(&path, &text[..text.len() / 2]).unwrap();
+        let error = Checkpoint::open(&path).unwrap_err();
+        assert!(matches!(error, Error::Parse { .. }), "{error}");
+
+        std::fs::write(&path, "").unwrap();
+        let error = Checkpoint::open(&path).unwrap_err();
+        assert!(matches!(error, Error::Parse { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_temporary_file_left_by_a_crash_is_ignored() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = stored(dir.path());
+        // What a crash between creating and renaming the temporary file leaves.
+        let leftover = dir.path().join(".checkpoint.json.a1B2c3.tmp");
+        std::fs::write(&leftover, r#"{"version": 1, "checks"#).unwrap();
+
+        let (checkpoint, read) = Checkpoint::open(&path).unwrap();
+        assert_eq!(read, claims());
+        checkpoint.store(&PreparedClaims::new()).unwrap();
+        assert!(Checkpoint::open(&path).unwrap().1.is_empty());
+    }
+}

@@ -1,0 +1,155 @@
+//! A running kubelet plugin: the driver's service socket (DRA v1 + v1beta1 + health) and its
+//! registration, kept registered across kubelet restarts.
+
+use crate::health::HealthReporter;
+use crate::registration::{self, PluginInfo, Registration, RegistrationStatus};
+use crate::service::{DraService, Driver};
+use akri_proto::dra::{v1, v1beta1};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Where a plugin lives on the node.
+#[derive(Clone, Debug)]
+pub struct PluginConfig {
+    /// DRA driver name.
+    pub driver_name: String,
+    /// The kubelet's plugin registry directory (`/var/lib/kubelet/plugins_registry`).
+    pub registry_dir: PathBuf,
+    /// This driver's own directory for its service socket (`/var/lib/kubelet/plugins/<driver>`).
+    pub plugin_dir: PathBuf,
+}
+
+/// Errors of starting a plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("service socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Registration(#[from] registration::Error),
+}
+
+/// How often the registration socket is checked: a kubelet restart may wipe the registry
+/// directory, and the kubelet only finds plugins whose socket appears there.
+const REGISTRATION_CHECK: Duration = Duration::from_secs(1);
+
+/// A served plugin. Dropping it stops serving and removes its sockets.
+pub struct KubeletPlugin {
+    socket: PathBuf,
+    registration: Arc<Mutex<Option<Registration>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl KubeletPlugin {
+    /// Serves `service` and `health` on `<plugin_dir>/dra.sock` and registers with the kubelet.
+    pub fn start<D: Driver>(
+        config: &PluginConfig,
+        service: &DraService<D>,
+        health: &HealthReporter,
+    ) -> Result<Self, Error> {
+        let socket = config.plugin_dir.join("dra.sock");
+        let socket_error = |source| Error::Socket {
+            path: socket.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&config.plugin_dir).map_err(socket_error)?;
+        match std::fs::remove_file(&socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
+            _ => {}
+        }
+        let listener = tokio::net::UnixListener::bind(&socket).map_err(socket_error)?;
+        let router = tonic::transport::Server::builder()
+            .add_service(service.v1())
+            .add_service(service.v1beta1())
+            .add_service(health.service());
+        let server = tokio::spawn(async move {
+            if let Err(error) = router
+                .serve_with_incoming(crate::authority::incoming(listener))
+                .await
+            {
+                tracing::error!(%error, "DRA service stopped");
+            }
+        });
+
+        let info = PluginInfo {
+            driver_name: config.driver_name.clone(),
+            endpoint: socket.clone(),
+            supported_versions: vec![
+                v1::SUPPORTED_VERSION.into(),
+                v1beta1::SUPPORTED_VERSION.into(),
+            ],
+        };
+        std::fs::create_dir_all(&config.registry_dir).map_err(|source| Error::Socket {
+            path: config.registry_dir.clone(),
+            source,
+        })?;
+        let registration = Registration::serve(&config.registry_dir, info.clone())?;
+        let registration = Arc::new(Mutex::new(Some(registration)));
+        let keeper = tokio::spawn(keep_registered(
+            config.registry_dir.clone(),
+            info,
+            registration.clone(),
+        ));
+        tracing::info!(driver = %config.driver_name, socket = %socket.display(), "serving DRA plugin");
+        Ok(KubeletPlugin {
+            socket,
+            registration,
+            tasks: vec![server, keeper],
+        })
+    }
+
+    /// The service socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The registration status the kubelet last reported.
+    pub fn registration_status(&self) -> RegistrationStatus {
+        self.registration
+            .lock()
+            .expect("registration lock")
+            .as_ref()
+            .map_or(RegistrationStatus::Pending, Registration::status)
+    }
+}
+
+impl Drop for KubeletPlugin {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Recreates the registration socket whenever it disappears (a restarted kubelet recreates
+/// its registry directory), so the plugin registers again without being restarted itself.
+async fn keep_registered(
+    registry_dir: PathBuf,
+    info: PluginInfo,
+    registration: Arc<Mutex<Option<Registration>>>,
+) {
+    let socket = registry_dir.join(format!("{}-reg.sock", info.driver_name));
+    let mut interval = tokio::time::interval(REGISTRATION_CHECK);
+    loop {
+        interval.tick().await;
+        if socket.exists() {
+            continue;
+        }
+        tracing::info!(driver = %info.driver_name, "registration socket gone (kubelet restarted?); registering again");
+        // Drop the old server first: its Drop removes the socket path the new one binds.
+        registration.lock().expect("registration lock").take();
+        if let Err(error) = std::fs::create_dir_all(&registry_dir) {
+            tracing::warn!(%error, dir = %registry_dir.display(), "cannot create the registry directory");
+            continue;
+        }
+        match Registration::serve(&registry_dir, info.clone()) {
+            Ok(fresh) => *registration.lock().expect("registration lock") = Some(fresh),
+            Err(error) => tracing::warn!(%error, "registering again failed; retrying"),
+        }
+    }
+}

@@ -1,0 +1,431 @@
+//! Publishing a pool of devices as ResourceSlices.
+//!
+//! The scheduler reads a pool as the set of its slices that carry the pool's highest
+//! `generation`, and only trusts the pool once it has seen `resourceSliceCount` of them. So a
+//! change is published as a new generation written to every slice of the pool, then surplus
+//! slices of older generations are deleted. A pool whose devices did not change is not
+//! written at all.
+//!
+//! The same publisher serves node-local pools (the kubelet plugin: one pool per node and
+//! driver, `nodeName` set, owned by the Node so it goes away with it) and cluster-wide pools
+//! (a controller: `perDeviceNodeSelection`, each device naming its nodes).
+
+use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+
+/// The most devices one ResourceSlice may hold (resource.k8s.io/v1 `ResourceSliceMaxDevices`).
+pub const MAX_DEVICES_PER_SLICE: usize = 128;
+/// Label on every slice this publisher writes, naming its pool, so it can find them again.
+pub const POOL_LABEL: &str = "dra.akri.sh/pool";
+
+/// Errors of publishing slices.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("listing the slices of pool {pool}: {source}")]
+    List {
+        pool: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("writing slice {slice}: {source}")]
+    Apply {
+        slice: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("deleting slice {slice}: {source}")]
+    Delete {
+        slice: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Where a pool's devices are available.
+#[derive(Clone, Debug)]
+pub enum PoolScope {
+    /// On one node; the slices are owned by that Node object.
+    Node { name: String, uid: String },
+    /// Each device says where with its own `nodeName`/`nodeSelector`/`allNodes`.
+    PerDevice,
+}
+
+/// Publishes one pool of one driver.
+pub struct SlicePublisher {
+    api: Api<ResourceSlice>,
+    driver: String,
+    pool: String,
+    scope: PoolScope,
+    field_manager: String,
+    /// The last generation written: the pool never goes back to an older generation, even
+    /// when all its slices were deleted behind our back.
+    last_generation: std::sync::atomic::AtomicI64,
+}
+
+/// What one [`SlicePublisher::publish`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Published {
+    /// The pool generation now current.
+    pub generation: i64,
+    /// Slices written (0 when nothing changed).
+    pub written: usize,
+    /// Slices deleted.
+    pub deleted: usize,
+}
+
+impl SlicePublisher {
+    /// A publisher writing with server-side apply as `field_manager`.
+    pub fn new(
+        client: kube::Client,
+        driver: &str,
+        pool: &str,
+        scope: PoolScope,
+        field_manager: &str,
+    ) -> Self {
+        SlicePublisher {
+            api: Api::all(client),
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+            scope,
+            field_manager: field_manager.to_string(),
+            last_generation: 0.into(),
+        }
+    }
+
+    /// Makes the pool hold exactly `devices` (in this order), bumping the generation when
+    /// anything differs from what is published. Safe to call again at any time, e.g. after a
+    /// kubelet restart deleted the node's slices.
+    pub async fn publish(&self, devices: &[Device]) -> Result<Published, Error> {
+        let existing = self
+            .api
+            .list(&ListParams::default().labels(&format!(
+                "{POOL_LABEL}={}",
+                pool_label_value(&self.driver, &self.pool)
+            )))
+            .await
+            .map_err(|source| Error::List {
+                pool: self.pool.clone(),
+                source,
+            })?
+            .items;
+        let floor = self
+            .last_generation
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let plan = plan(
+            &self.driver,
+            &self.pool,
+            &self.scope,
+            devices,
+            &existing,
+            floor,
+        );
+        let mut published = Published {
+            generation: plan.generation,
+            ..Published::default()
+        };
+        let params = PatchParams::apply(&self.field_manager).force();
+        for slice in &plan.apply {
+            let name = slice
+                .metadata
+                .name
+                .clone()
+                .expect("planned slices are named");
+            self.api
+                .patch(&name, &params, &Patch::Apply(slice))
+                .await
+                .map_err(|source| Error::Apply {
+                    slice: name,
+                    source,
+                })?;
+            published.written += 1;
+        }
+        for name in &plan.delete {
+            match self.api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => published.deleted += 1,
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(source) => {
+                    return Err(Error::Delete {
+                        slice: name.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        self.last_generation
+            .fetch_max(plan.generation, std::sync::atomic::Ordering::Relaxed);
+        Ok(published)
+    }
+
+    /// Deletes every slice of the pool (e.g. when the driver stops serving it for good).
+    pub async fn unpublish(&self) -> Result<Published, Error> {
+        self.publish(&[]).await
+    }
+}
+
+/// What to write and delete to bring a pool to `devices`.
+#[derive(Debug, Default)]
+pub struct Plan {
+    pub generation: i64,
+    pub apply: Vec<ResourceSlice>,
+    pub delete: Vec<String>,
+}
+
+/// Plans the slices of a pool, never going below generation `floor`. Pure, so that the
+/// generation rules are unit-tested.
+pub fn plan(
+    driver: &str,
+    pool: &str,
+    scope: &PoolScope,
+    devices: &[Device],
+    existing: &[ResourceSlice],
+    floor: i64,
+) -> Plan {
+    let current_generation = existing
+        .iter()
+        .map(|s| s.spec.pool.generation)
+        .max()
+        .unwrap_or(0)
+        .max(floor);
+    let chunks: Vec<&[Device]> = devices.chunks(MAX_DEVICES_PER_SLICE).collect();
+    let names: Vec<String> = (0..chunks.len())
+        .map(|i| slice_name(driver, pool, i))
+        .collect();
+
+    // Unchanged: every wanted slice exists at the current generation with the same devices
+    // and the right count, and nothing else is there.
+    let unchanged = existing.len() == chunks.len()
+        && names.iter().zip(&chunks).all(|(name, chunk)| {
+            existing.iter().any(|s| {
+                s.metadata.name.as_deref() == Some(name.as_str())
+                    && s.spec.pool.generation == current_generation
+                    && s.spec.pool.resource_slice_count == chunks.len() as i64
+                    && s.spec.devices.as_deref().unwrap_or_default() == *chunk
+            })
+        });
+    if unchanged {
+        return Plan {
+            generation: current_generation,
+            ..Plan::default()
+        };
+    }
+
+    let generation = current_generation + 1;
+    let apply = names
+        .iter()
+        .zip(&chunks)
+        .map(|(name, chunk)| slice(driver, pool, scope, name, generation, chunks.len(), chunk))
+        .collect();
+    let delete = existing
+        .iter()
+        .filter_map(|s| s.metadata.name.clone())
+        .filter(|name| !names.contains(name))
+        .collect();
+    Plan {
+        generation,
+        apply,
+        delete,
+    }
+}
+
+fn slice(
+    driver: &str,
+    pool: &str,
+    scope: &PoolScope,
+    name: &str,
+    generation: i64,
+    count: usize,
+    devices: &[Device],
+) -> ResourceSlice {
+    let (node_name, per_device, owner) = match scope {
+        PoolScope::Node { name, uid } => (
+            Some(name.clone()),
+            None,
+            Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "Node".into(),
+                name: name.clone(),
+                uid: uid.clone(),
+                controller: Some(true),
+                block_owner_deletion: None,
+            }]),
+        ),
+        PoolScope::PerDevice => (None, Some(true), None),
+    };
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            labels: Some([(POOL_LABEL.to_string(), pool_label_value(driver, pool))].into()),
+            owner_references: owner,
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: driver.to_string(),
+            pool: ResourcePool {
+                name: pool.to_string(),
+                generation,
+                resource_slice_count: count as i64,
+            },
+            node_name,
+            per_device_node_selection: per_device,
+            devices: Some(devices.to_vec()),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}
+
+/// `<pool>-<driver>-<index>`, made a valid object name (lower case, at most 253 characters).
+pub fn slice_name(driver: &str, pool: &str, index: usize) -> String {
+    let raw = format!("{pool}-{driver}");
+    let mut name: String = raw
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '.' || c == '-' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let suffix = format!("-{index}");
+    name.truncate(253 - suffix.len());
+    format!(
+        "{}{suffix}",
+        name.trim_matches(|c: char| c == '-' || c == '.')
+    )
+}
+
+/// Label values are at most 63 characters: a stable short hash of driver and pool.
+fn pool_label_value(driver: &str, pool: &str) -> String {
+    // FNV-1a: stable across processes and versions, unlike std's SipHash with random keys.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in driver.bytes().chain([0]).chain(pool.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{hash:016x}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str) -> Device {
+        Device {
+            name: name.to_string(),
+            ..Device::default()
+        }
+    }
+
+    fn node() -> PoolScope {
+        PoolScope::Node {
+            name: "node-a".into(),
+            uid: "uid-a".into(),
+        }
+    }
+
+    /// What the API server would hold after applying a plan.
+    fn applied(plan: &Plan, before: &[ResourceSlice]) -> Vec<ResourceSlice> {
+        let mut after: Vec<ResourceSlice> = before
+            .iter()
+            .filter(|s| !plan.delete.contains(s.metadata.name.as_ref().unwrap()))
+            .filter(|s| {
+                !plan
+                    .apply
+                    .iter()
+                    .any(|a| a.metadata.name == s.metadata.name)
+            })
+            .cloned()
+            .collect();
+        after.extend(plan.apply.iter().cloned());
+        after
+    }
+
+    #[test]
+    fn first_publish_is_generation_one_and_splits_at_128() {
+        let devices: Vec<Device> = (0..300).map(|i| device(&format!("d{i}"))).collect();
+        let plan = plan("udev.akri.sh", "node-a", &node(), &devices, &[], 0);
+        assert_eq!(plan.generation, 1);
+        assert_eq!(plan.apply.len(), 3);
+        let sizes: Vec<usize> = plan
+            .apply
+            .iter()
+            .map(|s| s.spec.devices.as_ref().unwrap().len())
+            .collect();
+        assert_eq!(sizes, [128, 128, 44]);
+        assert!(
+            plan.apply
+                .iter()
+                .all(|s| s.spec.pool.resource_slice_count == 3)
+        );
+        assert!(
+            plan.apply
+                .iter()
+                .all(|s| s.spec.node_name.as_deref() == Some("node-a"))
+        );
+        assert_eq!(
+            plan.apply[0].metadata.owner_references.as_ref().unwrap()[0].kind,
+            "Node"
+        );
+    }
+
+    #[test]
+    fn unchanged_devices_write_nothing_and_changes_bump_the_generation() {
+        let devices = vec![device("a"), device("b")];
+        let first = plan("d.akri.sh", "p", &node(), &devices, &[], 0);
+        let state = applied(&first, &[]);
+        let again = plan("d.akri.sh", "p", &node(), &devices, &state, 0);
+        assert!(again.apply.is_empty() && again.delete.is_empty());
+        assert_eq!(again.generation, 1);
+
+        let fewer = plan("d.akri.sh", "p", &node(), &devices[..1], &state, 0);
+        assert_eq!(fewer.generation, 2);
+        assert_eq!(fewer.apply.len(), 1);
+        assert!(
+            fewer.delete.is_empty(),
+            "the single slice is rewritten in place"
+        );
+    }
+
+    #[test]
+    fn shrinking_deletes_surplus_slices_and_empty_pool_deletes_all() {
+        let many: Vec<Device> = (0..200).map(|i| device(&format!("d{i}"))).collect();
+        let state = applied(
+            &plan("d.akri.sh", "p", &PoolScope::PerDevice, &many, &[], 0),
+            &[],
+        );
+        assert_eq!(state.len(), 2);
+        assert!(
+            state
+                .iter()
+                .all(|s| s.spec.per_device_node_selection == Some(true)
+                    && s.spec.node_name.is_none())
+        );
+        let shrink = plan(
+            "d.akri.sh",
+            "p",
+            &PoolScope::PerDevice,
+            &many[..10],
+            &state,
+            0,
+        );
+        assert_eq!(shrink.generation, 2);
+        assert_eq!(shrink.delete, vec![slice_name("d.akri.sh", "p", 1)]);
+        let gone = plan("d.akri.sh", "p", &PoolScope::PerDevice, &[], &state, 0);
+        assert!(gone.apply.is_empty());
+        assert_eq!(gone.delete.len(), 2);
+    }
+
+    #[test]
+    fn names_are_valid_object_names() {
+        assert_eq!(
+            slice_name("debugEcho.akri.sh", "Node_A", 0),
+            "node-a-debugecho.akri.sh-0"
+        );
+        let long = slice_name(&"x".repeat(300), "p", 12);
+        assert!(long.len() <= 253 && long.ends_with("-12"));
+        assert_eq!(pool_label_value("a", "b"), pool_label_value("a", "b"));
+        assert_ne!(pool_label_value("a", "b"), pool_label_value("ab", ""));
+    }
+}
