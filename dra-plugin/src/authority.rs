@@ -35,10 +35,15 @@ const BUFFER: usize = 64 * 1024;
 
 /// Connections accepted on `listener`, with `:authority` rewritten to `localhost`, ready for
 /// `tonic::transport::Server::serve_with_incoming`.
+///
+/// Dropping the stream (e.g. aborting the server task) also closes every connection it
+/// accepted, as a process exit would: otherwise clients keep talking to a server that is gone.
 pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<DuplexStream>> {
-    UnixListenerStream::new(listener).map(|accepted| {
+    let (alive, _) = tokio::sync::watch::channel(());
+    UnixListenerStream::new(listener).map(move |accepted| {
         let socket = accepted?;
         let (to_tonic, tonic_side) = tokio::io::duplex(BUFFER);
+        let mut closed = alive.subscribe();
         tokio::spawn(async move {
             let (socket_read, mut socket_write) = socket.into_split();
             let (tonic_read, tonic_write) = tokio::io::split(to_tonic);
@@ -48,10 +53,11 @@ pub fn incoming(listener: UnixListener) -> impl Stream<Item = io::Result<DuplexS
                 tokio::io::copy(&mut tonic_read, &mut socket_write).await
             };
             // Either direction ending (or failing on a malformed frame) ends this connection
-            // only.
+            // only; the stream being dropped ends them all.
             let result = tokio::select! {
                 r = upstream => r,
                 r = downstream => r.map(|_| ()),
+                _ = closed.changed() => Ok(()),
             };
             if let Err(error) = result {
                 tracing::debug!(%error, "gRPC connection on a Unix socket ended with an error");

@@ -1,0 +1,330 @@
+//! The library as a whole against the kubelet's own DRA manager (kubelet peer) and the real
+//! scheduler: a small driver built on `dra-plugin` is found, prepares through the kubelet,
+//! survives its own restart through the checkpoint, and registers again after the kubelet's.
+
+use akri_testing::{ControlPlane, KubeletPeer};
+use dra_plugin::cdi::{CdiDevice, CdiRoot};
+use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
+use dra_plugin::health::HealthReporter;
+use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
+use dra_plugin::registration::RegistrationStatus;
+use dra_plugin::service::{ClaimRef, DraService, Driver};
+use dra_plugin::slices::{PoolScope, SlicePublisher};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const CLASS: &str = "gadget";
+
+/// Prepares every device allocated to it with one CDI device carrying `GADGET_<DEVICE>=<device>`.
+struct GadgetDriver {
+    name: String,
+    client: kube::Client,
+    cdi: CdiRoot,
+}
+
+#[tonic::async_trait]
+impl Driver for GadgetDriver {
+    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String> {
+        let object = Api::<ResourceClaim>::namespaced(self.client.clone(), &claim.namespace)
+            .get(&claim.name)
+            .await
+            .map_err(|e| format!("reading the claim: {e}"))?;
+        let results = object
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .unwrap_or_default();
+        let mine: Vec<_> = results
+            .into_iter()
+            .filter(|r| r.driver == self.name)
+            .collect();
+        if mine.is_empty() {
+            return Err(format!(
+                "claim {} has no device of driver {}",
+                claim.name, self.name
+            ));
+        }
+        let cdi_devices: Vec<CdiDevice> = mine
+            .iter()
+            .map(|r| CdiDevice {
+                name: dra_plugin::cdi::device_name(&claim.uid, &r.device),
+                env: vec![(
+                    format!("GADGET_{}", r.device.to_uppercase()),
+                    r.device.clone(),
+                )],
+                device_nodes: vec![],
+                mounts: vec![],
+            })
+            .collect();
+        let spec = self
+            .cdi
+            .write_claim_spec(CLASS, &claim.uid, &cdi_devices)
+            .map_err(|e| e.to_string())?;
+        Ok(PreparedClaim {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices: mine
+                .iter()
+                .zip(&spec.qualified_ids)
+                .map(|(r, id)| PreparedDevice {
+                    request_names: vec![r.request.clone()],
+                    pool_name: r.pool.clone(),
+                    device_name: r.device.clone(),
+                    cdi_device_ids: vec![id.clone()],
+                    share_id: None,
+                })
+                .collect(),
+            cdi_spec_files: vec![spec.path],
+        })
+    }
+
+    async fn unprepare(
+        &self,
+        claim: &ClaimRef,
+        prepared: Option<&PreparedClaim>,
+    ) -> Result<(), String> {
+        let files = match prepared {
+            Some(p) => p.cdi_spec_files.clone(),
+            None => vec![
+                self.cdi
+                    .spec_path(CLASS, &claim.uid)
+                    .map_err(|e| e.to_string())?,
+            ],
+        };
+        for file in files {
+            dra_plugin::cdi::remove_claim_spec(&file).map_err(|e| e.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+async fn wait_until<F: AsyncFn() -> bool>(what: &str, check: F) {
+    let start = Instant::now();
+    while !check().await {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test]
+async fn prepares_through_the_kubelet_and_survives_restarts() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("plugin").await.unwrap();
+    let node_name = ControlPlane::unique_name("node");
+    let node = cp.create_node(&node_name).await.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("g"));
+    let class = ControlPlane::unique_name("gadgets");
+    let peer = KubeletPeer::start(cp, &node_name).await.unwrap();
+
+    // The node's gadgets, published with the library's slice publisher.
+    let publisher = SlicePublisher::new(
+        client.clone(),
+        &driver,
+        &node_name,
+        PoolScope::Node {
+            name: node_name.clone(),
+            uid: node.metadata.uid.clone().unwrap(),
+        },
+        "gadget-plugin",
+    );
+    let gadgets: Vec<Device> = ["g0", "g1"]
+        .iter()
+        .map(|n| Device {
+            name: n.to_string(),
+            ..Device::default()
+        })
+        .collect();
+    publisher.publish(&gadgets).await.unwrap();
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": class },
+            "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == '{driver}'") } }] },
+        })).unwrap())
+        .await
+        .unwrap();
+
+    // The plugin.
+    let state_dir = tempfile::tempdir().unwrap();
+    let checkpoint = state_dir.path().join("checkpoint.json");
+    let config = PluginConfig {
+        driver_name: driver.clone(),
+        registry_dir: peer.registry_dir(),
+        plugin_dir: peer.plugins_dir().join(&driver),
+    };
+    let start_plugin = || {
+        let service = DraService::new(
+            GadgetDriver {
+                name: driver.clone(),
+                client: client.clone(),
+                cdi: CdiRoot::new(peer.cdi_dir(), "example.com").unwrap(),
+            },
+            &checkpoint,
+        )
+        .unwrap();
+        let health = HealthReporter::default();
+        let plugin = KubeletPlugin::start(&config, &service, &health).unwrap();
+        (service, plugin)
+    };
+    let (service, plugin) = start_plugin();
+    peer.wait_for_driver(&driver, Duration::from_secs(30))
+        .await
+        .unwrap();
+    wait_until("registration reported", async || {
+        plugin.registration_status() == RegistrationStatus::Registered
+    })
+    .await;
+
+    // A pod with one claim for both gadgets.
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "two" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "g", "exactly": { "deviceClassName": class, "count": 2 } }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": { "name": "user" },
+        "spec": {
+            "resourceClaims": [{ "name": "g", "resourceClaimTemplateName": "two" }],
+            "containers": [{ "name": "app", "image": "none", "resources": { "claims": [{ "name": "g" }] } }],
+        },
+    })).unwrap())
+    .await
+    .unwrap();
+    wait_until("pod bound", async || {
+        pods.get("user")
+            .await
+            .ok()
+            .and_then(|p| p.spec.and_then(|s| s.node_name))
+            .is_some()
+    })
+    .await;
+
+    let ids = peer
+        .prepare(&ns, "user")
+        .await
+        .expect("prepared through the kubelet");
+    let app = &ids["app"];
+    assert_eq!(app.len(), 2);
+    let edits = peer
+        .cdi_inject(app)
+        .await
+        .expect("the Go CDI library resolves our spec");
+    let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
+    // Each device's edits land in the container (two devices setting the same variable would
+    // collapse to one: CDI merges env by name).
+    assert!(
+        env.contains(&"GADGET_G0=g0".to_string()) && env.contains(&"GADGET_G1=g1".to_string()),
+        "{env:?}"
+    );
+    let prepared = service.prepared().await;
+    assert_eq!(prepared.len(), 1);
+    let spec_file: PathBuf = prepared.values().next().unwrap().cdi_spec_files[0].clone();
+    assert!(spec_file.exists());
+
+    // The plugin dies between prepare and unprepare, and comes back from its checkpoint.
+    drop(plugin);
+    drop(service);
+    let (service, plugin) = start_plugin();
+    assert_eq!(
+        service.prepared().await.len(),
+        1,
+        "the checkpoint remembers the claim"
+    );
+    peer.wait_for_driver(&driver, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        peer.prepare(&ns, "user").await.unwrap(),
+        ids,
+        "preparing again gives the same CDI ids"
+    );
+    peer.unprepare(&ns, "user")
+        .await
+        .expect("unprepared after the plugin restart");
+    assert!(
+        !spec_file.exists(),
+        "unprepare removed the CDI spec prepare wrote"
+    );
+    assert!(service.prepared().await.is_empty());
+
+    // The kubelet restarts with a wiped registry directory: the plugin registers again by itself.
+    for entry in std::fs::read_dir(peer.registry_dir()).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    peer.restart().await.unwrap();
+    peer.wait_for_driver(&driver, Duration::from_secs(30))
+        .await
+        .expect("re-registered without a plugin restart");
+    wait_until("registration reported again", async || {
+        plugin.registration_status() == RegistrationStatus::Registered
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn one_bad_claim_does_not_fail_the_others() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = DraService::new(
+        GadgetDriver {
+            name: "x.example.com".into(),
+            client,
+            cdi: CdiRoot::new(dir.path().join("cdi"), "example.com").unwrap(),
+        },
+        &dir.path().join("checkpoint.json"),
+    )
+    .unwrap();
+    let results = service
+        .prepare_claims(vec![
+            ClaimRef {
+                namespace: "default".into(),
+                name: "missing".into(),
+                uid: "u-1".into(),
+            },
+            ClaimRef {
+                namespace: String::new(),
+                name: "no-namespace".into(),
+                uid: "u-2".into(),
+            },
+        ])
+        .await;
+    assert_eq!(results.len(), 2);
+    assert!(
+        results["u-1"]
+            .as_ref()
+            .unwrap_err()
+            .contains("reading the claim"),
+        "{:?}",
+        results["u-1"]
+    );
+    assert!(
+        results["u-2"]
+            .as_ref()
+            .unwrap_err()
+            .contains("lacks a namespace"),
+        "{:?}",
+        results["u-2"]
+    );
+    // Unpreparing claims nobody prepared succeeds.
+    let results = service
+        .unprepare_claims(vec![ClaimRef {
+            namespace: "default".into(),
+            name: "never".into(),
+            uid: "u-3".into(),
+        }])
+        .await;
+    assert!(results["u-3"].is_ok());
+}
