@@ -352,7 +352,7 @@ async fn discovery_configuration_v1() {
         Err(kube::Error::Api(status)) => assert!(
             status
                 .message
-                .contains("metadata.name must be at most 54 characters"),
+                .contains("metadata.name must be at most 52 characters"),
             "{}",
             status.message
         ),

@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Devices", type_ = "integer", json_path = ".status.devicesPublished"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
-    validation = Rule::new("size(self.metadata.name) <= 54").message("metadata.name must be at most 54 characters: it becomes the extended resource name akri.sh/<name>, and DeviceClass names of its PropertyFilters build on it"),
+    validation = Rule::new("size(self.metadata.name) <= 52").message("metadata.name must be at most 52 characters: Instances are named <name>-<6 hex digits> and their slot devices <instance>-<slot>, which must fit in 63"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DiscoveryConfigurationSpec {
