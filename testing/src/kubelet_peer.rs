@@ -194,6 +194,12 @@ impl KubeletPeer {
         .await
     }
 
+    /// The device health the kubelet's DRA manager recorded, per driver:
+    /// `{"drivers": {"<driver>": [{"pool", "device", "health", "message", ...}]}}`.
+    pub async fn dra_health(&self) -> Result<Value, Error> {
+        self.call("GET", "/dra/health", None).await
+    }
+
     /// Stops and restarts the managers on the same directories, as a kubelet restart would.
     pub async fn restart(&self) -> Result<(), Error> {
         let _: Value = self.call("POST", "/restart", None).await?;

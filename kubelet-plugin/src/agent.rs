@@ -1,0 +1,457 @@
+//! The node agent: discovery in, DRA out.
+//!
+//! One loop owns the node's state and reacts to three things: DiscoveryConfigurations
+//! changing, discovery handlers (un)registering, and handlers reporting devices. Per
+//! configuration whose handler is registered it runs one discovery stream; per handler (one
+//! DRA driver) it serves the kubelet plugin and publishes this node's pool, health and
+//! Instances whenever that driver's devices change.
+
+use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
+use crate::discovery::{
+    DiscoveryEvent, DiscoveryRequest, DiscoveryStream, RegisteredHandler, Registry, StreamConfig,
+};
+use crate::driver::AkriDriver;
+use crate::instances::InstanceWriter;
+use crate::node_devices::{ConfigDevices, NodeDevices};
+use akri_api::v1::DiscoveryConfiguration;
+use akri_devices::Sharing;
+use dra_plugin::cdi::CdiRoot;
+use dra_plugin::health::HealthReporter;
+use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
+use dra_plugin::service::DraService;
+use dra_plugin::slices::{PoolScope, SlicePublisher};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+use kube::runtime::watcher;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Where the agent keeps and finds things on the node.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    pub node_name: String,
+    /// Namespace the Instances are written to.
+    pub instance_namespace: String,
+    /// The kubelet's plugin registry directory.
+    pub registry_dir: PathBuf,
+    /// Parent of each driver's socket directory (the kubelet's `plugins/`).
+    pub plugins_dir: PathBuf,
+    /// Where CDI specs are written (the container runtime's CDI spec directory).
+    pub cdi_dir: PathBuf,
+    /// Checkpoints and the handler registrations.
+    pub state_dir: PathBuf,
+    /// Akri's discovery-handler registration socket.
+    pub discovery_socket: PathBuf,
+    /// Run the embedded debugEcho handler.
+    pub debug_echo: Option<DebugEchoConfig>,
+    /// How devices with capacity > 1 are modelled.
+    pub sharing: Sharing,
+    /// How long an Instance outlives its device's disappearance from this node.
+    pub instance_grace: Duration,
+}
+
+/// Errors that stop the agent from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("discovery registry: {0}")]
+    Registry(#[from] crate::discovery::registry::Error),
+    #[error("embedded debugEcho: {0}")]
+    DebugEcho(#[from] crate::discovery::debug_echo::Error),
+    #[error("reading node {node}: {source}")]
+    Node {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
+    #[error("CDI directory: {0}")]
+    Cdi(#[from] dra_plugin::cdi::Error),
+    #[error("DRA service of {driver}: {source}")]
+    Service {
+        driver: String,
+        #[source]
+        source: dra_plugin::service::Error,
+    },
+    #[error("kubelet plugin of {driver}: {source}")]
+    Plugin {
+        driver: String,
+        #[source]
+        source: dra_plugin::plugin::Error,
+    },
+}
+
+/// A running agent; dropping it stops everything it serves.
+pub struct Agent {
+    task: tokio::task::JoinHandle<()>,
+    devices: NodeDevices,
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Agent {
+    /// The devices this node currently sees.
+    pub fn devices(&self) -> &NodeDevices {
+        &self.devices
+    }
+}
+
+/// One served DRA driver (one discovery handler).
+struct ServedDriver {
+    _service: DraService<AkriDriver>,
+    health: HealthReporter,
+    publisher: SlicePublisher,
+    /// Every device name this driver published on this node since it started.
+    ever_published: BTreeSet<String>,
+    _plugin: KubeletPlugin,
+}
+
+/// Starts the agent.
+pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, Error> {
+    std::fs::create_dir_all(&config.state_dir).ok();
+    let registry = Registry::serve(
+        &config.discovery_socket,
+        &config.state_dir.join("discovery-handlers.json"),
+    )?;
+    let debug_echo = match &config.debug_echo {
+        Some(echo) => {
+            let handler = DebugEcho::serve(echo.clone())?;
+            handler.register(registry.socket()).await?;
+            Some(handler)
+        }
+        None => None,
+    };
+    let node = Api::<Node>::all(client.clone())
+        .get(&config.node_name)
+        .await
+        .map_err(|source| Error::Node {
+            node: config.node_name.clone(),
+            source,
+        })?;
+    let node_uid = node.metadata.uid.unwrap_or_default();
+    let devices = NodeDevices::new(&config.node_name, config.sharing);
+    let state = AgentState {
+        client: client.clone(),
+        config: config.clone(),
+        node_uid,
+        devices: devices.clone(),
+        drivers: BTreeMap::new(),
+        streams: BTreeMap::new(),
+        instances: InstanceWriter::new(
+            client,
+            &config.instance_namespace,
+            &config.node_name,
+            config.instance_grace,
+        ),
+    };
+    let task = tokio::spawn(state.run(registry, debug_echo));
+    Ok(Agent { task, devices })
+}
+
+/// A discovery stream of one configuration, with what it was started for.
+struct RunningStream {
+    key: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for RunningStream {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+struct AgentState {
+    client: kube::Client,
+    config: AgentConfig,
+    node_uid: String,
+    devices: NodeDevices,
+    drivers: BTreeMap<String, ServedDriver>,
+    streams: BTreeMap<String, RunningStream>,
+    instances: InstanceWriter,
+}
+
+/// Something a discovery stream said about its configuration.
+struct StreamEvent {
+    configuration: String,
+    handler: RegisteredHandler,
+    capacity: i32,
+    event: DiscoveryEvent,
+}
+
+impl AgentState {
+    async fn run(mut self, registry: Registry, _debug_echo: Option<DebugEcho>) {
+        let mut handlers = registry.subscribe();
+        let configs_api = Api::<DiscoveryConfiguration>::all(self.client.clone());
+        let (store, writer) = kube::runtime::reflector::store();
+        let mut config_changes = Box::pin(
+            // Every watch event, deletions included, triggers a pass over the store.
+            kube::runtime::reflector(writer, watcher(configs_api, watcher::Config::default()))
+                .map(|_| ()),
+        );
+        let (events_tx, mut events) = mpsc::channel::<StreamEvent>(64);
+        let mut resync = tokio::time::interval(Duration::from_secs(30));
+        let mut dirty: BTreeSet<String> = BTreeSet::new();
+        loop {
+            tokio::select! {
+                _ = config_changes.next() => {}
+                changed = handlers.changed() => if changed.is_err() { return },
+                Some(event) = events.recv() => {
+                    if let Some(driver) = self.on_stream_event(event) {
+                        dirty.insert(driver);
+                    }
+                    // Take every event already waiting before publishing.
+                    while let Ok(event) = events.try_recv() {
+                        if let Some(driver) = self.on_stream_event(event) {
+                            dirty.insert(driver);
+                        }
+                    }
+                }
+                _ = resync.tick() => dirty.extend(self.drivers.keys().cloned()),
+            }
+            let configs: Vec<DiscoveryConfiguration> =
+                store.state().iter().map(|c| (**c).clone()).collect();
+            let registered = handlers.borrow().clone();
+            dirty.extend(self.sync_streams(&configs, &registered, &events_tx).await);
+            dirty.extend(self.sync_drivers(&registered));
+            if !dirty.is_empty() {
+                for driver in std::mem::take(&mut dirty) {
+                    self.publish(&driver).await;
+                }
+                self.sync_instances().await;
+            }
+            if self.instances.pending() {
+                dirty.extend(self.drivers.keys().cloned());
+            }
+        }
+    }
+
+    /// Applies one stream event to the node's devices; returns the driver that changed.
+    fn on_stream_event(&mut self, event: StreamEvent) -> Option<String> {
+        let driver = akri_devices::driver_name(&event.handler.name);
+        match event.event {
+            DiscoveryEvent::Devices(devices) => {
+                let changed = self.devices.set(
+                    &driver,
+                    ConfigDevices {
+                        configuration: event.configuration,
+                        capacity: event.capacity,
+                        shared: event.handler.shared,
+                        devices,
+                    },
+                );
+                changed.then_some(driver)
+            }
+            DiscoveryEvent::Error(error) => {
+                // The stream reconnects by itself; the devices stay as last reported.
+                tracing::warn!(configuration = %event.configuration, handler = %event.handler.name, %error, "discovery failed");
+                None
+            }
+        }
+    }
+
+    /// Starts a stream per configuration whose handler is registered, restarts streams whose
+    /// input changed, stops the others. Returns drivers whose devices were dropped.
+    async fn sync_streams(
+        &mut self,
+        configs: &[DiscoveryConfiguration],
+        handlers: &BTreeMap<String, RegisteredHandler>,
+        events: &mpsc::Sender<StreamEvent>,
+    ) -> Vec<String> {
+        let mut wanted = BTreeSet::new();
+        for config in configs {
+            let Some(name) = config.metadata.name.clone() else {
+                continue;
+            };
+            let spec = &config.spec;
+            let Some(handler) = handlers.get(&spec.discovery_handler.name) else {
+                continue;
+            };
+            let properties = match crate::properties::resolve(
+                &self.client,
+                &spec.discovery_handler.discovery_properties,
+            )
+            .await
+            {
+                Ok(properties) => properties,
+                Err(error) => {
+                    tracing::warn!(configuration = %name, %error, "discovery not started");
+                    continue;
+                }
+            };
+            wanted.insert(name.clone());
+            let key = format!(
+                "{:?}|{}|{:?}|{}",
+                handler, spec.discovery_handler.discovery_details, properties, spec.capacity
+            );
+            if self.streams.get(&name).is_some_and(|s| s.key == key) {
+                continue;
+            }
+            let request = DiscoveryRequest {
+                details: spec.discovery_handler.discovery_details.clone(),
+                properties,
+            };
+            let mut stream =
+                DiscoveryStream::start(handler.clone(), request, StreamConfig::default());
+            let events = events.clone();
+            let (handler, capacity, configuration) = (handler.clone(), spec.capacity, name.clone());
+            let task = tokio::spawn(async move {
+                while let Some(event) = stream.next_event().await {
+                    let event = StreamEvent {
+                        configuration: configuration.clone(),
+                        handler: handler.clone(),
+                        capacity,
+                        event,
+                    };
+                    if events.send(event).await.is_err() {
+                        return;
+                    }
+                }
+            });
+            tracing::info!(configuration = %name, handler = %spec.discovery_handler.name, "discovery started");
+            self.streams.insert(name, RunningStream { key, task });
+        }
+        let mut changed = Vec::new();
+        let stale: Vec<String> = self
+            .streams
+            .keys()
+            .filter(|n| !wanted.contains(*n))
+            .cloned()
+            .collect();
+        for name in stale {
+            self.streams.remove(&name);
+            for driver in self.drivers.keys() {
+                if self.devices.remove(driver, &name) {
+                    changed.push(driver.clone());
+                }
+            }
+            tracing::info!(configuration = %name, "discovery stopped");
+        }
+        changed
+    }
+
+    /// Serves a kubelet plugin per registered handler. Returns drivers newly served.
+    fn sync_drivers(&mut self, handlers: &BTreeMap<String, RegisteredHandler>) -> Vec<String> {
+        let mut started = Vec::new();
+        for handler in handlers.values() {
+            let driver = akri_devices::driver_name(&handler.name);
+            if self.drivers.contains_key(&driver) {
+                continue;
+            }
+            match self.serve_driver(&handler.name, &driver) {
+                Ok(served) => {
+                    self.drivers.insert(driver.clone(), served);
+                    started.push(driver);
+                }
+                Err(error) => tracing::error!(%driver, %error, "cannot serve the DRA driver"),
+            }
+        }
+        started
+    }
+
+    fn serve_driver(&self, handler: &str, driver: &str) -> Result<ServedDriver, Error> {
+        let cdi = CdiRoot::new(&self.config.cdi_dir, akri_devices::DRIVER_DOMAIN)?;
+        let akri_driver = AkriDriver {
+            driver: driver.to_string(),
+            cdi_class: handler.to_ascii_lowercase(),
+            client: self.client.clone(),
+            cdi,
+            devices: self.devices.clone(),
+        };
+        let checkpoint = self
+            .config
+            .state_dir
+            .join(format!("{driver}-checkpoint.json"));
+        let service =
+            DraService::new(akri_driver, &checkpoint).map_err(|source| Error::Service {
+                driver: driver.to_string(),
+                source,
+            })?;
+        let health = HealthReporter::default();
+        let plugin_config = PluginConfig {
+            driver_name: driver.to_string(),
+            registry_dir: self.config.registry_dir.clone(),
+            plugin_dir: self.config.plugins_dir.join(driver),
+        };
+        let plugin = KubeletPlugin::start(&plugin_config, &service, &health).map_err(|source| {
+            Error::Plugin {
+                driver: driver.to_string(),
+                source,
+            }
+        })?;
+        let publisher = SlicePublisher::new(
+            self.client.clone(),
+            driver,
+            &self.config.node_name,
+            PoolScope::Node {
+                name: self.config.node_name.clone(),
+                uid: self.node_uid.clone(),
+            },
+            &format!("akri-kubelet-plugin/{}", self.config.node_name),
+        );
+        Ok(ServedDriver {
+            _service: service,
+            health,
+            publisher,
+            ever_published: BTreeSet::new(),
+            _plugin: plugin,
+        })
+    }
+
+    /// Publishes a driver's node-local pool and its devices' health.
+    async fn publish(&mut self, driver: &str) {
+        let local = self.devices.local_dra_devices(driver);
+        let pool = self.config.node_name.clone();
+        let Some(served) = self.drivers.get_mut(driver) else {
+            return;
+        };
+        let slice_devices: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
+        match served.publisher.publish(&slice_devices).await {
+            Ok(published) if published.written + published.deleted > 0 => {
+                tracing::info!(%driver, devices = slice_devices.len(), generation = published.generation, "published node pool");
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%driver, %error, "publishing the node pool failed; retrying on the next change or resync")
+            }
+        }
+
+        // Health: published devices are healthy; a device published before and gone now is
+        // unhealthy (pods that still hold it learn it from the kubelet) until it returns.
+        let now: BTreeSet<String> = local.iter().map(|(d, _)| d.name.clone()).collect();
+        for name in &now {
+            served.health.set(&pool, name, true, "");
+        }
+        for gone in served.ever_published.difference(&now) {
+            served.health.set(
+                &pool,
+                gone,
+                false,
+                "its discovery handler no longer reports it",
+            );
+        }
+        served.ever_published.extend(now);
+    }
+
+    /// Writes the Instances of every driver's devices on this node.
+    async fn sync_instances(&mut self) {
+        let mut known = Vec::new();
+        for driver in self.drivers.keys() {
+            let configs = self.devices.configurations(driver);
+            for device in self.devices.known(driver) {
+                let config = configs
+                    .iter()
+                    .find(|c| c.configuration == device.configuration);
+                let (capacity, shared) = config.map_or((1, false), |c| (c.capacity, c.shared));
+                known.push((device, capacity, shared));
+            }
+        }
+        if let Err(error) = self.instances.sync(&known).await {
+            tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
+        }
+    }
+}

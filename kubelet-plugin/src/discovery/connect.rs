@@ -1,0 +1,97 @@
+//! The client side: gRPC channels to a handler's endpoint and to a registration socket.
+
+use super::handler::{Endpoint, RegisteredHandler};
+use akri_proto::discovery::v0 as proto;
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::net::UnixStream;
+use tonic::transport::{Channel, Uri};
+
+/// HTTP/2 keepalive on network endpoints, so a vanished host is noticed even while its
+/// handler is (legitimately) silent. grpc-go servers answer pings more frequent than every
+/// 5 minutes with GOAWAY `too_many_pings`, hence the long interval.
+const NETWORK_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(6 * 60);
+const NETWORK_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Errors of connecting to a handler or to a registration socket.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid network endpoint {endpoint:?}: {source}")]
+    InvalidUri {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("cannot connect to {endpoint}: {source}")]
+    Connect {
+        endpoint: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("registration of discovery handler {name} refused: {status}")]
+    Refused {
+        name: String,
+        #[source]
+        status: tonic::Status,
+    },
+}
+
+/// Connects to `endpoint` (eagerly: a dead endpoint fails here).
+pub async fn channel(endpoint: &Endpoint) -> Result<Channel, Error> {
+    match endpoint {
+        Endpoint::Uds(path) => unix_channel(path).await,
+        Endpoint::Network(address) => {
+            let uri = if address.contains("://") {
+                address.clone()
+            } else {
+                format!("http://{address}")
+            };
+            let invalid = |source| Error::InvalidUri {
+                endpoint: address.clone(),
+                source,
+            };
+            tonic::transport::Endpoint::from_shared(uri)
+                .map_err(invalid)?
+                .http2_keep_alive_interval(NETWORK_KEEPALIVE_INTERVAL)
+                .keep_alive_timeout(NETWORK_KEEPALIVE_TIMEOUT)
+                .connect()
+                .await
+                .map_err(|source| Error::Connect {
+                    endpoint: address.clone(),
+                    source,
+                })
+        }
+    }
+}
+
+/// Connects to a gRPC server on a Unix socket.
+pub async fn unix_channel(path: &Path) -> Result<Channel, Error> {
+    let socket: PathBuf = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let socket = socket.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
+        }))
+        .await
+        .map_err(|source| Error::Connect {
+            endpoint: format!("unix:{}", path.display()),
+            source,
+        })
+}
+
+/// Registers `handler` through the registration socket, as any discovery handler does.
+pub async fn register(
+    registration_socket: &Path,
+    handler: &RegisteredHandler,
+) -> Result<(), Error> {
+    let channel = unix_channel(registration_socket).await?;
+    proto::registration_client::RegistrationClient::new(channel)
+        .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest::from(handler))
+        .await
+        .map_err(|status| Error::Refused {
+            name: handler.name.clone(),
+            status,
+        })?;
+    Ok(())
+}

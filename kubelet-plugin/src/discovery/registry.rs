@@ -1,0 +1,219 @@
+//! The discovery-handler registry: serves Akri's `v0.Registration` on a Unix socket (Akri's
+//! default is [`DEFAULT_SOCKET`]), keeps the registered handlers in memory and in a state
+//! file (see [`super::state_file`]), and publishes the set through a `watch` channel.
+//!
+//! A registration under a name already known replaces that handler's endpoint and `shared`
+//! flag (one endpoint per name). Registering the same thing again changes nothing and wakes
+//! no one. Handlers are never dropped because their endpoint fails: the discovery streams
+//! retry and report the failure; [`Registry::deregister`] removes one explicitly.
+
+use super::handler::RegisteredHandler;
+use super::state_file;
+use akri_proto::discovery::v0 as proto;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::{Mutex, watch};
+use tonic::{Request, Response, Status};
+
+/// Where Akri's agent serves registration, and so where its handlers look by default.
+pub const DEFAULT_SOCKET: &str = "/var/lib/akri/agent-registration.sock";
+
+/// The registered handlers, by name.
+pub type Handlers = BTreeMap<String, RegisteredHandler>;
+
+/// Errors of starting the registry.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("registration socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A served registration socket. Dropping it stops serving and removes the socket file; the
+/// state file stays for the next start.
+#[derive(Debug)]
+pub struct Registry {
+    socket: PathBuf,
+    shared: Arc<Shared>,
+    server: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    state_file: PathBuf,
+    handlers: watch::Sender<Handlers>,
+    /// Orders the state-file writes like the changes they record.
+    write: Mutex<()>,
+}
+
+impl Registry {
+    /// Loads the handlers recorded in `state_file` (an unreadable file is logged and treated
+    /// as empty: discovery must start anyway), then serves `v0.Registration` on `socket`,
+    /// replacing a stale socket file and creating its directory. Needs a Tokio runtime.
+    pub fn serve(socket: &Path, state_file: &Path) -> Result<Self, Error> {
+        let socket_error = |source| Error::Socket {
+            path: socket.to_path_buf(),
+            source,
+        };
+        let known: Handlers = match state_file::load(state_file) {
+            Ok(handlers) => handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
+            Err(error) => {
+                tracing::error!(%error, "ignoring the discovery-handler state file; handlers must register again");
+                Handlers::new()
+            }
+        };
+        tracing::info!(
+            handlers = ?known.keys().collect::<Vec<_>>(),
+            state_file = %state_file.display(),
+            "discovery handlers known from the last run"
+        );
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).map_err(socket_error)?;
+        }
+        match std::fs::remove_file(socket) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
+            _ => {}
+        }
+        let listener = tokio::net::UnixListener::bind(socket).map_err(socket_error)?;
+        let shared = Arc::new(Shared {
+            state_file: state_file.to_path_buf(),
+            handlers: watch::Sender::new(known),
+            write: Mutex::new(()),
+        });
+        let service = proto::registration_server::RegistrationServer::new(Service {
+            shared: shared.clone(),
+        });
+        let server = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(dra_plugin::authority::incoming(listener))
+                .await;
+            if let Err(error) = result {
+                tracing::error!(%error, "discovery-handler registration server stopped");
+            }
+        });
+        tracing::info!(socket = %socket.display(), "serving discovery-handler registration");
+        Ok(Registry {
+            socket: socket.to_path_buf(),
+            shared,
+            server,
+        })
+    }
+
+    /// The socket handlers register on.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The handlers registered now.
+    pub fn handlers(&self) -> Handlers {
+        self.shared.handlers.borrow().clone()
+    }
+
+    /// Changes of the registered set.
+    pub fn subscribe(&self) -> watch::Receiver<Handlers> {
+        self.shared.handlers.subscribe()
+    }
+
+    /// Registers in-process, exactly as a registration over the socket does.
+    pub async fn register(&self, handler: RegisteredHandler) {
+        self.shared.register(handler).await;
+    }
+
+    /// Forgets a handler; false if it was not registered.
+    pub async fn deregister(&self, name: &str) -> bool {
+        let removed = self
+            .shared
+            .update(|handlers| handlers.remove(name).is_some())
+            .await;
+        if removed {
+            tracing::info!(handler = name, "discovery handler deregistered");
+        }
+        removed
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+impl Shared {
+    async fn register(&self, handler: RegisteredHandler) {
+        let (name, endpoint, shared) = (
+            handler.name.clone(),
+            handler.endpoint.to_string(),
+            handler.shared,
+        );
+        let changed = self
+            .update(|handlers| {
+                if handlers.get(&handler.name) == Some(&handler) {
+                    return false;
+                }
+                handlers.insert(handler.name.clone(), handler);
+                true
+            })
+            .await;
+        if changed {
+            tracing::info!(handler = %name, %endpoint, shared, "discovery handler registered");
+        } else {
+            tracing::debug!(handler = %name, %endpoint, "discovery handler registered again, unchanged");
+        }
+    }
+
+    /// Applies `change`; if it changed anything, notifies watchers and rewrites the state
+    /// file. A failed write is logged: the registration holds for this run regardless.
+    async fn update(&self, change: impl FnOnce(&mut Handlers) -> bool) -> bool {
+        let _write = self.write.lock().await;
+        if !self.handlers.send_if_modified(change) {
+            return false;
+        }
+        let snapshot: Vec<RegisteredHandler> = self.handlers.borrow().values().cloned().collect();
+        let path = self.state_file.clone();
+        let saved = tokio::task::spawn_blocking(move || state_file::save(&path, &snapshot)).await;
+        match saved {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::error!(%error, "cannot record discovery handlers; they will need to register again after a restart");
+            }
+            Err(error) => {
+                tracing::error!(%error, "writing the discovery-handler state file panicked")
+            }
+        }
+        true
+    }
+}
+
+struct Service {
+    shared: Arc<Shared>,
+}
+
+#[tonic::async_trait]
+impl proto::registration_server::Registration for Service {
+    async fn register_discovery_handler(
+        &self,
+        request: Request<proto::RegisterDiscoveryHandlerRequest>,
+    ) -> Result<Response<proto::Empty>, Status> {
+        let handler = RegisteredHandler::try_from(request.into_inner()).map_err(|error| {
+            tracing::warn!(%error, "refused a discovery-handler registration");
+            Status::invalid_argument(error.to_string())
+        })?;
+        self.shared.register(handler).await;
+        Ok(Response::new(proto::Empty {}))
+    }
+
+    async fn query_device_info(
+        &self,
+        _: Request<proto::QueryDeviceInfoRequest>,
+    ) -> Result<Response<proto::QueryDeviceInfoResponse>, Status> {
+        Err(Status::unimplemented(
+            "QueryDeviceInfo is not supported: this agent has no external device inventory to query",
+        ))
+    }
+}

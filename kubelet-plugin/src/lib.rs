@@ -1,0 +1,9 @@
+//! The per-node Akri DRA kubelet plugin; `main.rs` is the thin binary around this library.
+
+pub mod discovery;
+
+pub mod agent;
+pub mod driver;
+pub mod instances;
+pub mod node_devices;
+pub mod properties;

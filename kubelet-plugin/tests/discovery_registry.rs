@@ -1,0 +1,118 @@
+//! The discovery-handler registry over its real gRPC socket, and across a plugin restart.
+
+use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, Registry, connect};
+use akri_proto::discovery::v0 as proto;
+use std::time::Duration;
+
+fn handler(name: &str, endpoint: Endpoint, shared: bool) -> RegisteredHandler {
+    RegisteredHandler {
+        name: name.into(),
+        endpoint,
+        shared,
+    }
+}
+
+#[tokio::test]
+async fn registrations_over_grpc_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent-registration.sock");
+    let state = dir.path().join("state/handlers.json");
+
+    let registry = Registry::serve(&socket, &state).unwrap();
+    assert!(registry.handlers().is_empty());
+    let mut watch = registry.subscribe();
+
+    let udev = handler("udev", Endpoint::Uds(dir.path().join("udev.sock")), false);
+    connect::register(&socket, &udev).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("the watch reports the registration")
+        .unwrap();
+    assert_eq!(watch.borrow_and_update().get("udev"), Some(&udev));
+
+    let onvif = handler(
+        "onvif",
+        Endpoint::Network("http://10.0.0.5:10000".into()),
+        true,
+    );
+    connect::register(&socket, &onvif).await.unwrap();
+    watch.borrow_and_update();
+
+    // The same registration again changes nothing and wakes no one.
+    connect::register(&socket, &onvif).await.unwrap();
+    assert!(!watch.has_changed().unwrap());
+
+    // Re-registering a name replaces its endpoint.
+    let udev = handler("udev", Endpoint::Uds(dir.path().join("udev-2.sock")), false);
+    connect::register(&socket, &udev).await.unwrap();
+    assert!(watch.has_changed().unwrap());
+    let expected = [
+        ("onvif".to_string(), onvif.clone()),
+        ("udev".to_string(), udev.clone()),
+    ]
+    .into();
+    assert_eq!(registry.handlers(), expected);
+
+    // Plugin restart: the registry comes back from its state file alone.
+    drop(registry);
+    assert!(!socket.exists(), "the socket file goes with the registry");
+    let registry = Registry::serve(&socket, &state).unwrap();
+    assert_eq!(registry.handlers(), expected);
+
+    // ... and still serves registrations.
+    let echo = handler("debugEcho", Endpoint::Uds(dir.path().join("e.sock")), true);
+    connect::register(&socket, &echo).await.unwrap();
+    assert_eq!(registry.handlers().len(), 3);
+    assert!(registry.deregister("onvif").await);
+    assert!(!registry.deregister("onvif").await);
+    drop(registry);
+    let registry = Registry::serve(&socket, &state).unwrap();
+    assert_eq!(
+        registry.handlers().keys().collect::<Vec<_>>(),
+        ["debugEcho", "udev"]
+    );
+}
+
+#[tokio::test]
+async fn refuses_bad_registrations_and_query_device_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("reg.sock");
+    let registry = Registry::serve(&socket, &dir.path().join("handlers.json")).unwrap();
+    let channel = connect::unix_channel(&socket).await.unwrap();
+    let mut client = proto::registration_client::RegistrationClient::new(channel);
+
+    let status = client
+        .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest {
+            name: "udev".into(),
+            endpoint: "relative.sock".into(),
+            endpoint_type: 0,
+            shared: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    assert!(status.message().contains("not absolute"), "{status}");
+    assert!(registry.handlers().is_empty());
+
+    let status = client
+        .query_device_info(proto::QueryDeviceInfoRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::Unimplemented);
+    assert!(status.message().contains("QueryDeviceInfo"), "{status}");
+}
+
+#[tokio::test]
+async fn a_corrupt_state_file_is_not_fatal() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("handlers.json");
+    std::fs::write(&state, "{ truncated").unwrap();
+    let socket = dir.path().join("reg.sock");
+    let registry = Registry::serve(&socket, &state).unwrap();
+    assert!(registry.handlers().is_empty());
+    let udev = handler("udev", Endpoint::Uds("/run/udev.sock".into()), false);
+    connect::register(&socket, &udev).await.unwrap();
+    drop(registry);
+    let registry = Registry::serve(&socket, &state).unwrap();
+    assert_eq!(registry.handlers().get("udev"), Some(&udev));
+}

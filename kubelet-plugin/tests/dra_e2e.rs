@@ -1,0 +1,275 @@
+//! The kubelet-plugin end to end on real Kubernetes: two simulated nodes, each running the
+//! agent with the embedded debugEcho handler next to its own kubelet peer; the real scheduler
+//! places a pod on a node with the device and the kubelet's DRA manager prepares it.
+
+use akri_devices::Sharing;
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
+use akri_testing::{ControlPlane, KubeletPeer};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+const DRIVER: &str = "debugecho.akri.sh";
+
+async fn install_crds(client: &kube::Client) {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    for crd in akri_api::crds::all() {
+        match crds.create(&PostParams::default(), &crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("CRD rejected: {e}"),
+        }
+    }
+    // Established is quick; wait until the kind is served.
+    let api = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
+    let start = Instant::now();
+    while api.list(&ListParams::default()).await.is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "DiscoveryConfiguration not served"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+struct SimNode {
+    name: String,
+    peer: KubeletPeer,
+    availability: PathBuf,
+    _agent: agent::Agent,
+    _dir: tempfile::TempDir,
+}
+
+async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -> SimNode {
+    let name = ControlPlane::unique_name("node");
+    cp.create_node(&name).await.unwrap();
+    let peer = KubeletPeer::start(cp, &name).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let availability = dir.path().join("availability.txt");
+    let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
+    echo.availability_file = availability.clone();
+    echo.poll_interval = Duration::from_millis(100);
+    let config = AgentConfig {
+        node_name: name.clone(),
+        instance_namespace: namespace.to_string(),
+        registry_dir: peer.registry_dir(),
+        plugins_dir: peer.plugins_dir(),
+        cdi_dir: peer.cdi_dir(),
+        state_dir: dir.path().join("state"),
+        discovery_socket: dir.path().join("agent-registration.sock"),
+        debug_echo: Some(echo),
+        sharing: Sharing::ConsumableCapacity,
+        instance_grace: Duration::ZERO,
+    };
+    let agent = agent::start(client.clone(), config)
+        .await
+        .expect("agent starts");
+    SimNode {
+        name,
+        peer,
+        availability,
+        _agent: agent,
+        _dir: dir,
+    }
+}
+
+/// The devices of `node`'s pool of the debugEcho driver.
+async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap();
+    slices
+        .items
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| d.name)
+        .collect()
+}
+
+fn device_health(health: &Value, device: &str) -> Option<String> {
+    health["drivers"][DRIVER]
+        .as_array()?
+        .iter()
+        .find(|d| d["device"] == device)
+        .and_then(|d| d["health"].as_str().map(str::to_string))
+}
+
+#[tokio::test]
+async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    install_crds(&client).await;
+    let ns = cp.create_namespace("akri").await.unwrap();
+    let config = ControlPlane::unique_name("echo");
+
+    let nodes = [
+        start_node(cp, &client, &ns).await,
+        start_node(cp, &client, &ns).await,
+    ];
+    for node in &nodes {
+        node.peer
+            .wait_for_driver(DRIVER, Duration::from_secs(30))
+            .await
+            .unwrap();
+    }
+
+    // The DiscoveryConfiguration, and (until the driver-controller exists) its DeviceClass.
+    let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": config },
+        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [foo0]" } },
+    }))
+    .unwrap();
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &discovery)
+        .await
+        .unwrap();
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": config },
+            "spec": { "selectors": [{ "cel": { "expression": format!(
+                "device.driver == '{DRIVER}' && device.attributes['akri.sh'].configuration == '{config}'"
+            ) } }] },
+        })).unwrap())
+        .await
+        .unwrap();
+
+    // Each node publishes its own local device, and writes its Instance.
+    let mut device_of = Vec::new();
+    for node in &nodes {
+        let devices = eventually("node pool published", async || {
+            let devices = pool_devices(&client, &node.name).await;
+            (!devices.is_empty()).then_some(devices)
+        })
+        .await;
+        assert_eq!(
+            devices.len(),
+            1,
+            "one debugEcho device per node: {devices:?}"
+        );
+        assert_eq!(
+            devices[0],
+            akri_devices::instance_name(&config, "foo0", false, &node.name)
+        );
+        device_of.push(devices[0].clone());
+    }
+    assert_ne!(
+        device_of[0], device_of[1],
+        "local devices are distinct per node"
+    );
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    for (node, device) in nodes.iter().zip(&device_of) {
+        let instance = eventually("Instance written", async || {
+            instances.get_opt(device).await.unwrap()
+        })
+        .await;
+        assert_eq!(instance.spec.configuration_name, config);
+        assert_eq!(instance.spec.nodes, vec![node.name.clone()]);
+        assert_eq!(
+            instance.spec.broker_properties["DEBUG_ECHO_DESCRIPTION"],
+            "foo0"
+        );
+    }
+
+    // A pod asking for one device lands on a node that has it and is prepared there.
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "echo" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "echo", "exactly": { "deviceClassName": config } }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": { "name": "broker" },
+        "spec": {
+            "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
+            "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
+        },
+    })).unwrap())
+    .await
+    .unwrap();
+    let bound_to = eventually("pod bound", async || {
+        pods.get("broker").await.ok()?.spec?.node_name
+    })
+    .await;
+    let index = nodes
+        .iter()
+        .position(|n| n.name == bound_to)
+        .expect("bound to one of our nodes");
+    let node = &nodes[index];
+
+    let containers = node
+        .peer
+        .prepare(&ns, "broker")
+        .await
+        .expect("the kubelet prepares the pod");
+    let ids = &containers["broker"];
+    assert_eq!(ids.len(), 1);
+    assert!(ids[0].starts_with("akri.sh/debugecho="), "{ids:?}");
+    let edits = node
+        .peer
+        .cdi_inject(ids)
+        .await
+        .expect("the CDI library resolves the ids");
+    let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
+    assert!(
+        env.contains(&"DEBUG_ECHO_DESCRIPTION=foo0".to_string()),
+        "{env:?}"
+    );
+
+    // The device disappears: it leaves the slice and turns unhealthy; it comes back.
+    std::fs::write(&node.availability, "OFFLINE").unwrap();
+    eventually("device removed from the slice", async || {
+        pool_devices(&client, &node.name)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    eventually("device unhealthy in the kubelet", async || {
+        let health = node.peer.dra_health().await.ok()?;
+        (device_health(&health, &device_of[index]).as_deref() == Some("Unhealthy")).then_some(())
+    })
+    .await;
+    std::fs::write(&node.availability, "").unwrap();
+    eventually("device back in the slice", async || {
+        (!pool_devices(&client, &node.name).await.is_empty()).then_some(())
+    })
+    .await;
+    eventually("device healthy again", async || {
+        let health = node.peer.dra_health().await.ok()?;
+        (device_health(&health, &device_of[index]).as_deref() == Some("Healthy")).then_some(())
+    })
+    .await;
+
+    node.peer
+        .unprepare(&ns, "broker")
+        .await
+        .expect("unprepare succeeds");
+    assert!(
+        node.peer.cdi_inject(ids).await.is_err(),
+        "the CDI spec is gone after unprepare"
+    );
+}
