@@ -22,6 +22,7 @@ use dra_plugin::service::DraService;
 use dra_plugin::slices::{PoolScope, SlicePublisher};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::Api;
 use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
@@ -193,6 +194,12 @@ impl AgentState {
             kube::runtime::reflector(writer, watcher(configs_api, watcher::Config::default()))
                 .map(|_| ()),
         );
+        // The kubelet's DRA manager deletes a node's slices when it restarts, and anyone may
+        // delete them: republish as soon as one of this node's slices changes or goes.
+        let slices_api = Api::<ResourceSlice>::all(self.client.clone());
+        let node_slices =
+            watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
+        let mut slice_changes = Box::pin(watcher(slices_api, node_slices).map(|_| ()));
         let (events_tx, mut events) = mpsc::channel::<StreamEvent>(64);
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         let mut dirty: BTreeSet<String> = BTreeSet::new();
@@ -212,6 +219,7 @@ impl AgentState {
                     }
                 }
                 _ = resync.tick() => dirty.extend(self.drivers.keys().cloned()),
+                _ = slice_changes.next() => dirty.extend(self.drivers.keys().cloned()),
             }
             let configs: Vec<DiscoveryConfiguration> =
                 store.state().iter().map(|c| (**c).clone()).collect();

@@ -1,16 +1,99 @@
-//! Per-node DRA kubelet plugin: discovery, Instances, node-local ResourceSlices, prepare/unprepare with CDI.
-//!
-//! This binary is a skeleton: its behaviour is tracked by its own issue. It parses its
-//! flags so that packaging (chart, CI) can already invoke it.
+//! akri-kubelet-plugin: the per-node DRA kubelet plugin (DaemonSet). Flags and wiring only;
+//! the behaviour lives in the library (`agent`).
 
+use akri_devices::Sharing;
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use clap::Parser;
+use std::path::PathBuf;
+use std::time::Duration;
 
-/// Per-node DRA kubelet plugin: discovery, Instances, node-local ResourceSlices, prepare/unprepare with CDI.
+/// Discovers devices through Akri discovery handlers and serves them to the kubelet as DRA
+/// drivers (`<handler>.akri.sh`).
 #[derive(Debug, Parser)]
 #[command(version, about)]
-struct Args {}
+struct Args {
+    /// This node's name (the Node object).
+    #[arg(long, env = "NODE_NAME")]
+    node_name: String,
+    /// Namespace the Instances are written to.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "akri")]
+    instance_namespace: String,
+    /// The kubelet's plugin registry directory.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
+    registry_dir: PathBuf,
+    /// Parent directory of each driver's socket directory.
+    #[arg(long, default_value = "/var/lib/kubelet/plugins")]
+    plugins_dir: PathBuf,
+    /// CDI spec directory of the container runtime.
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// Checkpoints and discovery-handler registrations (must survive restarts).
+    #[arg(long, default_value = "/var/lib/akri")]
+    state_dir: PathBuf,
+    /// Akri's discovery-handler registration socket.
+    #[arg(long, default_value = "/var/lib/akri/agent-registration.sock")]
+    discovery_socket: PathBuf,
+    /// Run the embedded debugEcho discovery handler, serving on this socket.
+    #[arg(long)]
+    debug_echo_socket: Option<PathBuf>,
+    /// The debugEcho availability file ("OFFLINE" hides every device; otherwise one offline
+    /// description per line).
+    #[arg(long, default_value = "/tmp/debug-echo-availability.txt")]
+    debug_echo_availability_file: PathBuf,
+    /// Model devices with capacity > 1 as slot devices instead of consumable capacity (for
+    /// API servers without DRAConsumableCapacity).
+    #[arg(long)]
+    slot_devices: bool,
+    /// Seconds an Instance outlives its device's disappearance (flapping devices).
+    #[arg(long, default_value_t = 30)]
+    instance_grace_seconds: u64,
+    /// Log as JSON.
+    #[arg(long)]
+    log_json: bool,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _args = Args::parse();
-    anyhow::bail!("not implemented yet: see the project's issues for this component")
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if args.log_json {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .json()
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let client = kube::Client::try_default().await?;
+    let debug_echo = args.debug_echo_socket.map(|socket| DebugEchoConfig {
+        availability_file: args.debug_echo_availability_file,
+        ..DebugEchoConfig::new(socket)
+    });
+    let config = AgentConfig {
+        node_name: args.node_name,
+        instance_namespace: args.instance_namespace,
+        registry_dir: args.registry_dir,
+        plugins_dir: args.plugins_dir,
+        cdi_dir: args.cdi_dir,
+        state_dir: args.state_dir,
+        discovery_socket: args.discovery_socket,
+        debug_echo,
+        sharing: if args.slot_devices {
+            Sharing::SlotDevices
+        } else {
+            Sharing::ConsumableCapacity
+        },
+        instance_grace: Duration::from_secs(args.instance_grace_seconds),
+    };
+    let _agent = agent::start(client, config).await?;
+    tracing::info!("running");
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    tracing::info!("stopping");
+    Ok(())
 }
