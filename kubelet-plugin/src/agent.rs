@@ -23,7 +23,7 @@ use dra_plugin::slices::{PoolScope, SlicePublisher};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -149,6 +149,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             &config.node_name,
             config.instance_grace,
         ),
+        errors: BTreeMap::new(),
+        reported: BTreeMap::new(),
     };
     let task = tokio::spawn(state.run(registry, debug_echo));
     Ok(Agent { task, devices })
@@ -174,6 +176,10 @@ struct AgentState {
     drivers: BTreeMap<String, ServedDriver>,
     streams: BTreeMap<String, RunningStream>,
     instances: InstanceWriter,
+    /// Configurations whose discovery fails on this node now, with why.
+    errors: BTreeMap<String, String>,
+    /// What this node last wrote into each configuration's `status.discoveryErrors`.
+    reported: BTreeMap<String, String>,
 }
 
 /// Something a discovery stream said about its configuration.
@@ -226,6 +232,7 @@ impl AgentState {
             let registered = handlers.borrow().clone();
             dirty.extend(self.sync_streams(&configs, &registered, &events_tx).await);
             dirty.extend(self.sync_drivers(&registered));
+            self.report_errors().await;
             if !dirty.is_empty() {
                 for driver in std::mem::take(&mut dirty) {
                     self.publish(&driver).await;
@@ -243,6 +250,7 @@ impl AgentState {
         let driver = akri_devices::driver_name(&event.handler.name);
         match event.event {
             DiscoveryEvent::Devices(devices) => {
+                self.errors.remove(&event.configuration);
                 let changed = self.devices.set(
                     &driver,
                     ConfigDevices {
@@ -257,6 +265,10 @@ impl AgentState {
             DiscoveryEvent::Error(error) => {
                 // The stream reconnects by itself; the devices stay as last reported.
                 tracing::warn!(configuration = %event.configuration, handler = %event.handler.name, %error, "discovery failed");
+                self.errors.insert(
+                    event.configuration,
+                    format!("handler {}: {error}", event.handler.name),
+                );
                 None
             }
         }
@@ -288,6 +300,7 @@ impl AgentState {
                 Ok(properties) => properties,
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "discovery not started");
+                    self.errors.insert(name.clone(), error.to_string());
                     continue;
                 }
             };
@@ -332,6 +345,7 @@ impl AgentState {
             .collect();
         for name in stale {
             self.streams.remove(&name);
+            self.errors.remove(&name);
             for driver in self.drivers.keys() {
                 if self.devices.remove(driver, &name) {
                     changed.push(driver.clone());
@@ -443,6 +457,59 @@ impl AgentState {
             );
         }
         served.ever_published.extend(now);
+    }
+
+    /// Writes this node's entry of `status.discoveryErrors` where it changed: present while
+    /// a configuration's discovery fails here, gone once it works. Each node applies only its
+    /// own entry (server-side apply, one field manager per node), so nodes never collide.
+    async fn report_errors(&mut self) {
+        let api = Api::<DiscoveryConfiguration>::all(self.client.clone());
+        let params =
+            PatchParams::apply(&format!("akri-kubelet-plugin/{}", self.config.node_name)).force();
+        let names: BTreeSet<String> = self
+            .errors
+            .keys()
+            .chain(self.reported.keys())
+            .cloned()
+            .collect();
+        for name in names {
+            let now = self.errors.get(&name);
+            if self.reported.get(&name) == now {
+                continue;
+            }
+            let entries = match now {
+                Some(message) => {
+                    serde_json::json!([{ "node": self.config.node_name, "message": message }])
+                }
+                None => serde_json::json!([]),
+            };
+            let patch = serde_json::json!({
+                "apiVersion": "akri.sh/v1",
+                "kind": "DiscoveryConfiguration",
+                "metadata": { "name": name },
+                "status": { "discoveryErrors": entries },
+            });
+            match api
+                .patch_status(&name, &params, &Patch::Apply(&patch))
+                .await
+            {
+                Ok(_) => match now {
+                    Some(message) => {
+                        self.reported.insert(name, message.clone());
+                    }
+                    None => {
+                        self.reported.remove(&name);
+                    }
+                },
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    self.reported.remove(&name);
+                    self.errors.remove(&name);
+                }
+                Err(error) => {
+                    tracing::warn!(configuration = %name, %error, "reporting the discovery error failed")
+                }
+            }
+        }
     }
 
     /// Writes the Instances of every driver's devices on this node.

@@ -5,7 +5,7 @@
 use akri_devices::Sharing;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
-use akri_testing::{ControlPlane, KubeletPeer};
+use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -117,7 +117,11 @@ fn device_health(health: &Value, device: &str) -> Option<String> {
 
 #[tokio::test]
 async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
-    let cp = ControlPlane::shared().await.expect("control plane");
+    // Its own control plane: every agent discovers every (cluster-scoped) configuration of
+    // its handlers, so tests sharing a cluster would see each other's devices.
+    let cp = &ControlPlane::start(ControlPlaneOptions::full())
+        .await
+        .expect("control plane");
     let client = cp.client().await.unwrap();
     install_crds(&client).await;
     let ns = cp.create_namespace("akri").await.unwrap();
@@ -272,4 +276,93 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
         node.peer.cdi_inject(ids).await.is_err(),
         "the CDI spec is gone after unprepare"
     );
+}
+
+#[tokio::test]
+async fn discovery_errors_show_in_the_configurations_status() {
+    // Its own control plane: every agent discovers every (cluster-scoped) configuration of
+    // its handlers, so tests sharing a cluster would see each other's devices.
+    let cp = &ControlPlane::start(ControlPlaneOptions::full())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    install_crds(&client).await;
+    let ns = cp.create_namespace("akri").await.unwrap();
+    let node = start_node(cp, &client, &ns).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
+    let create = async |name: &str, handler: Value| {
+        let config: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name }, "spec": { "discoveryHandler": handler },
+        }))
+        .unwrap();
+        configs
+            .create(&PostParams::default(), &config)
+            .await
+            .unwrap();
+    };
+    let good = ControlPlane::unique_name("good");
+    let bad_details = ControlPlane::unique_name("bad-details");
+    let bad_secret = ControlPlane::unique_name("bad-secret");
+    create(
+        &good,
+        json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [ok0]" }),
+    )
+    .await;
+    create(
+        &bad_details,
+        json!({ "name": "debugEcho", "discoveryDetails": "descriptions: {not: a list}" }),
+    )
+    .await;
+    create(&bad_secret, json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [s0]",
+        "discoveryProperties": [{ "name": "password", "valueFrom": { "secretKeyRef": { "name": "missing", "namespace": ns, "key": "pw" } } }] })).await;
+
+    let error_of = async |name: &str| -> Option<String> {
+        let config = configs.get(name).await.ok()?;
+        let errors = config.status?.discovery_errors;
+        errors
+            .iter()
+            .find(|e| e.node == node.name)
+            .map(|e| e.message.clone())
+    };
+    let message = eventually("bad details reported", async || {
+        error_of(&bad_details).await
+    })
+    .await;
+    assert!(message.contains("debugEcho discovery details"), "{message}");
+    let message = eventually("missing secret reported", async || {
+        error_of(&bad_secret).await
+    })
+    .await;
+    assert!(
+        message.contains("Secret") && message.contains("missing"),
+        "{message}"
+    );
+
+    // The good configuration on the same node and handler is unaffected.
+    let good_device = akri_devices::instance_name(&good, "ok0", false, &node.name);
+    eventually("good device published", async || {
+        pool_devices(&client, &node.name)
+            .await
+            .contains(&good_device)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(error_of(&good).await, None);
+
+    // Fixing the details clears this node's entry.
+    let mut fixed = configs.get(&bad_details).await.unwrap();
+    fixed.spec.discovery_handler.discovery_details = "descriptions: [fixed0]".into();
+    configs
+        .replace(&bad_details, &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    eventually("error cleared", async || {
+        error_of(&bad_details).await.is_none().then_some(())
+    })
+    .await;
 }

@@ -133,8 +133,22 @@ pub struct DiscoveryConfigurationStatus {
     /// The DeviceClass made for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_class_name: Option<String>,
+    /// Nodes whose discovery of this configuration currently fails, one entry per node,
+    /// written by that node's kubelet-plugin (and removed when discovery works again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["node"]))]
+    pub discovery_errors: Vec<NodeDiscoveryError>,
     /// `Ready`, `Degraded` (with the handler's or the cluster's error in the message).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// Why discovery of a configuration fails on one node.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDiscoveryError {
+    pub node: String,
+    /// What went wrong, e.g. the handler's error or a property that could not be resolved.
+    pub message: String,
 }

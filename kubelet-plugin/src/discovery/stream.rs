@@ -279,27 +279,81 @@ async fn session(
 }
 
 fn status_error(handler: &str, status: &tonic::Status) -> StreamError {
-    let mut message = status.message().to_string();
-    if let Some(source) = std::error::Error::source(status) {
-        message = format!("{message}: {}", error_chain(source));
-    }
     StreamError::Status {
         handler: handler.to_string(),
         code: status.code(),
-        message,
+        message: with_sources(
+            status.message().to_string(),
+            std::error::Error::source(status),
+        ),
     }
 }
 
 /// An error and its sources, `: `-separated (tonic's transport errors say little on top).
 fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let next = e.to_string();
+    with_sources(error.to_string(), error.source())
+}
+
+/// `text` followed by what `source` and its sources add to it. Sources often repeat the end
+/// of the text before them ("h2 error: reading a body" + "reading a body: broken pipe"), so
+/// only the new part is appended.
+fn with_sources(mut text: String, mut source: Option<&dyn std::error::Error>) -> String {
+    while let Some(error) = source {
+        let next = error.to_string();
         if !text.contains(&next) {
-            text = format!("{text}: {next}");
+            let overlap = std::iter::once(0)
+                .chain(text.match_indices(": ").map(|(i, _)| i + 2))
+                .find(|&i| next.starts_with(&text[i..]));
+            match overlap {
+                Some(i) => {
+                    let added = next[text.len() - i..].to_string();
+                    text.push_str(&added);
+                }
+                None => {
+                    text.push_str(": ");
+                    text.push_str(&next);
+                }
+            }
         }
-        source = e.source();
+        source = error.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug)]
+    struct Chain(&'static str, Option<Box<Chain>>);
+
+    impl std::fmt::Display for Chain {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Chain {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|c| c as _)
+        }
+    }
+
+    #[test]
+    fn sources_add_only_what_is_new() {
+        let error = Chain(
+            "transport error",
+            Some(Box::new(Chain(
+                "reading a body",
+                Some(Box::new(Chain(
+                    "reading a body: broken pipe",
+                    Some(Box::new(Chain("broken pipe", None))),
+                ))),
+            ))),
+        );
+        assert_eq!(
+            error_chain(&error),
+            "transport error: reading a body: broken pipe"
+        );
+    }
 }
