@@ -2,58 +2,19 @@
 //! kind is stored, and invalid objects are rejected with a message a person understands.
 
 use akri_testing::ControlPlane;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::core::GroupVersionKind;
 use serde_json::{Value, json};
-use std::time::{Duration, Instant};
-use tokio::sync::OnceCell;
 
-/// The CRDs installed once per test binary; returns the control plane.
+/// The control plane of this test binary, with the CRDs installed.
 async fn cluster() -> &'static ControlPlane {
-    static INSTALLED: OnceCell<()> = OnceCell::const_new();
     let cp = ControlPlane::shared_api_server()
         .await
         .expect("control plane starts");
-    INSTALLED
-        .get_or_init(|| async {
-            let client = cp.client().await.unwrap();
-            let crds = Api::<CustomResourceDefinition>::all(client);
-            for crd in akri_api::crds::all() {
-                match crds.create(&PostParams::default(), &crd).await {
-                    Ok(_) => {}
-                    // A test that panicked here before leaves the CRDs it created behind.
-                    Err(kube::Error::Api(status)) if status.code == 409 => {}
-                    Err(e) => panic!("{:?} rejected: {e}", crd.metadata.name),
-                }
-            }
-            for crd in akri_api::crds::all() {
-                wait_established(&crds, crd.metadata.name.as_deref().unwrap()).await;
-            }
-        })
-        .await;
+    cp.install_crds(&akri_api::crds::all())
+        .await
+        .expect("every CRD is accepted and established");
     cp
-}
-
-async fn wait_established(crds: &Api<CustomResourceDefinition>, name: &str) {
-    let start = Instant::now();
-    loop {
-        let crd = crds.get(name).await.unwrap();
-        let established = crd
-            .status
-            .and_then(|s| s.conditions)
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True");
-        if established {
-            return;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "{name} not established"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 /// A dynamic API for `kind` of akri.sh/`version`, in `namespace` when given.

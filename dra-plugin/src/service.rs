@@ -175,153 +175,104 @@ fn claim_ref(namespace: String, name: String, uid: String) -> ClaimRef {
     }
 }
 
+impl From<PreparedDevice> for v1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        v1::Device {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+            share_id: d.share_id,
+        }
+    }
+}
+
+/// `v1beta1` predates consumable capacity: the same device without `share_id`.
+impl From<PreparedDevice> for v1beta1::Device {
+    fn from(d: PreparedDevice) -> Self {
+        v1beta1::Device {
+            request_names: d.request_names,
+            pool_name: d.pool_name,
+            device_name: d.device_name,
+            cdi_device_ids: d.cdi_device_ids,
+        }
+    }
+}
+
 /// [`DraService`] as `v1.DRAPlugin`.
 pub struct V1<D>(DraService<D>);
 
-#[tonic::async_trait]
-impl<D: Driver> v1::dra_plugin_server::DraPlugin for V1<D> {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let claims = self
-            .0
-            .prepare_claims(claims)
-            .await
-            .into_iter()
-            .map(|(uid, result)| {
-                let answer = match result {
-                    Ok(devices) => v1::NodePrepareResourceResponse {
-                        devices: devices
-                            .into_iter()
-                            .map(|d| v1::Device {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                                share_id: d.share_id,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1::NodePrepareResourceResponse {
-                        devices: vec![],
-                        error,
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1::NodePrepareResourcesResponse { claims }))
-    }
-
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let claims = self
-            .0
-            .unprepare_claims(claims)
-            .await
-            .into_iter()
-            .map(|(uid, result)| {
-                (
-                    uid,
-                    v1::NodeUnprepareResourceResponse {
-                        error: result.err().unwrap_or_default(),
-                    },
-                )
-            })
-            .collect();
-        Ok(Response::new(v1::NodeUnprepareResourcesResponse { claims }))
-    }
-}
-
-/// [`DraService`] as `v1beta1.DRAPlugin`: the same answers without `share_id`.
+/// [`DraService`] as `v1beta1.DRAPlugin`.
 pub struct V1beta1<D>(DraService<D>);
 
-#[tonic::async_trait]
-impl<D: Driver> v1beta1::dra_plugin_server::DraPlugin for V1beta1<D> {
-    async fn node_prepare_resources(
-        &self,
-        request: Request<v1beta1::NodePrepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let claims = self
-            .0
-            .prepare_claims(claims)
-            .await
-            .into_iter()
-            .map(|(uid, result)| {
-                let answer = match result {
-                    Ok(devices) => v1beta1::NodePrepareResourceResponse {
-                        devices: devices
-                            .into_iter()
-                            .map(|d| v1beta1::Device {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                            })
-                            .collect(),
-                        error: String::new(),
-                    },
-                    Err(error) => v1beta1::NodePrepareResourceResponse {
-                        devices: vec![],
-                        error,
-                    },
-                };
-                (uid, answer)
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
-            claims,
-        }))
-    }
+/// The two gRPC versions have the same messages in different packages: one implementation.
+macro_rules! dra_plugin_version {
+    ($wrapper:ident, $api:ident) => {
+        #[tonic::async_trait]
+        impl<D: Driver> $api::dra_plugin_server::DraPlugin for $wrapper<D> {
+            async fn node_prepare_resources(
+                &self,
+                request: Request<$api::NodePrepareResourcesRequest>,
+            ) -> Result<Response<$api::NodePrepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| claim_ref(c.namespace, c.name, c.uid))
+                    .collect();
+                let claims = self
+                    .0
+                    .prepare_claims(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        let answer = match result {
+                            Ok(devices) => $api::NodePrepareResourceResponse {
+                                devices: devices.into_iter().map(Into::into).collect(),
+                                error: String::new(),
+                            },
+                            Err(error) => $api::NodePrepareResourceResponse {
+                                devices: vec![],
+                                error,
+                            },
+                        };
+                        (uid, answer)
+                    })
+                    .collect();
+                Ok(Response::new($api::NodePrepareResourcesResponse { claims }))
+            }
 
-    async fn node_unprepare_resources(
-        &self,
-        request: Request<v1beta1::NodeUnprepareResourcesRequest>,
-    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
-        let claims = request
-            .into_inner()
-            .claims
-            .into_iter()
-            .map(|c| claim_ref(c.namespace, c.name, c.uid))
-            .collect();
-        let claims = self
-            .0
-            .unprepare_claims(claims)
-            .await
-            .into_iter()
-            .map(|(uid, result)| {
-                (
-                    uid,
-                    v1beta1::NodeUnprepareResourceResponse {
-                        error: result.err().unwrap_or_default(),
-                    },
-                )
-            })
-            .collect();
-        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
-            claims,
-        }))
-    }
+            async fn node_unprepare_resources(
+                &self,
+                request: Request<$api::NodeUnprepareResourcesRequest>,
+            ) -> Result<Response<$api::NodeUnprepareResourcesResponse>, Status> {
+                let claims = request
+                    .into_inner()
+                    .claims
+                    .into_iter()
+                    .map(|c| claim_ref(c.namespace, c.name, c.uid))
+                    .collect();
+                let claims = self
+                    .0
+                    .unprepare_claims(claims)
+                    .await
+                    .into_iter()
+                    .map(|(uid, result)| {
+                        (
+                            uid,
+                            $api::NodeUnprepareResourceResponse {
+                                error: result.err().unwrap_or_default(),
+                            },
+                        )
+                    })
+                    .collect();
+                Ok(Response::new($api::NodeUnprepareResourcesResponse {
+                    claims,
+                }))
+            }
+        }
+    };
 }
+
+dra_plugin_version!(V1, v1);
+dra_plugin_version!(V1beta1, v1beta1);

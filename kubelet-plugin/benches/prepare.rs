@@ -6,7 +6,6 @@ use akri_kubelet_plugin::discovery::connect::unix_channel;
 use akri_proto::dra::v1 as dra;
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::{Duration, Instant};
@@ -19,10 +18,7 @@ const DRIVER: &str = "debugecho.akri.sh";
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
     let client = cp.client().await?;
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    for crd in akri_api::crds::all() {
-        crds.create(&PostParams::default(), &crd).await?;
-    }
+    cp.install_crds(&akri_api::crds::all()).await?;
     let ns = cp.create_namespace("bench").await?;
     let node = "bench-node";
     cp.create_node(node).await?;
@@ -58,9 +54,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }))?;
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
     let start = Instant::now();
-    while configs.list(&ListParams::default()).await.is_err() {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
     configs.create(&PostParams::default(), &discovery).await?;
     let slices = Api::<ResourceSlice>::all(client.clone());
     let names: Vec<String> = loop {

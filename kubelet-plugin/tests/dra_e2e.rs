@@ -8,34 +8,12 @@ use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const DRIVER: &str = "debugecho.akri.sh";
-
-async fn install_crds(client: &kube::Client) {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    for crd in akri_api::crds::all() {
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("CRD rejected: {e}"),
-        }
-    }
-    // Established is quick; wait until the kind is served.
-    let api = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
-    let start = Instant::now();
-    while api.list(&ListParams::default()).await.is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(30),
-            "DiscoveryConfiguration not served"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     let start = Instant::now();
@@ -123,7 +101,7 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    install_crds(&client).await;
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
     let config = ControlPlane::unique_name("echo");
 
@@ -286,7 +264,7 @@ async fn discovery_errors_show_in_the_configurations_status() {
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    install_crds(&client).await;
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
     let node = start_node(cp, &client, &ns).await;
     node.peer

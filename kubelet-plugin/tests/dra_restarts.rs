@@ -12,29 +12,12 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 const DRIVER: &str = "debugecho.akri.sh";
-
-async fn install_crds(client: &kube::Client) {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    for crd in akri_api::crds::all() {
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("CRD rejected: {e}"),
-        }
-    }
-    let api = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
-    eventually("CRDs served", async || {
-        api.list(&ListParams::default()).await.ok()
-    })
-    .await;
-}
 
 async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     let start = Instant::now();
@@ -115,7 +98,7 @@ async fn pool_size(client: &kube::Client, node: &str) -> usize {
 async fn survives_sigkill_and_kubelet_restart() {
     let cp = ControlPlane::shared().await.expect("control plane");
     let client = cp.client().await.unwrap();
-    install_crds(&client).await;
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();

@@ -6,9 +6,8 @@ use akri_kubelet_plugin::discovery::DiscoveredDevice;
 use akri_kubelet_plugin::instances::InstanceWriter;
 use akri_kubelet_plugin::node_devices::KnownDevice;
 use akri_testing::ControlPlane;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, PostParams};
-use std::time::{Duration, Instant};
+use kube::api::Api;
+use std::time::Duration;
 
 #[tokio::test]
 async fn shared_instances_follow_their_nodes() {
@@ -16,20 +15,7 @@ async fn shared_instances_follow_their_nodes() {
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    for crd in akri_api::crds::all() {
-        match crds.create(&PostParams::default(), &crd).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => panic!("{e}"),
-        }
-    }
-    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), "default");
-    let start = Instant::now();
-    while instances.list(&ListParams::default()).await.is_err() {
-        assert!(start.elapsed() < Duration::from_secs(30));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("instances").await.unwrap();
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
 

@@ -6,6 +6,7 @@ use crate::process::Component;
 use crate::{Error, free_port};
 use base64::Engine;
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use std::collections::BTreeMap;
@@ -295,6 +296,41 @@ impl ControlPlane {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         )
+    }
+
+    /// Creates CRDs (an existing one of the same name is kept, so tests sharing a control
+    /// plane may all call this) and waits until each is established.
+    pub async fn install_crds(&self, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
+        let api = Api::<CustomResourceDefinition>::all(self.client().await?);
+        for crd in crds {
+            match api.create(&PostParams::default(), crd).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let start = Instant::now();
+        for crd in crds {
+            let name = crd.metadata.name.clone().unwrap_or_default();
+            loop {
+                let established = api
+                    .get(&name)
+                    .await?
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                if established {
+                    break;
+                }
+                if start.elapsed() > READY_TIMEOUT {
+                    return Err(Error::Other(format!("CRD {name} not established")));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
     }
 
     /// Creates a namespace and its `default` ServiceAccount (so pods can be created even
