@@ -33,6 +33,19 @@ const MAX_FRAME: usize = 16_384;
 /// Bytes buffered between the socket and tonic, per direction.
 const BUFFER: usize = 64 * 1024;
 
+/// Binds a Unix socket at `path` for a server: creates its directory and replaces a socket
+/// file left by an earlier run (a restarted plugin must take its old path back).
+pub fn bind(path: &std::path::Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    UnixListener::bind(path)
+}
+
 /// Connections accepted on `listener`, with `:authority` rewritten to `localhost`, ready for
 /// `tonic::transport::Server::serve_with_incoming`.
 ///

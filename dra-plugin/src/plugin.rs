@@ -56,12 +56,7 @@ impl KubeletPlugin {
             path: socket.clone(),
             source,
         };
-        std::fs::create_dir_all(&config.plugin_dir).map_err(socket_error)?;
-        match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
-            _ => {}
-        }
-        let listener = tokio::net::UnixListener::bind(&socket).map_err(socket_error)?;
+        let listener = crate::authority::bind(&socket).map_err(socket_error)?;
         let router = tonic::transport::Server::builder()
             .add_service(service.v1())
             .add_service(service.v1beta1())

@@ -59,11 +59,7 @@ impl Registration {
             path: socket.clone(),
             source,
         };
-        match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
-            _ => {}
-        }
-        let listener = tokio::net::UnixListener::bind(&socket).map_err(socket_error)?;
+        let listener = crate::authority::bind(&socket).map_err(socket_error)?;
         let (tx, status) = watch::channel(RegistrationStatus::Pending);
         let service =
             api::registration_server::RegistrationServer::new(Registrar { info, status: tx });

@@ -84,14 +84,7 @@ impl DebugEcho {
             path: socket.clone(),
             source,
         };
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir).map_err(socket_error)?;
-        }
-        match std::fs::remove_file(&socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
-            _ => {}
-        }
-        let listener = tokio::net::UnixListener::bind(&socket).map_err(socket_error)?;
+        let listener = dra_plugin::authority::bind(&socket).map_err(socket_error)?;
         let handler = RegisteredHandler {
             name: NAME.to_string(),
             endpoint: Endpoint::Uds(socket.clone()),

@@ -71,14 +71,7 @@ impl Registry {
             state_file = %state_file.display(),
             "discovery handlers known from the last run"
         );
-        if let Some(dir) = socket.parent() {
-            std::fs::create_dir_all(dir).map_err(socket_error)?;
-        }
-        match std::fs::remove_file(socket) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(socket_error(e)),
-            _ => {}
-        }
-        let listener = tokio::net::UnixListener::bind(socket).map_err(socket_error)?;
+        let listener = dra_plugin::authority::bind(socket).map_err(socket_error)?;
         let shared = Arc::new(Shared {
             state_file: state_file.to_path_buf(),
             handlers: watch::Sender::new(known),
