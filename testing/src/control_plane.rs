@@ -164,63 +164,45 @@ impl ControlPlane {
         .await?;
         etcd.check_running()?;
 
-        let kubeconfig_arg = format!("--kubeconfig={}", kubeconfig.display());
         let mut scheduler = None;
         if options.scheduler {
-            let port = free_port()?;
-            let mut component = Component::start(
-                "kube-scheduler",
-                &bins.require("kube-scheduler")?,
-                &[
-                    kubeconfig_arg.clone(),
-                    format!("--authentication-kubeconfig={}", kubeconfig.display()),
-                    format!("--authorization-kubeconfig={}", kubeconfig.display()),
-                    "--leader-elect=false".into(),
-                    "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={port}"),
-                    format!(
-                        "--cert-dir={}",
-                        dir.path().join("scheduler-certs").display()
-                    ),
-                    format!("--feature-gates={feature_gates}"),
-                    "--v=2".into(),
-                ],
-                dir.path(),
-            )?;
-            wait_healthz(&mut component, port).await?;
-            scheduler = Some(component);
+            scheduler = Some(
+                start_client_component(
+                    "kube-scheduler",
+                    &bins,
+                    dir.path(),
+                    &kubeconfig,
+                    &feature_gates,
+                    &[],
+                )
+                .await?,
+            );
         }
-
         let mut controller_manager = None;
         if options.controller_manager {
-            let port = free_port()?;
-            let mut component = Component::start(
-                "kube-controller-manager",
-                &bins.require("kube-controller-manager")?,
-                &[
-                    kubeconfig_arg.clone(),
-                    format!("--authentication-kubeconfig={}", kubeconfig.display()),
-                    format!("--authorization-kubeconfig={}", kubeconfig.display()),
-                    "--leader-elect=false".into(),
-                    "--bind-address=127.0.0.1".into(),
-                    format!("--secure-port={port}"),
-                    format!("--cert-dir={}", dir.path().join("cm-certs").display()),
-                    "--controllers=*,-node-lifecycle-controller,-node-ipam-controller".into(),
-                    format!(
-                        "--service-account-private-key-file={}",
-                        certs.sa_key.display()
-                    ),
-                    format!("--root-ca-file={}", certs.ca_cert.display()),
-                    format!("--cluster-signing-cert-file={}", certs.ca_cert.display()),
-                    format!("--cluster-signing-key-file={}", certs.ca_key.display()),
-                    "--use-service-account-credentials=false".into(),
-                    format!("--feature-gates={feature_gates}"),
-                    "--v=2".into(),
-                ],
-                dir.path(),
-            )?;
-            wait_healthz(&mut component, port).await?;
-            controller_manager = Some(component);
+            let extra = [
+                // Never the node-lifecycle controller: it would taint our simulated nodes.
+                "--controllers=*,-node-lifecycle-controller,-node-ipam-controller".to_string(),
+                format!(
+                    "--service-account-private-key-file={}",
+                    certs.sa_key.display()
+                ),
+                format!("--root-ca-file={}", certs.ca_cert.display()),
+                format!("--cluster-signing-cert-file={}", certs.ca_cert.display()),
+                format!("--cluster-signing-key-file={}", certs.ca_key.display()),
+                "--use-service-account-credentials=false".to_string(),
+            ];
+            controller_manager = Some(
+                start_client_component(
+                    "kube-controller-manager",
+                    &bins,
+                    dir.path(),
+                    &kubeconfig,
+                    &feature_gates,
+                    &extra,
+                )
+                .await?,
+            );
         }
 
         let started_in = started.elapsed();
@@ -397,6 +379,34 @@ impl ControlPlane {
             .patch(name, &PatchParams::default(), &Patch::Merge(&untaint))
             .await?)
     }
+}
+
+/// Starts kube-scheduler or kube-controller-manager (API clients with their own serving port
+/// for health checks) with the flags they share plus `extra`, and waits for `/healthz`.
+async fn start_client_component(
+    name: &str,
+    bins: &BinDir,
+    dir: &Path,
+    kubeconfig: &Path,
+    feature_gates: &str,
+    extra: &[String],
+) -> Result<Component, Error> {
+    let port = free_port()?;
+    let mut args = vec![
+        format!("--kubeconfig={}", kubeconfig.display()),
+        format!("--authentication-kubeconfig={}", kubeconfig.display()),
+        format!("--authorization-kubeconfig={}", kubeconfig.display()),
+        "--leader-elect=false".into(),
+        "--bind-address=127.0.0.1".into(),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", dir.join(format!("{name}-certs")).display()),
+        format!("--feature-gates={feature_gates}"),
+        "--v=2".into(),
+    ];
+    args.extend_from_slice(extra);
+    let mut component = Component::start(name, &bins.require(name)?, &args, dir)?;
+    wait_healthz(&mut component, port).await?;
+    Ok(component)
 }
 
 /// `--feature-gates`: every beta DRA gate the binary knows is on (some are beta but off by
