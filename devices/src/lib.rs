@@ -61,6 +61,26 @@ pub enum Sharing {
     SlotDevices,
 }
 
+impl Sharing {
+    /// How the devices of a configuration are offered, given its `uniqueDevices` and whether
+    /// the API server keeps consumable capacity (`dra_plugin::api_support::ApiSupport`).
+    ///
+    /// The scheduler never gives one device twice to the same request. So one device per
+    /// Instance (consumable capacity) makes a request for K devices get K different Instances:
+    /// exactly `uniqueDevices: true`, for claims and extended-resource requests alike. With
+    /// `uniqueDevices: false` a request for K may take several slots of one Instance, which
+    /// only separate slot devices can express; those are used even where consumable capacity
+    /// exists. Without consumable capacity both are slot devices, and uniqueness within a
+    /// request needs a `distinctAttribute` constraint on [`ATTR_INSTANCE`] in the claim.
+    pub fn for_configuration(unique_devices: bool, consumable_capacity: bool) -> Sharing {
+        if unique_devices && consumable_capacity {
+            Sharing::ConsumableCapacity
+        } else {
+            Sharing::SlotDevices
+        }
+    }
+}
+
 /// An Instance as DRA sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InstanceDevice<'a> {

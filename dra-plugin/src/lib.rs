@@ -9,7 +9,9 @@
 //! - [`checkpoint`]: the prepared claims, on disk, so that a restarted plugin unprepares
 //!   exactly what it prepared and prepares again with the same CDI ids.
 //! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
+//! - [`api_support`]: which optional DRA fields the API server keeps (asked, not guessed).
 
+pub mod api_support;
 pub mod authority;
 pub mod cdi;
 pub mod checkpoint;

@@ -8,11 +8,14 @@
 //!
 //! The same publisher serves node-local pools (the kubelet plugin: one pool per node and
 //! driver, `nodeName` set, owned by the Node so it goes away with it) and cluster-wide pools
-//! (a controller: `perDeviceNodeSelection`, each device naming its nodes).
+//! (a controller: `perDeviceNodeSelection`, each device naming its nodes, or one node selector
+//! for the whole pool where the API server lacks per-device selection).
 
+use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use std::collections::BTreeMap;
 
 /// The most devices one ResourceSlice may hold (resource.k8s.io/v1 `ResourceSliceMaxDevices`).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -43,24 +46,51 @@ pub enum Error {
 }
 
 /// Where a pool's devices are available.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub enum PoolScope {
     /// On one node; the slices are owned by that Node object.
     Node { name: String, uid: String },
     /// Each device says where with its own `nodeName`/`nodeSelector`/`allNodes`.
     PerDevice,
+    /// Every device of the pool is reachable from the nodes this selector (one term) selects.
+    Nodes(NodeSelector),
+}
+
+/// What every slice of a pool carries besides its devices.
+#[derive(Clone, Debug)]
+pub struct PoolTemplate {
+    pub driver: String,
+    pub pool: String,
+    pub scope: PoolScope,
+    /// The owner of the slices, so they are garbage-collected with it. Node pools are owned
+    /// by their Node whatever this says.
+    pub owner: Option<OwnerReference>,
+    /// Extra labels (the pool label is always set).
+    pub labels: BTreeMap<String, String>,
+}
+
+impl PoolTemplate {
+    pub fn new(driver: &str, pool: &str, scope: PoolScope) -> Self {
+        PoolTemplate {
+            driver: driver.to_string(),
+            pool: pool.to_string(),
+            scope,
+            owner: None,
+            labels: BTreeMap::new(),
+        }
+    }
 }
 
 /// Publishes one pool of one driver.
 pub struct SlicePublisher {
     api: Api<ResourceSlice>,
-    driver: String,
-    pool: String,
-    scope: PoolScope,
+    template: PoolTemplate,
     field_manager: String,
     /// The last generation written: the pool never goes back to an older generation, even
     /// when all its slices were deleted behind our back.
     last_generation: std::sync::atomic::AtomicI64,
+    /// Devices in the pool after the last successful publish.
+    published_devices: std::sync::atomic::AtomicUsize,
 }
 
 /// What one [`SlicePublisher::publish`] did.
@@ -83,43 +113,75 @@ impl SlicePublisher {
         scope: PoolScope,
         field_manager: &str,
     ) -> Self {
+        Self::with_template(
+            client,
+            PoolTemplate::new(driver, pool, scope),
+            field_manager,
+        )
+    }
+
+    /// A publisher of a pool with an owner or extra labels.
+    pub fn with_template(
+        client: kube::Client,
+        template: PoolTemplate,
+        field_manager: &str,
+    ) -> Self {
         SlicePublisher {
             api: Api::all(client),
-            driver: driver.to_string(),
-            pool: pool.to_string(),
-            scope,
+            template,
             field_manager: field_manager.to_string(),
             last_generation: 0.into(),
+            published_devices: 0.into(),
         }
+    }
+
+    /// The pool this publisher writes.
+    pub fn template(&self) -> &PoolTemplate {
+        &self.template
+    }
+
+    /// Changes where the pool's devices are (e.g. a pool-wide node selector that followed the
+    /// device's nodes); the next [`publish`](Self::publish) writes it.
+    pub fn set_scope(&mut self, scope: PoolScope) {
+        self.template.scope = scope;
     }
 
     /// Makes the pool hold exactly `devices` (in this order), bumping the generation when
     /// anything differs from what is published. Safe to call again at any time, e.g. after a
     /// kubelet restart deleted the node's slices.
     pub async fn publish(&self, devices: &[Device]) -> Result<Published, Error> {
-        let existing = self
+        let existing = self.list().await?;
+        self.publish_against(devices, &existing).await
+    }
+
+    /// The pool's slices as the API server has them now.
+    pub async fn list(&self) -> Result<Vec<ResourceSlice>, Error> {
+        Ok(self
             .api
             .list(&ListParams::default().labels(&format!(
                 "{POOL_LABEL}={}",
-                pool_label_value(&self.driver, &self.pool)
+                pool_label_value(&self.template.driver, &self.template.pool)
             )))
             .await
             .map_err(|source| Error::List {
-                pool: self.pool.clone(),
+                pool: self.template.pool.clone(),
                 source,
             })?
-            .items;
+            .items)
+    }
+
+    /// [`publish`](Self::publish) against slices the caller already knows (e.g. from a
+    /// reflector store) instead of listing them. A stale `existing` costs at most one
+    /// needless new generation: generations still never go backwards.
+    pub async fn publish_against(
+        &self,
+        devices: &[Device],
+        existing: &[ResourceSlice],
+    ) -> Result<Published, Error> {
         let floor = self
             .last_generation
             .load(std::sync::atomic::Ordering::Relaxed);
-        let plan = plan(
-            &self.driver,
-            &self.pool,
-            &self.scope,
-            devices,
-            &existing,
-            floor,
-        );
+        let plan = plan(&self.template, devices, existing, floor);
         let mut published = Published {
             generation: plan.generation,
             ..Published::default()
@@ -154,7 +216,15 @@ impl SlicePublisher {
         }
         self.last_generation
             .fetch_max(plan.generation, std::sync::atomic::Ordering::Relaxed);
+        self.published_devices
+            .store(devices.len(), std::sync::atomic::Ordering::Relaxed);
         Ok(published)
+    }
+
+    /// Devices in the pool after the last successful publish.
+    pub fn published_devices(&self) -> usize {
+        self.published_devices
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Deletes every slice of the pool (e.g. when the driver stops serving it for good).
@@ -174,9 +244,7 @@ pub struct Plan {
 /// Plans the slices of a pool, never going below generation `floor`. Pure, so that the
 /// generation rules are unit-tested.
 pub fn plan(
-    driver: &str,
-    pool: &str,
-    scope: &PoolScope,
+    template: &PoolTemplate,
     devices: &[Device],
     existing: &[ResourceSlice],
     floor: i64,
@@ -189,18 +257,24 @@ pub fn plan(
         .max(floor);
     let chunks: Vec<&[Device]> = devices.chunks(MAX_DEVICES_PER_SLICE).collect();
     let names: Vec<String> = (0..chunks.len())
-        .map(|i| slice_name(driver, pool, i))
+        .map(|i| slice_name(&template.driver, &template.pool, i))
         .collect();
+    let wanted = |generation| -> Vec<ResourceSlice> {
+        names
+            .iter()
+            .zip(&chunks)
+            .map(|(name, chunk)| slice(template, name, generation, chunks.len(), chunk))
+            .collect()
+    };
 
-    // Unchanged: every wanted slice exists at the current generation with the same devices
-    // and the right count, and nothing else is there.
+    // Unchanged: every wanted slice exists at the current generation with the same spec, and
+    // nothing else is there.
     let unchanged = existing.len() == chunks.len()
-        && names.iter().zip(&chunks).all(|(name, chunk)| {
+        && wanted(current_generation).iter().all(|want| {
             existing.iter().any(|s| {
-                s.metadata.name.as_deref() == Some(name.as_str())
-                    && s.spec.pool.generation == current_generation
-                    && s.spec.pool.resource_slice_count == chunks.len() as i64
-                    && s.spec.devices.as_deref().unwrap_or_default() == *chunk
+                s.metadata.name == want.metadata.name
+                    && s.spec == want.spec
+                    && s.metadata.labels == want.metadata.labels
             })
         });
     if unchanged {
@@ -211,11 +285,7 @@ pub fn plan(
     }
 
     let generation = current_generation + 1;
-    let apply = names
-        .iter()
-        .zip(&chunks)
-        .map(|(name, chunk)| slice(driver, pool, scope, name, generation, chunks.len(), chunk))
-        .collect();
+    let apply = wanted(generation);
     let delete = existing
         .iter()
         .filter_map(|s| s.metadata.name.clone())
@@ -229,17 +299,16 @@ pub fn plan(
 }
 
 fn slice(
-    driver: &str,
-    pool: &str,
-    scope: &PoolScope,
+    template: &PoolTemplate,
     name: &str,
     generation: i64,
     count: usize,
     devices: &[Device],
 ) -> ResourceSlice {
-    let (node_name, per_device, owner) = match scope {
+    let (node_name, node_selector, per_device, owner) = match &template.scope {
         PoolScope::Node { name, uid } => (
             Some(name.clone()),
+            None,
             None,
             Some(vec![OwnerReference {
                 api_version: "v1".into(),
@@ -250,23 +319,40 @@ fn slice(
                 block_owner_deletion: None,
             }]),
         ),
-        PoolScope::PerDevice => (None, Some(true), None),
+        PoolScope::PerDevice => (
+            None,
+            None,
+            Some(true),
+            template.owner.clone().map(|o| vec![o]),
+        ),
+        PoolScope::Nodes(selector) => (
+            None,
+            Some(selector.clone()),
+            None,
+            template.owner.clone().map(|o| vec![o]),
+        ),
     };
+    let mut labels = template.labels.clone();
+    labels.insert(
+        POOL_LABEL.to_string(),
+        pool_label_value(&template.driver, &template.pool),
+    );
     ResourceSlice {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
-            labels: Some([(POOL_LABEL.to_string(), pool_label_value(driver, pool))].into()),
+            labels: Some(labels),
             owner_references: owner,
             ..ObjectMeta::default()
         },
         spec: ResourceSliceSpec {
-            driver: driver.to_string(),
+            driver: template.driver.clone(),
             pool: ResourcePool {
-                name: pool.to_string(),
+                name: template.pool.clone(),
                 generation,
                 resource_slice_count: count as i64,
             },
             node_name,
+            node_selector,
             per_device_node_selection: per_device,
             devices: Some(devices.to_vec()),
             ..ResourceSliceSpec::default()
@@ -323,6 +409,22 @@ mod tests {
             name: "node-a".into(),
             uid: "uid-a".into(),
         }
+    }
+
+    fn plan(
+        driver: &str,
+        pool: &str,
+        scope: &PoolScope,
+        devices: &[Device],
+        existing: &[ResourceSlice],
+        floor: i64,
+    ) -> Plan {
+        super::plan(
+            &PoolTemplate::new(driver, pool, scope.clone()),
+            devices,
+            existing,
+            floor,
+        )
     }
 
     /// What the API server would hold after applying a plan.
@@ -415,6 +517,33 @@ mod tests {
         let gone = plan("d.akri.sh", "p", &PoolScope::PerDevice, &[], &state, 0);
         assert!(gone.apply.is_empty());
         assert_eq!(gone.delete.len(), 2);
+    }
+
+    #[test]
+    fn a_changed_pool_node_selector_is_a_new_generation() {
+        let selector = |node: &str| {
+            PoolScope::Nodes(NodeSelector {
+                node_selector_terms: vec![k8s_openapi::api::core::v1::NodeSelectorTerm {
+                    match_fields: Some(vec![k8s_openapi::api::core::v1::NodeSelectorRequirement {
+                        key: "metadata.name".into(),
+                        operator: "In".into(),
+                        values: Some(vec![node.into()]),
+                    }]),
+                    match_expressions: None,
+                }],
+            })
+        };
+        let devices = vec![device("a")];
+        let state = applied(
+            &plan("d.akri.sh", "p", &selector("n1"), &devices, &[], 0),
+            &[],
+        );
+        assert!(state[0].spec.node_selector.is_some() && state[0].spec.node_name.is_none());
+        let same = plan("d.akri.sh", "p", &selector("n1"), &devices, &state, 0);
+        assert!(same.apply.is_empty());
+        let moved = plan("d.akri.sh", "p", &selector("n2"), &devices, &state, 0);
+        assert_eq!(moved.generation, 2);
+        assert_eq!(moved.apply.len(), 1);
     }
 
     #[test]

@@ -1,16 +1,83 @@
-//! Cluster-wide DRA controller: DeviceClasses, shared-device ResourceSlices, PropertyFilter compilation.
-//!
-//! This binary is a skeleton: its behaviour is tracked by its own issue. It parses its
-//! flags so that packaging (chart, CI) can already invoke it.
+//! The driver-controller binary: flags, logging, metrics endpoint, leader election.
 
+use akri_driver_controller::controller::ControllerConfig;
+use akri_driver_controller::http::{self, Readiness};
+use akri_driver_controller::leader::LeaseConfig;
+use akri_driver_controller::metrics::Metrics;
 use clap::Parser;
+use std::net::SocketAddr;
+use std::time::Duration;
 
-/// Cluster-wide DRA controller: DeviceClasses, shared-device ResourceSlices, PropertyFilter compilation.
+/// Cluster-wide DRA controller: DeviceClasses, shared-device ResourceSlices, PropertyFilter
+/// compilation.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-struct Args {}
+struct Args {
+    /// Namespace the kubelet-plugins write Instances to.
+    #[arg(long, env = "AKRI_INSTANCE_NAMESPACE", default_value = "akri")]
+    instance_namespace: String,
+    /// Namespace of the leader-election Lease (usually the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "akri")]
+    lease_namespace: String,
+    /// Name of the leader-election Lease.
+    #[arg(long, default_value = "akri-driver-controller")]
+    lease_name: String,
+    /// This replica's identity in the Lease (the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Seconds an unrenewed Lease stays taken: how long a standby waits for a dead leader.
+    #[arg(long, default_value_t = 15)]
+    lease_duration_seconds: u64,
+    /// Seconds between renewals (and attempts by standbys).
+    #[arg(long, default_value_t = 2)]
+    lease_retry_seconds: u64,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_address: SocketAddr,
+    /// Milliseconds within which changes are reconciled together.
+    #[arg(long, default_value_t = 500)]
+    debounce_ms: u64,
+    /// Log as JSON.
+    #[arg(long)]
+    log_json: bool,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _args = Args::parse();
-    anyhow::bail!("not implemented yet: see the project's issues for this component")
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    if args.log_json {
+        tracing_subscriber::fmt()
+            .with_env_filter(filter)
+            .json()
+            .init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let client = kube::Client::try_default().await?;
+    let metrics = Metrics::default();
+    let readiness = Readiness::default();
+    let (address, _server) =
+        http::serve(args.metrics_address, metrics.clone(), readiness.clone()).await?;
+    tracing::info!(%address, "serving /metrics, /healthz, /readyz");
+
+    let identity = args
+        .identity
+        .unwrap_or_else(|| format!("akri-driver-controller-{}", std::process::id()));
+    let mut lease = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity);
+    lease.lease_duration = Duration::from_secs(args.lease_duration_seconds);
+    lease.retry_period = Duration::from_secs(args.lease_retry_seconds);
+    let mut config = ControllerConfig::new(&args.instance_namespace);
+    config.debounce = Duration::from_millis(args.debounce_ms);
+
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        result = akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness) => {
+            result?;
+        }
+        _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
+        _ = terminate.recv() => tracing::info!("stopping"),
+    }
+    Ok(())
 }

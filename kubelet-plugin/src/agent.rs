@@ -14,7 +14,6 @@ use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use akri_api::v1::DiscoveryConfiguration;
-use akri_devices::Sharing;
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::health::HealthReporter;
 use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
@@ -48,8 +47,10 @@ pub struct AgentConfig {
     pub discovery_socket: PathBuf,
     /// Run the embedded debugEcho handler.
     pub debug_echo: Option<DebugEchoConfig>,
-    /// How devices with capacity > 1 are modelled.
-    pub sharing: Sharing,
+    /// Whether the API server keeps consumable capacity; `None` asks it at start (a dry-run
+    /// probe). Decides, with each configuration's `uniqueDevices`, how capacity > 1 is
+    /// modelled ([`akri_devices::Sharing::for_configuration`]).
+    pub consumable_capacity: Option<bool>,
     /// How long an Instance outlives its device's disappearance from this node.
     pub instance_grace: Duration,
 }
@@ -67,6 +68,8 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("asking the API server what it supports: {0}")]
+    ApiSupport(#[from] dra_plugin::api_support::Error),
     #[error("CDI directory: {0}")]
     Cdi(#[from] dra_plugin::cdi::Error),
     #[error("DRA service of {driver}: {source}")]
@@ -135,7 +138,16 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             source,
         })?;
     let node_uid = node.metadata.uid.unwrap_or_default();
-    let devices = NodeDevices::new(&config.node_name, config.sharing);
+    let consumable_capacity = match config.consumable_capacity {
+        Some(known) => known,
+        None => {
+            dra_plugin::api_support::ApiSupport::detect(&client)
+                .await?
+                .consumable_capacity
+        }
+    };
+    tracing::info!(consumable_capacity, "device sharing model");
+    let devices = NodeDevices::new(&config.node_name, consumable_capacity);
     let state = AgentState {
         client: client.clone(),
         config: config.clone(),
@@ -187,6 +199,7 @@ struct StreamEvent {
     configuration: String,
     handler: RegisteredHandler,
     capacity: i32,
+    unique_devices: bool,
     event: DiscoveryEvent,
 }
 
@@ -256,6 +269,7 @@ impl AgentState {
                     ConfigDevices {
                         configuration: event.configuration,
                         capacity: event.capacity,
+                        unique_devices: event.unique_devices,
                         shared: event.handler.shared,
                         devices,
                     },
@@ -306,8 +320,12 @@ impl AgentState {
             };
             wanted.insert(name.clone());
             let key = format!(
-                "{:?}|{}|{:?}|{}",
-                handler, spec.discovery_handler.discovery_details, properties, spec.capacity
+                "{:?}|{}|{:?}|{}|{}",
+                handler,
+                spec.discovery_handler.discovery_details,
+                properties,
+                spec.capacity,
+                spec.unique_devices
             );
             if self.streams.get(&name).is_some_and(|s| s.key == key) {
                 continue;
@@ -319,13 +337,19 @@ impl AgentState {
             let mut stream =
                 DiscoveryStream::start(handler.clone(), request, StreamConfig::default());
             let events = events.clone();
-            let (handler, capacity, configuration) = (handler.clone(), spec.capacity, name.clone());
+            let (handler, capacity, unique_devices, configuration) = (
+                handler.clone(),
+                spec.capacity,
+                spec.unique_devices,
+                name.clone(),
+            );
             let task = tokio::spawn(async move {
                 while let Some(event) = stream.next_event().await {
                     let event = StreamEvent {
                         configuration: configuration.clone(),
                         handler: handler.clone(),
                         capacity,
+                        unique_devices,
                         event,
                     };
                     if events.send(event).await.is_err() {

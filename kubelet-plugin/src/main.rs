@@ -1,7 +1,6 @@
 //! akri-kubelet-plugin: the per-node DRA kubelet plugin (DaemonSet). Flags and wiring only;
 //! the behaviour lives in the library (`agent`).
 
-use akri_devices::Sharing;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use clap::Parser;
@@ -41,16 +40,23 @@ struct Args {
     /// description per line).
     #[arg(long, default_value = "/tmp/debug-echo-availability.txt")]
     debug_echo_availability_file: PathBuf,
-    /// Model devices with capacity > 1 as slot devices instead of consumable capacity (for
-    /// API servers without DRAConsumableCapacity).
-    #[arg(long)]
-    slot_devices: bool,
+    /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks
+    /// it with a dry-run probe at start.
+    #[arg(long, value_enum, default_value_t = ConsumableCapacity::Auto)]
+    consumable_capacity: ConsumableCapacity,
     /// Seconds an Instance outlives its device's disappearance (flapping devices).
     #[arg(long, default_value_t = 30)]
     instance_grace_seconds: u64,
     /// Log as JSON.
     #[arg(long)]
     log_json: bool,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum ConsumableCapacity {
+    Auto,
+    On,
+    Off,
 }
 
 #[tokio::main]
@@ -80,10 +86,10 @@ async fn main() -> anyhow::Result<()> {
         state_dir: args.state_dir,
         discovery_socket: args.discovery_socket,
         debug_echo,
-        sharing: if args.slot_devices {
-            Sharing::SlotDevices
-        } else {
-            Sharing::ConsumableCapacity
+        consumable_capacity: match args.consumable_capacity {
+            ConsumableCapacity::Auto => None,
+            ConsumableCapacity::On => Some(true),
+            ConsumableCapacity::Off => Some(false),
         },
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
     };

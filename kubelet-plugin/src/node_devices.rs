@@ -12,6 +12,9 @@ use std::sync::{Arc, RwLock};
 pub struct ConfigDevices {
     pub configuration: String,
     pub capacity: i32,
+    /// The configuration's `uniqueDevices`: decides, with the API server's support for
+    /// consumable capacity, how capacity > 1 is modelled.
+    pub unique_devices: bool,
     /// The handler's devices are seen by several nodes (published by the driver-controller).
     pub shared: bool,
     pub devices: Vec<DiscoveredDevice>,
@@ -29,15 +32,16 @@ pub struct KnownDevice {
 #[derive(Clone, Default)]
 pub struct NodeDevices {
     node: Arc<str>,
-    sharing: Arc<RwLock<Option<Sharing>>>,
+    consumable_capacity: bool,
     drivers: Arc<RwLock<BTreeMap<String, BTreeMap<String, ConfigDevices>>>>,
 }
 
 impl NodeDevices {
-    pub fn new(node: &str, sharing: Sharing) -> Self {
+    /// `consumable_capacity`: whether the API server keeps consumable capacity.
+    pub fn new(node: &str, consumable_capacity: bool) -> Self {
         NodeDevices {
             node: node.into(),
-            sharing: Arc::new(RwLock::new(Some(sharing))),
+            consumable_capacity,
             drivers: Arc::default(),
         }
     }
@@ -47,12 +51,9 @@ impl NodeDevices {
         &self.node
     }
 
-    /// How devices with capacity > 1 are modelled.
-    pub fn sharing(&self) -> Sharing {
-        self.sharing
-            .read()
-            .expect("lock")
-            .unwrap_or(Sharing::ConsumableCapacity)
+    /// How the devices of a configuration with capacity > 1 are modelled.
+    pub fn sharing(&self, config: &ConfigDevices) -> Sharing {
+        Sharing::for_configuration(config.unique_devices, self.consumable_capacity)
     }
 
     /// Replaces what a configuration's handler reports; returns whether anything changed.
@@ -106,7 +107,6 @@ impl NodeDevices {
     /// The DRA devices of a driver's node-local devices, for this node's pool. Shared devices
     /// are left to the driver-controller, which publishes them once for all nodes.
     pub fn local_dra_devices(&self, driver: &str) -> Vec<(Device, KnownDevice)> {
-        let sharing = self.sharing();
         let configs = self.configurations(driver);
         let mut out = Vec::new();
         for known in self.known(driver) {
@@ -125,7 +125,7 @@ impl NodeDevices {
                 capacity: config.capacity,
                 properties: &known.device.properties,
             };
-            for device in akri_devices::devices(&instance, sharing) {
+            for device in akri_devices::devices(&instance, self.sharing(config)) {
                 out.push((device, known.clone()));
             }
         }

@@ -2,7 +2,6 @@
 //! agent with the embedded debugEcho handler next to its own kubelet peer; the real scheduler
 //! places a pod on a node with the device and the kubelet's DRA manager prepares it.
 
-use akri_devices::Sharing;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
@@ -55,7 +54,7 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
         state_dir: dir.path().join("state"),
         discovery_socket: dir.path().join("agent-registration.sock"),
         debug_echo: Some(echo),
-        sharing: Sharing::ConsumableCapacity,
+        consumable_capacity: None,
         instance_grace: Duration::ZERO,
     };
     let agent = agent::start(client.clone(), config)

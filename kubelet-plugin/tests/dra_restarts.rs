@@ -1,7 +1,6 @@
 //! The kubelet-plugin binary under failure: SIGKILL between prepare and unprepare, a kubelet
 //! restart, and claims that are wrong in every way the kubelet can send them.
 
-use akri_devices::Sharing;
 use akri_kubelet_plugin::discovery::DiscoveredDevice;
 use akri_kubelet_plugin::driver::AkriDriver;
 use akri_kubelet_plugin::node_devices::{ConfigDevices, NodeDevices};
@@ -202,12 +201,13 @@ async fn malformed_claims_fail_alone() {
     let ns = cp.create_namespace("claims").await.unwrap();
     let node = "node-here";
     let dir = tempfile::tempdir().unwrap();
-    let devices = NodeDevices::new(node, Sharing::ConsumableCapacity);
+    let devices = NodeDevices::new(node, true);
     devices.set(
         DRIVER,
         ConfigDevices {
             configuration: "echo".into(),
             capacity: 1,
+            unique_devices: true,
             shared: false,
             devices: vec![DiscoveredDevice {
                 id: "foo0".into(),

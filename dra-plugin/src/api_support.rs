@@ -1,0 +1,173 @@
+//! Which optional resource.k8s.io/v1 fields this API server keeps.
+//!
+//! An API server whose feature gate for a field is off does not reject objects that carry it:
+//! it silently drops the field (or, when the field was the only one of a required choice,
+//! rejects the object as incomplete). Version numbers do not tell which gates an operator
+//! turned on or off, so a driver asks the server itself: it creates probe objects with
+//! `dryRun=All` and reads back what the server would have stored. Nothing is persisted.
+
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1::{
+    Device, DeviceAttribute, DeviceCapacity, DeviceClass, DeviceClassSpec, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, ObjectMeta, PostParams};
+use std::collections::BTreeMap;
+
+/// Errors of probing the API server.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("probing the API server with a dry-run {kind}: {source}")]
+    Probe {
+        kind: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The optional DRA fields the API server keeps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ApiSupport {
+    /// Devices with `allowMultipleAllocations` and consumable `capacity` (DRAConsumableCapacity).
+    pub consumable_capacity: bool,
+    /// Slices with `perDeviceNodeSelection`, each device naming its nodes (DRAPartitionableDevices).
+    pub per_device_node_selection: bool,
+    /// DeviceClasses with `extendedResourceName` (DRAExtendedResource).
+    pub extended_resource_name: bool,
+}
+
+/// Name of the probe objects (never stored: every request is a dry run).
+const PROBE_NAME: &str = "dra-plugin-api-support-probe";
+
+impl ApiSupport {
+    /// Asks the API server. Needs `create` on resourceslices and deviceclasses.
+    pub async fn detect(client: &kube::Client) -> Result<Self, Error> {
+        let dry_run = PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        };
+        let slices = Api::<ResourceSlice>::all(client.clone());
+        let stored = create_or_rejected(
+            &slices,
+            &dry_run,
+            &probe_slice(false, true),
+            "ResourceSlice",
+        )
+        .await?;
+        let consumable_capacity = stored
+            .and_then(|s| s.spec.devices)
+            .and_then(|d| d.into_iter().next())
+            .is_some_and(|d| d.allow_multiple_allocations == Some(true) && d.capacity.is_some());
+
+        // With the gate off the server drops `perDeviceNodeSelection` and the device's
+        // selector, and then rejects the slice for naming no nodes at all.
+        let stored = create_or_rejected(
+            &slices,
+            &dry_run,
+            &probe_slice(true, false),
+            "ResourceSlice",
+        )
+        .await?;
+        let per_device_node_selection = stored.is_some_and(|s| {
+            s.spec.per_device_node_selection == Some(true)
+                && s.spec
+                    .devices
+                    .and_then(|d| d.into_iter().next())
+                    .is_some_and(|d| d.node_selector.is_some())
+        });
+
+        let classes = Api::<DeviceClass>::all(client.clone());
+        let class = DeviceClass {
+            metadata: ObjectMeta {
+                name: Some(PROBE_NAME.into()),
+                ..ObjectMeta::default()
+            },
+            spec: DeviceClassSpec {
+                extended_resource_name: Some("dra-plugin.probe/api-support".into()),
+                ..DeviceClassSpec::default()
+            },
+        };
+        let stored = create_or_rejected(&classes, &dry_run, &class, "DeviceClass").await?;
+        let extended_resource_name =
+            stored.is_some_and(|c| c.spec.extended_resource_name.is_some());
+
+        Ok(ApiSupport {
+            consumable_capacity,
+            per_device_node_selection,
+            extended_resource_name,
+        })
+    }
+}
+
+/// What the server would store, or `None` when it rejects the object as invalid (a field it
+/// does not know left the object incomplete).
+async fn create_or_rejected<K>(
+    api: &Api<K>,
+    params: &PostParams,
+    object: &K,
+    kind: &'static str,
+) -> Result<Option<K>, Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(params, object).await {
+        Ok(stored) => Ok(Some(stored)),
+        Err(kube::Error::Api(status)) if status.code == 422 => Ok(None),
+        Err(source) => Err(Error::Probe { kind, source }),
+    }
+}
+
+fn probe_slice(per_device_node_selection: bool, consumable: bool) -> ResourceSlice {
+    let mut device = Device {
+        name: "probe".into(),
+        attributes: Some(BTreeMap::from([(
+            "probe".to_string(),
+            DeviceAttribute {
+                bool: Some(true),
+                ..DeviceAttribute::default()
+            },
+        )])),
+        ..Device::default()
+    };
+    if consumable {
+        device.allow_multiple_allocations = Some(true);
+        device.capacity = Some(BTreeMap::from([(
+            "slots".to_string(),
+            DeviceCapacity {
+                value: Quantity("2".into()),
+                request_policy: None,
+            },
+        )]));
+    }
+    if per_device_node_selection {
+        device.node_selector = Some(NodeSelector {
+            node_selector_terms: vec![NodeSelectorTerm {
+                match_fields: Some(vec![NodeSelectorRequirement {
+                    key: "metadata.name".into(),
+                    operator: "In".into(),
+                    values: Some(vec!["probe".into()]),
+                }]),
+                match_expressions: None,
+            }],
+        });
+    }
+    ResourceSlice {
+        metadata: ObjectMeta {
+            name: Some(PROBE_NAME.into()),
+            ..ObjectMeta::default()
+        },
+        spec: ResourceSliceSpec {
+            driver: "probe.dra-plugin.invalid".into(),
+            pool: ResourcePool {
+                name: "probe".into(),
+                generation: 1,
+                resource_slice_count: 1,
+            },
+            all_nodes: (!per_device_node_selection).then_some(true),
+            per_device_node_selection: per_device_node_selection.then_some(true),
+            devices: Some(vec![device]),
+            ..ResourceSliceSpec::default()
+        },
+    }
+}

@@ -1,0 +1,195 @@
+//! Shared devices (seen by several nodes, e.g. network cameras) are published once, here,
+//! with the nodes that can reach them, instead of once per node: publishing one camera in
+//! three node pools would offer its slots three times.
+//!
+//! Where the API server has per-device node selection, a configuration's shared devices are
+//! one pool, each device carrying a node selector built from its Instance's `nodes`. Where it
+//! does not, each Instance is a pool of its own whose slices carry the node selector: a device
+//! must never move from one pool to another when its nodes change, because allocations
+//! name the pool, and the scheduler would take the moved device for a free one.
+
+use akri_api::v0::Instance;
+use akri_devices::{InstanceDevice, Sharing};
+use dra_plugin::slices::PoolScope;
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::resource::v1::Device;
+
+/// One pool of shared devices to publish.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SharedPool {
+    pub pool: String,
+    pub scope: PoolScope,
+    pub devices: Vec<Device>,
+}
+
+/// The pool of a configuration's shared devices (per-device node selection).
+pub fn configuration_pool(configuration: &str) -> String {
+    format!("akri.sh/configuration/{configuration}")
+}
+
+/// The pool of one shared Instance (pool-wide node selection).
+pub fn instance_pool(instance: &str) -> String {
+    format!("akri.sh/instance/{instance}")
+}
+
+/// A selector for exactly these nodes (by name, so it needs no node labels).
+pub fn node_selector(nodes: &[String]) -> NodeSelector {
+    let mut values = nodes.to_vec();
+    values.sort();
+    values.dedup();
+    NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_fields: Some(vec![NodeSelectorRequirement {
+                key: "metadata.name".into(),
+                operator: "In".into(),
+                values: Some(values),
+            }]),
+            match_expressions: None,
+        }],
+    }
+}
+
+/// The pools of a configuration's shared Instances. With `per_device_node_selection` that is
+/// always exactly one pool (possibly empty, which unpublishes it); otherwise one pool per
+/// Instance that some node sees.
+pub fn pools(
+    configuration: &str,
+    capacity: i32,
+    sharing: Sharing,
+    per_device_node_selection: bool,
+    instances: &[&Instance],
+) -> Vec<SharedPool> {
+    let mut visible: Vec<&&Instance> = instances
+        .iter()
+        .filter(|i| i.spec.shared && !i.spec.nodes.is_empty())
+        .collect();
+    visible.sort_by_key(|i| i.metadata.name.clone());
+    let devices_of = |instance: &Instance| -> Vec<Device> {
+        let name = instance.metadata.name.as_deref().unwrap_or_default();
+        akri_devices::devices(
+            &InstanceDevice {
+                instance: name,
+                configuration,
+                capacity,
+                properties: &instance.spec.broker_properties,
+            },
+            sharing,
+        )
+    };
+    if per_device_node_selection {
+        let devices = visible
+            .iter()
+            .flat_map(|instance| {
+                let selector = node_selector(&instance.spec.nodes);
+                devices_of(instance).into_iter().map(move |mut device| {
+                    device.node_selector = Some(selector.clone());
+                    device
+                })
+            })
+            .collect();
+        vec![SharedPool {
+            pool: configuration_pool(configuration),
+            scope: PoolScope::PerDevice,
+            devices,
+        }]
+    } else {
+        visible
+            .iter()
+            .map(|instance| SharedPool {
+                pool: instance_pool(instance.metadata.name.as_deref().unwrap_or_default()),
+                scope: PoolScope::Nodes(node_selector(&instance.spec.nodes)),
+                devices: devices_of(instance),
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use akri_api::v0::InstanceSpec;
+    use kube::api::ObjectMeta;
+
+    fn instance(name: &str, shared: bool, nodes: &[&str]) -> Instance {
+        Instance {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            spec: InstanceSpec {
+                configuration_name: "cams".into(),
+                cdi_name: String::new(),
+                capacity: 2,
+                broker_properties: [("IP".to_string(), "10.0.0.1".to_string())].into(),
+                shared,
+                nodes: nodes.iter().map(|n| n.to_string()).collect(),
+                device_usage: Default::default(),
+            },
+        }
+    }
+
+    fn selected(selector: &NodeSelector) -> Vec<String> {
+        selector.node_selector_terms[0]
+            .match_fields
+            .as_ref()
+            .unwrap()[0]
+            .values
+            .clone()
+            .unwrap()
+    }
+
+    #[test]
+    fn per_device_selection_is_one_pool_with_each_devices_nodes() {
+        let a = instance("cams-aaaaaa", true, &["n2", "n1"]);
+        let b = instance("cams-bbbbbb", true, &["n3"]);
+        let local = instance("cams-cccccc", false, &["n1"]);
+        let gone = instance("cams-dddddd", true, &[]);
+        let pools = pools(
+            "cams",
+            2,
+            Sharing::ConsumableCapacity,
+            true,
+            &[&b, &a, &local, &gone],
+        );
+        assert_eq!(pools.len(), 1);
+        let pool = &pools[0];
+        assert_eq!(pool.pool, "akri.sh/configuration/cams");
+        let names: Vec<&str> = pool.devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["cams-aaaaaa", "cams-bbbbbb"],
+            "shared and seen only"
+        );
+        assert_eq!(
+            selected(pool.devices[0].node_selector.as_ref().unwrap()),
+            ["n1", "n2"]
+        );
+        assert_eq!(
+            selected(pool.devices[1].node_selector.as_ref().unwrap()),
+            ["n3"]
+        );
+        assert_eq!(pool.devices[0].allow_multiple_allocations, Some(true));
+    }
+
+    #[test]
+    fn without_per_device_selection_each_instance_is_a_pool() {
+        let a = instance("cams-aaaaaa", true, &["n1", "n2"]);
+        let pools = pools("cams", 2, Sharing::SlotDevices, false, &[&a]);
+        assert_eq!(pools.len(), 1);
+        assert_eq!(pools[0].pool, "akri.sh/instance/cams-aaaaaa");
+        let PoolScope::Nodes(selector) = &pools[0].scope else {
+            panic!("pool-wide selector expected: {:?}", pools[0].scope)
+        };
+        assert_eq!(selected(selector), ["n1", "n2"]);
+        let names: Vec<&str> = pools[0].devices.iter().map(|d| d.name.as_str()).collect();
+        assert_eq!(names, ["cams-aaaaaa-0", "cams-aaaaaa-1"]);
+        assert!(pools[0].devices.iter().all(|d| d.node_selector.is_none()));
+    }
+
+    #[test]
+    fn an_empty_configuration_still_has_its_pool_so_it_gets_unpublished() {
+        let pools = pools("cams", 1, Sharing::ConsumableCapacity, true, &[]);
+        assert_eq!(pools.len(), 1);
+        assert!(pools[0].devices.is_empty());
+    }
+}
