@@ -32,21 +32,42 @@ pub fn instance_pool(instance: &str) -> String {
     format!("akri.sh/instance/{instance}")
 }
 
-/// A selector for exactly these nodes (by name, so it needs no node labels).
+/// The node label selectors match: the kubelet sets it to the node's hostname, which is the
+/// node name unless the kubelet runs with `--hostname-override`. Not the name itself: a
+/// field selector takes one value per requirement, and the scheduler (like slice
+/// validation) accepts only one selector term, so naming several nodes needs a label.
+pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+
+/// A selector (one term, as DRA requires) for exactly these nodes.
 pub fn node_selector(nodes: &[String]) -> NodeSelector {
     let mut values = nodes.to_vec();
     values.sort();
     values.dedup();
     NodeSelector {
         node_selector_terms: vec![NodeSelectorTerm {
-            match_fields: Some(vec![NodeSelectorRequirement {
-                key: "metadata.name".into(),
+            match_expressions: Some(vec![NodeSelectorRequirement {
+                key: HOSTNAME_LABEL.into(),
                 operator: "In".into(),
                 values: Some(values),
             }]),
-            match_expressions: None,
+            match_fields: None,
         }],
     }
+}
+
+/// The nodes a selector of [`node_selector`] names.
+pub fn selected_nodes(selector: &NodeSelector) -> Vec<String> {
+    selector
+        .node_selector_terms
+        .iter()
+        .flat_map(|term| {
+            term.match_fields
+                .iter()
+                .chain(term.match_expressions.iter())
+                .flatten()
+        })
+        .flat_map(|requirement| requirement.values.clone().unwrap_or_default())
+        .collect()
 }
 
 /// The pools of a configuration's shared Instances. With `per_device_node_selection` that is
@@ -129,13 +150,7 @@ mod tests {
     }
 
     fn selected(selector: &NodeSelector) -> Vec<String> {
-        selector.node_selector_terms[0]
-            .match_fields
-            .as_ref()
-            .unwrap()[0]
-            .values
-            .clone()
-            .unwrap()
+        selected_nodes(selector)
     }
 
     #[test]
@@ -181,6 +196,11 @@ mod tests {
             panic!("pool-wide selector expected: {:?}", pools[0].scope)
         };
         assert_eq!(selected(selector), ["n1", "n2"]);
+        assert_eq!(
+            selector.node_selector_terms.len(),
+            1,
+            "slices allow one term"
+        );
         let names: Vec<&str> = pools[0].devices.iter().map(|d| d.name.as_str()).collect();
         assert_eq!(names, ["cams-aaaaaa-0", "cams-aaaaaa-1"]);
         assert!(pools[0].devices.iter().all(|d| d.node_selector.is_none()));

@@ -10,22 +10,12 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, Resourc
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const DRIVER: &str = "debugecho.akri.sh";
 
 async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    akri_testing::eventually(what, Duration::from_secs(60), check).await
 }
 
 struct SimNode {

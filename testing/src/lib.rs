@@ -38,3 +38,23 @@ pub fn free_port() -> Result<u16, Error> {
         .map_err(Error::io("read a bound port"))?
         .port())
 }
+
+/// Polls `check` every 250 ms until it returns `Some`, panicking with `what` after `timeout`:
+/// for tests waiting on a controller, the scheduler or the kubelet to converge.
+pub async fn eventually<T, F: AsyncFn() -> Option<T>>(
+    what: &str,
+    timeout: std::time::Duration,
+    check: F,
+) -> T {
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(value) = check().await {
+            return value;
+        }
+        assert!(
+            start.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}

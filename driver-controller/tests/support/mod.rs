@@ -1,0 +1,292 @@
+//! A cluster for the driver-controller: a real control plane (scheduler and controller-manager
+//! included), simulated nodes each running the kubelet-plugin's agent with the embedded
+//! debugEcho handler, and the controller itself.
+
+#![allow(dead_code, reason = "each test binary uses part of the support")]
+
+use akri_driver_controller::controller::{self, ControllerConfig};
+use akri_driver_controller::metrics::Metrics;
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
+use akri_testing::{ControlPlane, ControlPlaneOptions};
+use dra_plugin::api_support::ApiSupport;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub const DRIVER: &str = "debugecho.akri.sh";
+pub const TIMEOUT: Duration = Duration::from_secs(90);
+
+pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
+    akri_testing::eventually(what, TIMEOUT, check).await
+}
+
+pub fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
+    serde_json::from_value(value).expect("valid object")
+}
+
+pub struct Cluster {
+    pub cp: ControlPlane,
+    pub client: kube::Client,
+    pub namespace: String,
+    pub support: ApiSupport,
+    pub nodes: Vec<String>,
+    pub metrics: Metrics,
+    availability: Vec<std::path::PathBuf>,
+    _agents: Vec<agent::Agent>,
+    _dirs: Vec<tempfile::TempDir>,
+    controller: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.controller.abort();
+    }
+}
+
+impl Cluster {
+    /// `nodes` simulated nodes whose debugEcho handler registers as `shared` or not, and the
+    /// controller. Its own control plane: agents discover every (cluster-scoped)
+    /// configuration of their handler.
+    pub async fn start(nodes: usize, shared: bool) -> Cluster {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(
+                tracing_subscriber::EnvFilter::try_from_default_env()
+                    .unwrap_or_else(|_| "warn".into()),
+            )
+            .with_test_writer()
+            .try_init();
+        let cp = ControlPlane::start(ControlPlaneOptions::full())
+            .await
+            .expect("control plane");
+        let client = cp.client().await.unwrap();
+        cp.install_crds(&akri_api::crds::all()).await.unwrap();
+        let namespace = cp.create_namespace("akri").await.unwrap();
+        let support = ApiSupport::detect(&client).await.unwrap();
+        let mut agents = Vec::new();
+        let mut dirs = Vec::new();
+        let mut names = Vec::new();
+        let mut availability = Vec::new();
+        for _ in 0..nodes {
+            let name = ControlPlane::unique_name("node");
+            cp.create_node(&name).await.unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
+            echo.availability_file = dir.path().join("availability.txt");
+            availability.push(echo.availability_file.clone());
+            echo.poll_interval = Duration::from_millis(100);
+            echo.shared = shared;
+            let config = AgentConfig {
+                node_name: name.clone(),
+                instance_namespace: namespace.clone(),
+                registry_dir: dir.path().join("registry"),
+                plugins_dir: dir.path().join("plugins"),
+                cdi_dir: dir.path().join("cdi"),
+                state_dir: dir.path().join("state"),
+                discovery_socket: dir.path().join("agent-registration.sock"),
+                debug_echo: Some(echo),
+                consumable_capacity: None,
+                instance_grace: Duration::ZERO,
+            };
+            agents.push(
+                agent::start(client.clone(), config)
+                    .await
+                    .expect("agent starts"),
+            );
+            dirs.push(dir);
+            names.push(name);
+        }
+        let metrics = Metrics::default();
+        let mut config = ControllerConfig::new(&namespace);
+        config.debounce = Duration::from_millis(100);
+        let controller = tokio::spawn({
+            let (client, metrics) = (client.clone(), metrics.clone());
+            async move {
+                controller::run(client, config, metrics)
+                    .await
+                    .expect("controller runs")
+            }
+        });
+        Cluster {
+            cp,
+            client,
+            namespace,
+            support,
+            nodes: names,
+            metrics,
+            availability,
+            _agents: agents,
+            _dirs: dirs,
+            controller,
+        }
+    }
+
+    /// Each node's debugEcho availability file ("OFFLINE" hides every device).
+    pub fn availability_files(&self) -> &[std::path::PathBuf] {
+        &self.availability
+    }
+
+    /// A debugEcho DiscoveryConfiguration finding `descriptions`.
+    pub async fn discovery(
+        &self,
+        prefix: &str,
+        descriptions: &[&str],
+        capacity: i32,
+        unique_devices: bool,
+    ) -> String {
+        let name = ControlPlane::unique_name(prefix);
+        let details = format!("descriptions: [{}]", descriptions.join(", "));
+        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                    "metadata": { "name": name },
+                    "spec": {
+                        "discoveryHandler": { "name": "debugEcho", "discoveryDetails": details },
+                        "capacity": capacity,
+                        "uniqueDevices": unique_devices,
+                    },
+                })),
+            )
+            .await
+            .unwrap();
+        name
+    }
+
+    /// Waits until the class exists and `devices` devices of the configuration are published.
+    pub async fn wait_published(&self, configuration: &str, devices: i32) {
+        let api = Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone());
+        eventually(
+            &format!("{devices} devices of {configuration} published"),
+            async || {
+                let status = api.get(configuration).await.ok()?.status?;
+                (status.devices_published == devices && status.device_class_name.is_some())
+                    .then_some(())
+            },
+        )
+        .await;
+    }
+
+    /// A pod with one claim of one request (`count` devices of `class`), optionally with
+    /// distinct instances required by a constraint.
+    pub async fn pod_claiming(&self, class: &str, count: i64, distinct: bool) -> String {
+        let name = ControlPlane::unique_name("pod");
+        let mut devices = json!({
+            "requests": [{ "name": "req", "exactly": { "deviceClassName": class, "count": count } }],
+        });
+        if distinct {
+            devices["constraints"] =
+                json!([{ "requests": ["req"], "distinctAttribute": akri_devices::ATTR_INSTANCE }]);
+        }
+        Api::<ResourceClaim>::namespaced(self.client.clone(), &self.namespace)
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "metadata": { "name": name },
+                    "spec": { "devices": devices },
+                })),
+            )
+            .await
+            .unwrap();
+        self.create_pod(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
+                "containers": [{ "name": "c", "image": "none", "resources": { "claims": [{ "name": "c" }] } }],
+            },
+        }))
+        .await
+    }
+
+    pub async fn create_pod(&self, pod: Value) -> String {
+        let pod: Pod = from_json(pod);
+        let name = pod.metadata.name.clone().unwrap();
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+        name
+    }
+
+    /// Deletes a pod at once (no kubelet would confirm a graceful deletion) and its claim.
+    pub async fn delete_pod(&self, name: &str) {
+        let now = DeleteParams {
+            grace_period_seconds: Some(0),
+            ..DeleteParams::default()
+        };
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .delete(name, &now)
+            .await
+            .unwrap();
+        let _ = Api::<ResourceClaim>::namespaced(self.client.clone(), &self.namespace)
+            .delete(name, &now)
+            .await;
+    }
+
+    /// The node a pod is bound to.
+    pub async fn bound_node(&self, pod: &str) -> Option<String> {
+        Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .get(pod)
+            .await
+            .ok()?
+            .spec?
+            .node_name
+    }
+
+    /// Whether the scheduler reported the pod unschedulable.
+    pub async fn unschedulable(&self, pod: &str) -> Option<String> {
+        let pod = Api::<Pod>::namespaced(self.client.clone(), &self.namespace)
+            .get(pod)
+            .await
+            .ok()?;
+        pod.status?.conditions?.into_iter().find_map(|c| {
+            (c.type_ == "PodScheduled"
+                && c.status == "False"
+                && c.reason.as_deref() == Some("Unschedulable"))
+            .then(|| c.message.unwrap_or_default())
+        })
+    }
+
+    /// The devices allocated to a claim.
+    pub async fn allocated(&self, claim: &str) -> Option<Vec<DeviceRequestAllocationResult>> {
+        Api::<ResourceClaim>::namespaced(self.client.clone(), &self.namespace)
+            .get(claim)
+            .await
+            .ok()?
+            .status?
+            .allocation?
+            .devices?
+            .results
+    }
+
+    /// Every allocated device result in the namespace, by claim.
+    pub async fn all_allocations(&self) -> BTreeMap<String, Vec<DeviceRequestAllocationResult>> {
+        Api::<ResourceClaim>::namespaced(self.client.clone(), &self.namespace)
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter_map(|claim| {
+                let results = claim.status?.allocation?.devices?.results?;
+                Some((claim.metadata.name?, results))
+            })
+            .collect()
+    }
+}
+
+pub fn unique(prefix: &str) -> String {
+    ControlPlane::unique_name(prefix)
+}
+
+/// The Instance a DRA device name belongs to (the device itself, or `<instance>-<slot>`).
+pub fn instance_of(device: &str, configuration: &str) -> String {
+    let rest = device
+        .strip_prefix(&format!("{configuration}-"))
+        .expect("a device of the configuration");
+    format!("{configuration}-{}", &rest[..6])
+}
