@@ -67,11 +67,13 @@ impl Sharing {
     ///
     /// The scheduler never gives one device twice to the same request. So one device per
     /// Instance (consumable capacity) makes a request for K devices get K different Instances:
-    /// exactly `uniqueDevices: true`, for claims and extended-resource requests alike. With
-    /// `uniqueDevices: false` a request for K may take several slots of one Instance, which
-    /// only separate slot devices can express; those are used even where consumable capacity
-    /// exists. Without consumable capacity both are slot devices, and uniqueness within a
-    /// request needs a `distinctAttribute` constraint on [`ATTR_INSTANCE`] in the claim.
+    /// exactly `uniqueDevices: true`, for claims and extended-resource requests alike (across
+    /// the requests of one claim, a `distinctAttribute` constraint on [`ATTR_INSTANCE`] says
+    /// the same). With `uniqueDevices: false` a request for K may take several slots of one
+    /// Instance, which only separate slot devices can express; those are used even where
+    /// consumable capacity exists. Without consumable capacity both are slot devices: capacity
+    /// holds, but uniqueness within a request cannot be enforced (`distinctAttribute` comes
+    /// with the same feature gate), and the driver-controller says so in the status.
     pub fn for_configuration(unique_devices: bool, consumable_capacity: bool) -> Sharing {
         if unique_devices && consumable_capacity {
             Sharing::ConsumableCapacity

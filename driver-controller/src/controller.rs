@@ -475,13 +475,21 @@ impl Context {
         } else {
             "; the API server has no DRAExtendedResource, so only ResourceClaims can request its devices".to_string()
         };
+        let unique = if config.spec.unique_devices
+            && config.spec.capacity > 1
+            && !self.support.consumable_capacity
+        {
+            "; uniqueDevices is not enforced for requests of several devices: without DRAConsumableCapacity each slot is a device of its own and the API server has no distinctAttribute constraint"
+        } else {
+            ""
+        };
         set_condition(
             &mut status.conditions,
             CONDITION_READY,
             true,
             "Published",
             format!(
-                "DeviceClass {name} selects its devices{extended}; {} Instances on {} nodes, {} devices published",
+                "DeviceClass {name} selects its devices{extended}{unique}; {} Instances on {} nodes, {} devices published",
                 status.instances, status.nodes, status.devices_published
             ),
             generation,

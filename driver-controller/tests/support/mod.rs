@@ -171,17 +171,12 @@ impl Cluster {
         .await;
     }
 
-    /// A pod with one claim of one request (`count` devices of `class`), optionally with
-    /// distinct instances required by a constraint.
-    pub async fn pod_claiming(&self, class: &str, count: i64, distinct: bool) -> String {
+    /// A pod with one claim of one request: `count` devices of `class`.
+    pub async fn pod_claiming(&self, class: &str, count: i64) -> String {
         let name = ControlPlane::unique_name("pod");
-        let mut devices = json!({
+        let devices = json!({
             "requests": [{ "name": "req", "exactly": { "deviceClassName": class, "count": count } }],
         });
-        if distinct {
-            devices["constraints"] =
-                json!([{ "requests": ["req"], "distinctAttribute": akri_devices::ATTR_INSTANCE }]);
-        }
         Api::<ResourceClaim>::namespaced(self.client.clone(), &self.namespace)
             .create(
                 &PostParams::default(),
