@@ -77,7 +77,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .buffer_unordered(32)
         .try_collect::<Vec<()>>()
         .await?;
-    eeprintln!(
+    eprintln!(
         "created {} Instances in {:.1?}",
         names.len(),
         start.elapsed()
