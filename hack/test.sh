@@ -16,3 +16,4 @@ echo "== Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
 hack/k8s-bins.sh 1.34.4 >/dev/null
 echo "== cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-driver-controller --test allocation --test replicas
+AKRI_K8S_VERSION=1.34.4 cargo test -p dra-plugin --test slices_apiserver

@@ -43,61 +43,74 @@ const PROBE_NAME: &str = "dra-plugin-api-support-probe";
 impl ApiSupport {
     /// Asks the API server. Needs `create` on resourceslices and deviceclasses.
     pub async fn detect(client: &kube::Client) -> Result<Self, Error> {
-        let dry_run = PostParams {
-            dry_run: true,
-            ..PostParams::default()
-        };
-        let slices = Api::<ResourceSlice>::all(client.clone());
-        let stored = create_or_rejected(
-            &slices,
-            &dry_run,
-            &probe_slice(false, true),
-            "ResourceSlice",
-        )
-        .await?;
-        let consumable_capacity = stored
-            .and_then(|s| s.spec.devices)
-            .and_then(|d| d.into_iter().next())
-            .is_some_and(|d| d.allow_multiple_allocations == Some(true) && d.capacity.is_some());
-
-        // With the gate off the server drops `perDeviceNodeSelection` and the device's
-        // selector, and then rejects the slice for naming no nodes at all.
-        let stored = create_or_rejected(
-            &slices,
-            &dry_run,
-            &probe_slice(true, false),
-            "ResourceSlice",
-        )
-        .await?;
-        let per_device_node_selection = stored.is_some_and(|s| {
-            s.spec.per_device_node_selection == Some(true)
-                && s.spec
-                    .devices
-                    .and_then(|d| d.into_iter().next())
-                    .is_some_and(|d| d.node_selector.is_some())
-        });
-
-        let classes = Api::<DeviceClass>::all(client.clone());
-        let class = DeviceClass {
-            metadata: ObjectMeta {
-                name: Some(PROBE_NAME.into()),
-                ..ObjectMeta::default()
-            },
-            spec: DeviceClassSpec {
-                extended_resource_name: Some("dra-plugin.probe/api-support".into()),
-                ..DeviceClassSpec::default()
-            },
-        };
-        let stored = create_or_rejected(&classes, &dry_run, &class, "DeviceClass").await?;
-        let extended_resource_name =
-            stored.is_some_and(|c| c.spec.extended_resource_name.is_some());
-
         Ok(ApiSupport {
-            consumable_capacity,
-            per_device_node_selection,
-            extended_resource_name,
+            consumable_capacity: consumable_capacity(client).await?,
+            per_device_node_selection: per_device_node_selection(client).await?,
+            extended_resource_name: extended_resource_name(client).await?,
         })
     }
+}
+
+fn dry_run() -> PostParams {
+    PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    }
+}
+
+/// Whether devices keep `allowMultipleAllocations` and `capacity`. Needs `create` on
+/// resourceslices.
+pub async fn consumable_capacity(client: &kube::Client) -> Result<bool, Error> {
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let stored = create_or_rejected(
+        &slices,
+        &dry_run(),
+        &probe_slice(false, true),
+        "ResourceSlice",
+    )
+    .await?;
+    Ok(stored
+        .and_then(|s| s.spec.devices)
+        .and_then(|d| d.into_iter().next())
+        .is_some_and(|d| d.allow_multiple_allocations == Some(true) && d.capacity.is_some()))
+}
+
+/// Whether slices keep `perDeviceNodeSelection`. With the gate off the server drops it and
+/// the device's selector, then rejects the slice for naming no nodes at all. Needs `create`
+/// on resourceslices.
+pub async fn per_device_node_selection(client: &kube::Client) -> Result<bool, Error> {
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let stored = create_or_rejected(
+        &slices,
+        &dry_run(),
+        &probe_slice(true, false),
+        "ResourceSlice",
+    )
+    .await?;
+    Ok(stored.is_some_and(|s| {
+        s.spec.per_device_node_selection == Some(true)
+            && s.spec
+                .devices
+                .and_then(|d| d.into_iter().next())
+                .is_some_and(|d| d.node_selector.is_some())
+    }))
+}
+
+/// Whether DeviceClasses keep `extendedResourceName`. Needs `create` on deviceclasses.
+pub async fn extended_resource_name(client: &kube::Client) -> Result<bool, Error> {
+    let classes = Api::<DeviceClass>::all(client.clone());
+    let class = DeviceClass {
+        metadata: ObjectMeta {
+            name: Some(PROBE_NAME.into()),
+            ..ObjectMeta::default()
+        },
+        spec: DeviceClassSpec {
+            extended_resource_name: Some("dra-plugin.probe/api-support".into()),
+            ..DeviceClassSpec::default()
+        },
+    };
+    let stored = create_or_rejected(&classes, &dry_run(), &class, "DeviceClass").await?;
+    Ok(stored.is_some_and(|c| c.spec.extended_resource_name.is_some()))
 }
 
 /// What the server would store, or `None` when it rejects the object as invalid (a field it

@@ -111,3 +111,34 @@ async fn publishes_node_pools_with_generations() {
     publisher.unpublish().await.unwrap();
     assert!(mine().await.is_empty());
 }
+
+#[tokio::test]
+async fn api_support_is_read_back_from_the_server_and_nothing_is_stored() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let support = dra_plugin::api_support::ApiSupport::detect(&client)
+        .await
+        .unwrap();
+    // The harness turns every beta DRA gate on: what the server keeps must follow the gates.
+    let gate = |name: &str| cp.feature_gates().contains(&format!("{name}=true"));
+    assert_eq!(
+        support.consumable_capacity,
+        gate("DRAConsumableCapacity"),
+        "{support:?} with gates {}",
+        cp.feature_gates()
+    );
+    assert_eq!(
+        support.per_device_node_selection,
+        gate("DRAPartitionableDevices")
+    );
+    assert_eq!(support.extended_resource_name, gate("DRAExtendedResource"));
+    let probes = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| s.spec.driver.starts_with("probe."))
+        .count();
+    assert_eq!(probes, 0, "dry runs store nothing");
+}

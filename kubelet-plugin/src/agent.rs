@@ -140,11 +140,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     let node_uid = node.metadata.uid.unwrap_or_default();
     let consumable_capacity = match config.consumable_capacity {
         Some(known) => known,
-        None => {
-            dra_plugin::api_support::ApiSupport::detect(&client)
-                .await?
-                .consumable_capacity
-        }
+        None => dra_plugin::api_support::consumable_capacity(&client).await?,
     };
     tracing::info!(consumable_capacity, "device sharing model");
     let devices = NodeDevices::new(&config.node_name, consumable_capacity);
