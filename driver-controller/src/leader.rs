@@ -159,17 +159,19 @@ impl Elector {
         }
     }
 
+    async fn read(&self) -> Result<Option<Lease>, Error> {
+        self.api
+            .get_opt(&self.config.name)
+            .await
+            .map_err(|e| self.error(e))
+    }
+
     /// Takes or renews the Lease; `false` when another replica holds it.
     async fn try_acquire_or_renew(&mut self) -> Result<bool, Error> {
         let now = MicroTime(Timestamp::now());
         let me = self.config.identity.clone();
         let duration = self.config.lease_duration.as_secs().max(1) as i32;
-        let Some(mut lease) = self
-            .api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(|e| self.error(e))?
-        else {
+        let Some(mut lease) = self.read().await? else {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(self.config.name.clone()),
@@ -238,12 +240,7 @@ impl Elector {
     }
 
     async fn release(&self) -> Result<(), Error> {
-        let Some(mut lease) = self
-            .api
-            .get_opt(&self.config.name)
-            .await
-            .map_err(|e| self.error(e))?
-        else {
+        let Some(mut lease) = self.read().await? else {
             return Ok(());
         };
         let Some(spec) = lease.spec.as_mut() else {

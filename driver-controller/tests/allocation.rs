@@ -217,18 +217,7 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
                 );
             }
             if unique && !enforced {
-                let status =
-                    Api::<akri_api::v1::DiscoveryConfiguration>::all(cluster.client.clone())
-                        .get(&config)
-                        .await
-                        .unwrap()
-                        .status
-                        .unwrap();
-                let ready = status
-                    .conditions
-                    .iter()
-                    .find(|c| c.type_ == CONDITION_READY)
-                    .unwrap();
+                let ready = cluster.ready_condition(&config).await;
                 assert!(
                     ready.message.contains("uniqueDevices is not enforced"),
                     "{ready:?}"
@@ -286,17 +275,7 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
         assert!(cluster.bound_node(&pod).await.is_some());
     } else {
         assert_eq!(class.spec.extended_resource_name, None);
-        let status = Api::<akri_api::v1::DiscoveryConfiguration>::all(cluster.client.clone())
-            .get(&config)
-            .await
-            .unwrap()
-            .status
-            .unwrap();
-        let ready = status
-            .conditions
-            .iter()
-            .find(|c| c.type_ == CONDITION_READY)
-            .unwrap();
+        let ready = cluster.ready_condition(&config).await;
         assert!(ready.message.contains("DRAExtendedResource"), "{ready:?}");
         let why = eventually("the extended-resource pod pending", async || {
             cluster.unschedulable(&pod).await

@@ -171,6 +171,24 @@ impl Cluster {
         .await;
     }
 
+    /// The configuration's `Ready` condition (it must have one).
+    pub async fn ready_condition(
+        &self,
+        configuration: &str,
+    ) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+        let status = Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
+            .get(configuration)
+            .await
+            .unwrap()
+            .status
+            .expect("status written");
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == akri_api::v1::CONDITION_READY)
+            .expect("a Ready condition")
+    }
+
     /// A pod with one claim of one request: `count` devices of `class`.
     pub async fn pod_claiming(&self, class: &str, count: i64) -> String {
         let name = ControlPlane::unique_name("pod");
