@@ -82,23 +82,6 @@ impl Metrics {
         }
     }
 
-    /// Writes issued so far (all resources but the Lease).
-    pub fn object_writes(&self) -> u64 {
-        ["deviceclass", "resourceslice", "status"]
-            .iter()
-            .flat_map(|resource| {
-                ["apply", "delete"].map(|verb| {
-                    self.writes
-                        .get_or_create(&WriteLabels {
-                            resource: (*resource).into(),
-                            verb: verb.into(),
-                        })
-                        .get()
-                })
-            })
-            .sum()
-    }
-
     pub fn reconciled(&self, ok: bool) {
         self.reconciles
             .get_or_create(&ResultLabels {

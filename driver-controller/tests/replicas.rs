@@ -9,7 +9,7 @@ use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::http::{self, Readiness};
 use akri_driver_controller::leader::LeaseConfig;
 use akri_driver_controller::metrics::Metrics;
-use akri_testing::{ControlPlane, ControlPlaneOptions};
+use akri_testing::ControlPlane;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -103,12 +103,7 @@ async fn configuration(client: &kube::Client, prefix: &str) -> String {
 
 #[tokio::test]
 async fn a_standby_replica_takes_over_when_the_leader_dies() {
-    let cp = ControlPlane::start(ControlPlaneOptions::full())
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let namespace = cp.create_namespace("akri").await.unwrap();
+    let (_cp, client, namespace) = support::control_plane().await;
     let classes = Api::<DeviceClass>::all(client.clone());
     let configs = Api::<DiscoveryConfiguration>::all(client.clone());
 

@@ -28,6 +28,24 @@ pub fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
     serde_json::from_value(value).expect("valid object")
 }
 
+/// A full control plane of its own with the akri.sh CRDs, a client and a namespace for
+/// Instances; test logs go to the test's output (`RUST_LOG`).
+pub async fn control_plane() -> (ControlPlane, kube::Client, String) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+    let cp = ControlPlane::start(ControlPlaneOptions::full())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let namespace = cp.create_namespace("akri").await.unwrap();
+    (cp, client, namespace)
+}
+
 pub struct Cluster {
     pub cp: ControlPlane,
     pub client: kube::Client,
@@ -52,19 +70,7 @@ impl Cluster {
     /// controller. Its own control plane: agents discover every (cluster-scoped)
     /// configuration of their handler.
     pub async fn start(nodes: usize, shared: bool) -> Cluster {
-        let _ = tracing_subscriber::fmt()
-            .with_env_filter(
-                tracing_subscriber::EnvFilter::try_from_default_env()
-                    .unwrap_or_else(|_| "warn".into()),
-            )
-            .with_test_writer()
-            .try_init();
-        let cp = ControlPlane::start(ControlPlaneOptions::full())
-            .await
-            .expect("control plane");
-        let client = cp.client().await.unwrap();
-        cp.install_crds(&akri_api::crds::all()).await.unwrap();
-        let namespace = cp.create_namespace("akri").await.unwrap();
+        let (cp, client, namespace) = control_plane().await;
         let support = ApiSupport::detect(&client).await.unwrap();
         let mut agents = Vec::new();
         let mut dirs = Vec::new();
