@@ -26,6 +26,13 @@ pub const SLOTS_CAPACITY: &str = "akri.sh/slots";
 pub const MAX_ATTRIBUTE_VALUE: usize = 64;
 /// The longest attribute identifier (the part after the domain).
 pub const MAX_ATTRIBUTE_ID: usize = 32;
+/// DRA's limit on attributes and capacities together, per device
+/// (`ResourceSliceMaxAttributesAndCapacitiesPerDevice`): a device over it fails its whole slice.
+pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
+/// How many discovered properties can become attributes: the limit less the two Akri
+/// attributes and the slots capacity (reserved in every sharing model, so a device publishes
+/// the same properties whichever model its configuration uses).
+pub const MAX_PROPERTY_ATTRIBUTES: usize = MAX_ATTRIBUTES_AND_CAPACITIES - 3;
 
 /// The DRA driver of a discovery handler: `<handler, lower-cased>.akri.sh` (Akri handler
 /// names such as `debugEcho` are mixed case; driver names are DNS subdomains).
@@ -33,14 +40,93 @@ pub fn driver_name(handler: &str) -> String {
     format!("{}.{DRIVER_DOMAIN}", handler.to_ascii_lowercase())
 }
 
+/// The field manager under which the kubelet-plugin of `node` writes (slices, Instances, its
+/// `discoveryErrors` entry): `akri-kubelet-plugin/<node>`, one per node so that nodes never
+/// take each other's fields. The API server refuses managers over 128 bytes and node names
+/// may have 253, so a long node name is cut and a digest of the whole name keeps it unique.
+pub fn node_field_manager(node: &str) -> String {
+    const PREFIX: &str = "akri-kubelet-plugin/";
+    const MAX: usize = 128;
+    let full = format!("{PREFIX}{node}");
+    if full.len() <= MAX {
+        return full;
+    }
+    let mut hasher = Blake2bVar::new(8).expect("8 is a valid Blake2b output size");
+    hasher.update(node.as_bytes());
+    let mut digest = [0u8; 8];
+    hasher
+        .finalize_variable(&mut digest)
+        .expect("the buffer has the output size");
+    let digest: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    // Node names are ASCII (DNS subdomains), so any byte is a character boundary.
+    let keep = MAX - PREFIX.len() - 1 - digest.len();
+    format!("{PREFIX}{}-{digest}", &node[..keep])
+}
+
+/// The longest discovery-handler name: its driver name `<name>.akri.sh` is at most 63
+/// characters, as DRA requires of driver names.
+pub const MAX_HANDLER_NAME: usize = 63 - DRIVER_DOMAIN.len() - 1;
+
+/// Whether a discovery handler's name can be used: it becomes a DRA driver name, a CDI class,
+/// file and directory names on the node, so it must be a DNS label once lower-cased (letters,
+/// digits and `-`, starting with a letter, ending with a letter or digit) of at most
+/// [`MAX_HANDLER_NAME`] characters. Case is kept (`debugEcho`), but two names that differ only
+/// in case are one driver.
+pub fn validate_handler_name(name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err("the name is empty".into());
+    }
+    if name.len() > MAX_HANDLER_NAME {
+        return Err(format!(
+            "the name is {} characters long; at most {MAX_HANDLER_NAME} fit a DRA driver name",
+            name.len()
+        ));
+    }
+    if !name.starts_with(|c: char| c.is_ascii_alphabetic()) {
+        return Err("the name must start with a letter".into());
+    }
+    if !name.ends_with(|c: char| c.is_ascii_alphanumeric()) {
+        return Err("the name must end with a letter or digit".into());
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| !c.is_ascii_alphanumeric() && *c != '-')
+    {
+        return Err(format!(
+            "the name contains {c:?}; only letters, digits and '-' are allowed"
+        ));
+    }
+    Ok(())
+}
+
 /// The Instance of a device, named as Akri names it: `<configuration>-<6 hex digits>`, a
 /// Blake2b digest of the device id, with the node name added for local (unshared) devices so
 /// that the same id on two nodes makes two Instances. Migrated clusters keep their names.
+///
+/// Six hex digits collide (about 3% among 1,000 devices of a configuration); use
+/// [`instance_names`] for a configuration's devices, which resolves collisions.
 pub fn instance_name(configuration: &str, device_id: &str, shared: bool, node: &str) -> String {
+    salted_instance_name(configuration, device_id, shared, node, 0)
+}
+
+/// Akri's name for salt 0; for salt k > 0 the digest also covers `"\0" k`, which gives a
+/// colliding device another name of the same length (configuration names are limited so that
+/// `<configuration>-<6 hex>-<slot>` fits a DNS label: a longer name would not).
+fn salted_instance_name(
+    configuration: &str,
+    device_id: &str,
+    shared: bool,
+    node: &str,
+    salt: u32,
+) -> String {
     let mut hasher = Blake2bVar::new(3).expect("3 is a valid Blake2b output size");
     hasher.update(device_id.as_bytes());
     if !shared {
         hasher.update(node.as_bytes());
+    }
+    if salt > 0 {
+        hasher.update(&[0]);
+        hasher.update(salt.to_string().as_bytes());
     }
     let mut digest = [0u8; 3];
     hasher
@@ -48,6 +134,44 @@ pub fn instance_name(configuration: &str, device_id: &str, shared: bool, node: &
         .expect("buffer of the requested size");
     let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
     format!("{configuration}-{hex}")
+}
+
+/// The Instance names of a configuration's devices (in the order of `device_ids`), each
+/// Akri's [`instance_name`] unless two different ids share it. Then the smallest id keeps
+/// Akri's name and each other takes the first salted name nobody in the set has. The result
+/// depends only on the set of ids, so every pass (and a restarted process) names alike, and
+/// no two devices ever share a name (which would hand a pod the wrong device).
+pub fn instance_names(
+    configuration: &str,
+    device_ids: &[&str],
+    shared: bool,
+    node: &str,
+) -> Vec<String> {
+    let akri: Vec<String> = device_ids
+        .iter()
+        .map(|id| instance_name(configuration, id, shared, node))
+        .collect();
+    let mut by_name: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
+    for (name, id) in akri.iter().zip(device_ids) {
+        by_name.entry(name).or_default().insert(id);
+    }
+    let mut taken: std::collections::BTreeSet<String> = akri.iter().cloned().collect();
+    let mut renamed: BTreeMap<&str, String> = BTreeMap::new();
+    for ids in by_name.values().filter(|ids| ids.len() > 1) {
+        for id in ids.iter().skip(1) {
+            let name = (1..)
+                .map(|salt| salted_instance_name(configuration, id, shared, node, salt))
+                .find(|name| !taken.contains(name))
+                .expect("a free name among 16 million");
+            taken.insert(name.clone());
+            renamed.insert(id, name);
+        }
+    }
+    device_ids
+        .iter()
+        .zip(akri)
+        .map(|(id, akri)| renamed.get(id).cloned().unwrap_or(akri))
+        .collect()
 }
 
 /// How a device with `capacity > 1` is offered to several claims at once.
@@ -93,8 +217,8 @@ pub struct InstanceDevice<'a> {
 }
 
 /// The DRA devices of an Instance. Discovered properties become `property.akri.sh/<KEY>`
-/// string attributes where DRA can hold them (the key a C identifier of at most 32
-/// characters, the value at most 64); the others still reach containers through CDI.
+/// string attributes where DRA can hold them ([`property_attributes`]); the others still
+/// reach containers through CDI.
 pub fn devices(instance: &InstanceDevice<'_>, sharing: Sharing) -> Vec<Device> {
     let mut attributes = BTreeMap::from([
         (
@@ -106,10 +230,9 @@ pub fn devices(instance: &InstanceDevice<'_>, sharing: Sharing) -> Vec<Device> {
             string_attribute(instance.instance),
         ),
     ]);
-    for (key, value) in instance.properties {
-        if property_fits(key, value) {
-            attributes.insert(format!("{PROPERTY_DOMAIN}/{key}"), string_attribute(value));
-        }
+    let (published, _) = property_attributes(instance.properties);
+    for (key, value) in published {
+        attributes.insert(format!("{PROPERTY_DOMAIN}/{key}"), string_attribute(value));
     }
     if instance.capacity <= 1 {
         return vec![Device {
@@ -150,6 +273,30 @@ pub fn devices(instance: &InstanceDevice<'_>, sharing: Sharing) -> Vec<Device> {
     }
 }
 
+/// Splits discovered properties into those published as attributes and the keys left out:
+/// a key that is no C identifier of at most [`MAX_ATTRIBUTE_ID`] characters, a value over
+/// [`MAX_ATTRIBUTE_VALUE`], or a property beyond the first [`MAX_PROPERTY_ATTRIBUTES`] that
+/// fit (in key order, so the choice is stable). Left-out properties still reach containers
+/// through CDI; the kubelet-plugin names them in the Instance ([`UNPUBLISHED_PROPERTIES`]).
+pub fn property_attributes(
+    properties: &BTreeMap<String, String>,
+) -> (Vec<(&str, &str)>, Vec<String>) {
+    let mut published = Vec::new();
+    let mut left_out = Vec::new();
+    for (key, value) in properties {
+        if property_fits(key, value) && published.len() < MAX_PROPERTY_ATTRIBUTES {
+            published.push((key.as_str(), value.as_str()));
+        } else {
+            left_out.push(key.clone());
+        }
+    }
+    (published, left_out)
+}
+
+/// Annotation of an Instance listing (comma-separated) the properties that are not DRA
+/// attributes of its device, so that a selector on them is known not to match.
+pub const UNPUBLISHED_PROPERTIES: &str = "akri.sh/unpublished-properties";
+
 /// The name of slot `slot` of an Instance in the [`Sharing::SlotDevices`] model.
 pub fn slot_device_name(instance: &str, slot: i32) -> String {
     format!("{instance}-{slot}")
@@ -175,6 +322,111 @@ fn string_attribute(value: &str) -> DeviceAttribute {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn colliding_instance_names_are_resolved_deterministically() {
+        // A real pair: both are `echo-55c92e` on node-a.
+        let (a, b) = ("cam2839", "cam3489");
+        assert_eq!(
+            instance_name("echo", a, false, "node-a"),
+            instance_name("echo", b, false, "node-a")
+        );
+        let names = instance_names("echo", &[b, "cam1", a], false, "node-a");
+        assert_eq!(
+            names[2],
+            instance_name("echo", a, false, "node-a"),
+            "the smaller id keeps Akri's name"
+        );
+        assert_ne!(names[0], names[2]);
+        assert_eq!(names[0].len(), names[2].len());
+        assert_eq!(
+            names[1],
+            instance_name("echo", "cam1", false, "node-a"),
+            "no collision, Akri's name"
+        );
+        assert_eq!(
+            instance_names("echo", &[a, "cam1", b], false, "node-a"),
+            [names[2].clone(), names[1].clone(), names[0].clone()],
+            "the order of discovery does not matter"
+        );
+        // On another node they do not collide, and keep Akri's names.
+        let elsewhere = instance_names("echo", &[a, b], false, "node-b");
+        assert_eq!(elsewhere[1], instance_name("echo", b, false, "node-b"));
+        // The same id twice is one device, one name.
+        let twice = instance_names("echo", &[a, a], false, "node-a");
+        assert_eq!(twice[0], twice[1]);
+    }
+
+    #[test]
+    fn at_most_the_attributes_dra_allows() {
+        let properties: BTreeMap<String, String> = (0..40)
+            .map(|i| (format!("KEY_{i:02}"), format!("value {i}")))
+            .chain([("bad-key".to_string(), "x".to_string())])
+            .collect();
+        let (published, left_out) = property_attributes(&properties);
+        assert_eq!(published.len(), MAX_PROPERTY_ATTRIBUTES);
+        assert_eq!(published[0], ("KEY_00", "value 0"));
+        assert_eq!(left_out.len(), 41 - MAX_PROPERTY_ATTRIBUTES);
+        assert!(left_out.contains(&"bad-key".to_string()));
+        assert!(left_out.contains(&"KEY_39".to_string()));
+        for sharing in [Sharing::ConsumableCapacity, Sharing::SlotDevices] {
+            let device = InstanceDevice {
+                instance: "cams-abcdef",
+                configuration: "cams",
+                capacity: 3,
+                properties: &properties,
+            };
+            for d in devices(&device, sharing) {
+                let count = d.attributes.map_or(0, |a| a.len()) + d.capacity.map_or(0, |c| c.len());
+                assert!(count <= MAX_ATTRIBUTES_AND_CAPACITIES, "{count}");
+            }
+        }
+    }
+
+    #[test]
+    fn field_managers_fit_the_api_servers_limit() {
+        assert_eq!(node_field_manager("node-a"), "akri-kubelet-plugin/node-a");
+        let long_a = format!("{}.a", "n".repeat(250));
+        let long_b = format!("{}.b", "n".repeat(250));
+        let (a, b) = (node_field_manager(&long_a), node_field_manager(&long_b));
+        assert_eq!(a.len(), 128);
+        assert_ne!(
+            a, b,
+            "names that share their first 100 characters stay apart"
+        );
+        assert_eq!(a, node_field_manager(&long_a), "stable");
+        let exactly = "x".repeat(128 - "akri-kubelet-plugin/".len());
+        assert_eq!(node_field_manager(&exactly).len(), 128);
+        assert!(node_field_manager(&exactly).ends_with(&exactly));
+    }
+
+    #[test]
+    fn handler_names_must_make_driver_names() {
+        for good in [
+            "debugEcho",
+            "udev",
+            "opcua",
+            "onvif",
+            "my-handler2",
+            &"a".repeat(MAX_HANDLER_NAME),
+        ] {
+            assert_eq!(validate_handler_name(good), Ok(()), "{good}");
+            assert!(driver_name(good).len() <= 63);
+        }
+        for (bad, why) in [
+            ("", "empty"),
+            ("2cams", "start with a letter"),
+            ("cams-", "end with a letter or digit"),
+            ("../../etc", "start with a letter"),
+            ("a/b", "'/'"),
+            ("a.b", "'.'"),
+            ("a_b", "'_'"),
+            (&"a".repeat(MAX_HANDLER_NAME + 1), "at most 55"),
+        ] {
+            let error = validate_handler_name(bad).unwrap_err();
+            assert!(error.contains(why), "{bad:?}: {error}");
+        }
+    }
 
     #[test]
     fn instance_names_follow_akri() {

@@ -30,6 +30,11 @@ const FLAG_PADDED: u8 = 0x8;
 const FLAG_PRIORITY: u8 = 0x20;
 /// The smallest SETTINGS_MAX_FRAME_SIZE a peer may announce; we never send bigger frames.
 const MAX_FRAME: usize = 16_384;
+/// The most header-block bytes (compressed, over HEADERS + CONTINUATION) and decoded header
+/// bytes one request may carry. gRPC requests from the kubelet carry a few hundred; without a
+/// bound a client could make us buffer without end (a CONTINUATION flood) or decode a small
+/// block that references a dynamic-table entry over and over into gigabytes.
+const MAX_HEADER_BLOCK: usize = 64 * 1024;
 /// Bytes buffered between the socket and tonic, per direction.
 const BUFFER: usize = 64 * 1024;
 
@@ -44,6 +49,22 @@ pub fn bind(path: &std::path::Path) -> io::Result<UnixListener> {
         _ => {}
     }
     UnixListener::bind(path)
+}
+
+/// A gRPC channel to a server on the Unix socket at `path` (the client side of [`bind`]).
+pub async fn connect(
+    path: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let socket = path.to_path_buf();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let socket = socket.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(socket).await?;
+                Ok::<_, io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
 }
 
 /// Connections accepted on `listener`, with `:authority` rewritten to `localhost`, ready for
@@ -105,6 +126,10 @@ where
             Err(e) => return Err(e),
         }
         let length = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        if length > MAX_FRAME {
+            // The server never announces a larger SETTINGS_MAX_FRAME_SIZE.
+            return Err(invalid("frame larger than the maximum frame size"));
+        }
         let (kind, flags) = (head[3], head[4]);
         let stream_id = u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff;
         let mut payload = vec![0u8; length];
@@ -132,11 +157,26 @@ where
                 continue;
             }
         }
+        if block.len() > MAX_HEADER_BLOCK {
+            return Err(invalid("header block too large"));
+        }
         if flags & FLAG_END_HEADERS != 0 {
             let header_block = open.take().expect("a block is open");
-            let headers = decoder
-                .decode(&block)
+            // Decoded field by field (indexed fields are borrowed from the table), counting as
+            // RFC 7541 does (name + value + 32), so an inflating block costs nothing to refuse.
+            let mut headers = Vec::new();
+            let mut decoded = 0;
+            decoder
+                .decode_with_cb(&block, |name, value| {
+                    decoded += name.len() + value.len() + 32;
+                    if decoded <= MAX_HEADER_BLOCK {
+                        headers.push((name.into_owned(), value.into_owned()));
+                    }
+                })
                 .map_err(|e| invalid(&format!("HPACK: {e:?}")))?;
+            if decoded > MAX_HEADER_BLOCK {
+                return Err(invalid("decoded header list too large"));
+            }
             let encoded = encode_literal_block(&headers);
             write_header_frames(&mut to, &header_block, &encoded).await?;
         }
@@ -393,6 +433,68 @@ mod tests {
             &[0xff, 0xff, 0xff, 0xff],
         );
         assert!(run([PREFACE.to_vec(), bad_hpack].concat()).await.is_err());
+    }
+
+    /// A client that never ends its header block, or inflates it through the dynamic table,
+    /// is cut off after a bounded amount of work instead of being buffered without end.
+    #[tokio::test]
+    async fn bounds_header_blocks() {
+        let (mut client, server) = tokio::io::duplex(1 << 16);
+        let proxy = tokio::spawn(async move { rewrite_authority(server, tokio::io::sink()).await });
+        client.write_all(PREFACE).await.unwrap();
+        client
+            .write_all(&frame(FRAME_HEADERS, 0, 1, &[0x83]))
+            .await
+            .unwrap();
+        let continuation = frame(FRAME_CONTINUATION, 0, 1, &[0x86; MAX_FRAME]);
+        let mut sent = 0;
+        // A flood of 64 MiB; the proxy must give up long before.
+        while sent < 64 << 20 {
+            if client.write_all(&continuation).await.is_err() {
+                break;
+            }
+            sent += continuation.len();
+        }
+        let error = proxy.await.unwrap().unwrap_err();
+        assert!(
+            error.to_string().contains("header block too large"),
+            "{error}"
+        );
+        assert!(
+            sent < 2 * MAX_HEADER_BLOCK,
+            "read {sent} bytes of the flood"
+        );
+
+        // One frame announcing 16 MiB: refused from its header, before any payload is read.
+        let huge = [
+            &[0xff, 0xff, 0xff, FRAME_HEADERS, 0][..],
+            &1u32.to_be_bytes(),
+        ]
+        .concat();
+        let error = run([PREFACE.to_vec(), huge].concat()).await.unwrap_err();
+        assert!(error.to_string().contains("maximum frame size"), "{error}");
+
+        // A 4 KB value put in the dynamic table once, then referenced 60,000 times.
+        let mut block = vec![0x40];
+        encode_string(&mut block, b"x-big");
+        encode_string(&mut block, &[b'v'; 4000]);
+        block.extend(std::iter::repeat_n(0xbe, 60_000));
+        let frames: Vec<u8> = block
+            .chunks(MAX_FRAME)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let last = (i + 1) * MAX_FRAME >= block.len();
+                let kind = if i == 0 {
+                    FRAME_HEADERS
+                } else {
+                    FRAME_CONTINUATION
+                };
+                frame(kind, if last { FLAG_END_HEADERS } else { 0 }, 1, chunk)
+            })
+            .collect::<Vec<_>>()
+            .concat();
+        let error = run([PREFACE.to_vec(), frames].concat()).await.unwrap_err();
+        assert!(error.to_string().contains("too large"), "{error}");
     }
 
     #[test]

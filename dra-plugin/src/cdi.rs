@@ -32,6 +32,10 @@ use std::path::{Path, PathBuf};
 /// The `cdiVersion` of the spec files we write.
 pub const CDI_VERSION: &str = "0.6.0";
 
+/// Spec files are readable by their owner only: the container runtime reads them as root, and
+/// they may carry device properties resolved from Secrets.
+pub const SPEC_FILE_MODE: u32 = 0o600;
+
 /// A device as the container should see it: environment, device nodes, bind mounts.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CdiDevice {
@@ -168,8 +172,7 @@ impl CdiRoot {
             source,
         };
         std::fs::create_dir_all(&self.dir).map_err(write)?;
-        // Runtimes read specs as root, but CDI tooling running as a user should see them too.
-        write_atomically(&path, &bytes, 0o644).map_err(write)?;
+        write_atomically(&path, &bytes, SPEC_FILE_MODE).map_err(write)?;
         let qualified_ids = spec.devices.iter().map(|d| format!("{kind}={}", d.name));
         Ok(ClaimSpec {
             qualified_ids: qualified_ids.collect(),
@@ -443,7 +446,7 @@ mod tests {
             })
         );
         let mode = std::fs::metadata(&spec.path).unwrap().permissions().mode();
-        assert_eq!(mode & 0o777, 0o644);
+        assert_eq!(mode & 0o777, SPEC_FILE_MODE);
         let names: Vec<_> = std::fs::read_dir(root.dir())
             .unwrap()
             .map(|e| e.unwrap().file_name())

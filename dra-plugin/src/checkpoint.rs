@@ -19,21 +19,31 @@
 //! leaves either the old or the new checkpoint, never a mix (at worst a stray hidden `.tmp`
 //! file, which [`Checkpoint::open`] ignores).
 //!
-//! A checkpoint that cannot be read, does not parse, has an unknown version or a wrong
-//! checksum is an [`Error`], never an empty set of claims: a plugin that forgot its prepared
-//! claims would leak their devices and CDI specs. The binary should refuse to start and tell
-//! the operator which file to inspect ([`Error::path`]); removing it is safe only when no pod
-//! on the node uses a claim of this driver.
+//! A checkpoint that cannot be read (an I/O error) is an [`Error`]: the file may be fine and
+//! the disk briefly unhappy. One that does not parse, has an unknown version or a wrong
+//! checksum is set aside by [`Checkpoint::open_or_set_aside`]: renamed to
+//! `<name>.corrupt-<unix seconds>` for the operator to inspect, and the plugin starts with no
+//! recorded claims. That loses nothing a driver cannot rebuild: the kubelet prepares again
+//! every claim of a pod it (re)starts, and unprepare of a claim the checkpoint does not know
+//! removes what a prepare would have written, by naming convention (see
+//! [`crate::service::Driver::unprepare`]). Refusing to start instead would leave the node's
+//! devices published while nothing prepares them.
 //!
-//! The order that survives a crash at any point: prepare stores the claim, with the spec
-//! paths it is about to write ([`crate::cdi::CdiRoot::spec_path`]), before it writes the CDI
-//! specs, and writes them on every prepare, also for a claim already stored (same names, same
-//! content), so the kubelet's retry heals a missing spec; unprepare removes the specs (a
-//! missing one is fine) and then stores the claims without it.
+//! The order that survives a crash at any point (this is what [`crate::service`] does):
+//! 1. the driver writes the claim's CDI specs (deterministic names and content);
+//! 2. the service stores the claim, with the spec paths and their content, in the checkpoint;
+//! 3. only then does the kubelet hear "prepared".
 //!
-//! There is one writer: the plugin process that opened the checkpoint. Concurrent stores from
-//! several processes, or from several tasks without a lock around the claims map, are not
-//! supported (the last rename wins).
+//! A crash between 1 and 2 leaves specs the checkpoint does not know: the kubelet still
+//! believes the claim unprepared and either prepares it again (same names, same content) or
+//! unprepares it (removal by naming convention). Preparing a recorded claim again rewrites any
+//! of its specs that is missing or differs from the recorded content, so a reboot that wiped
+//! the CDI directory (a tmpfs on most nodes) heals on the kubelet's next prepare. Unprepare
+//! removes the specs (a missing one is fine) and then stores the claims without it.
+//!
+//! There is one writer: the plugin process that opened the checkpoint (a second process on the
+//! same node must wait for the first; the kubelet-plugin takes a lock file in its state
+//! directory). Within the process, [`crate::service::DraService`] serialises stores.
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -55,6 +65,12 @@ pub struct PreparedClaim {
     /// The CDI spec files prepare wrote for this claim (one per CDI kind), recorded as paths
     /// so that unprepare removes exactly these even if the plugin's CDI settings changed.
     pub cdi_spec_files: Vec<PathBuf>,
+    /// The content of each of those files as prepare wrote it, so that preparing the claim
+    /// again can rewrite a spec that is gone (a reboot wiped the CDI directory) or changed.
+    /// Filled in by [`crate::service::DraService`]; a driver leaves it empty. Absent in
+    /// checkpoints written before it existed (same version: an empty map is not written).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub cdi_spec_contents: BTreeMap<PathBuf, String>,
 }
 
 /// One allocated device of a prepared claim, as NodePrepareResources reported it.
@@ -128,7 +144,46 @@ struct OnDisk {
     claims: PreparedClaims,
 }
 
+/// A checkpoint that could not be used and was moved out of the way.
+#[derive(Debug)]
+pub struct SetAside {
+    /// Where the unusable file is now.
+    pub moved_to: PathBuf,
+    /// Why it could not be used.
+    pub reason: Error,
+}
+
 impl Checkpoint {
+    /// [`open`](Self::open), except that a file that does not parse, has another version or a
+    /// wrong checksum is renamed to `<name>.corrupt-<unix seconds>` and the plugin starts
+    /// without recorded claims (see the module documentation for why that is safe). The caller
+    /// should tell the operator, loudly, what was set aside.
+    pub fn open_or_set_aside(
+        path: impl Into<PathBuf>,
+    ) -> Result<(Checkpoint, PreparedClaims, Option<SetAside>), Error> {
+        let path = path.into();
+        match Checkpoint::open(&path) {
+            Ok((checkpoint, claims)) => Ok((checkpoint, claims, None)),
+            Err(
+                reason @ (Error::Parse { .. } | Error::Version { .. } | Error::Checksum { .. }),
+            ) => {
+                let seconds = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs());
+                let mut moved_to = path.clone().into_os_string();
+                moved_to.push(format!(".corrupt-{seconds}"));
+                let moved_to = PathBuf::from(moved_to);
+                std::fs::rename(&path, &moved_to).map_err(|source| Error::Write {
+                    path: path.clone(),
+                    source,
+                })?;
+                let set_aside = SetAside { moved_to, reason };
+                Ok((Checkpoint { path }, PreparedClaims::new(), Some(set_aside)))
+            }
+            Err(error) => Err(error),
+        }
+    }
+
     /// Reads the checkpoint at `path`; a missing file means no claims are prepared.
     pub fn open(path: impl Into<PathBuf>) -> Result<(Checkpoint, PreparedClaims), Error> {
         let path = path.into();
@@ -209,7 +264,7 @@ fn parent(path: &Path) -> Option<&Path> {
 /// partial one, also across a crash: a hidden `.<name>.<random>.tmp` file in the same
 /// directory, fsync, rename over `path`, fsync the directory. The directory must exist.
 /// Also used for CDI spec files (the `.tmp` suffix keeps CDI registries from reading it).
-pub(crate) fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
     let dir = parent(path).unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -244,6 +299,7 @@ mod tests {
                 share_id: Some("7d1e".to_string()),
             }],
             cdi_spec_files: vec![PathBuf::from("/var/run/cdi/akri.sh-onvif-0b6c1c5e.json")],
+            cdi_spec_contents: BTreeMap::new(),
         };
         BTreeMap::from([(claim.uid.clone(), claim)])
     }
@@ -332,6 +388,50 @@ mod tests {
         std::fs::write(&path, "").unwrap();
         let error = Checkpoint::open(&path).unwrap_err();
         assert!(matches!(error, Error::Parse { .. }), "{error}");
+    }
+
+    #[test]
+    fn a_corrupt_file_is_set_aside_and_an_unreadable_one_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        std::fs::write(&path, b"{ not json").unwrap();
+        let (checkpoint, claims, set_aside) = Checkpoint::open_or_set_aside(&path).unwrap();
+        let set_aside = set_aside.expect("set aside");
+        assert!(claims.is_empty());
+        assert!(matches!(set_aside.reason, Error::Parse { .. }));
+        assert_eq!(std::fs::read(&set_aside.moved_to).unwrap(), b"{ not json");
+        assert!(!path.exists(), "the corrupt file is no longer where it was");
+        checkpoint.store(&self::claims()).unwrap();
+        let (_, again, none) = Checkpoint::open_or_set_aside(&path).unwrap();
+        assert!(none.is_none());
+        assert_eq!(again, self::claims());
+
+        // A directory where the file should be cannot be read: not "corrupt", an error.
+        let unreadable = dir.path().join("dir.json");
+        std::fs::create_dir(&unreadable).unwrap();
+        assert!(matches!(
+            Checkpoint::open_or_set_aside(&unreadable),
+            Err(Error::Read { .. })
+        ));
+    }
+
+    #[test]
+    fn spec_contents_round_trip_and_old_records_keep_their_checksum() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = stored(dir.path());
+        let old = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !old.contains("cdi_spec_contents"),
+            "an empty map is not written, so files from before the field still verify"
+        );
+        let mut claims = claims();
+        let claim = claims.values_mut().next().unwrap();
+        claim
+            .cdi_spec_contents
+            .insert(claim.cdi_spec_files[0].clone(), "{}\n".to_string());
+        let (checkpoint, _) = Checkpoint::open(&path).unwrap();
+        checkpoint.store(&claims).unwrap();
+        assert_eq!(Checkpoint::open(&path).unwrap().1, claims);
     }
 
     #[test]

@@ -3,21 +3,31 @@
 //!
 //! The library owns what every driver must get right, so the driver only says how to prepare
 //! one claim:
-//! - each claim is answered on its own: one bad claim never fails the others;
+//! - each claim is answered on its own: one bad claim never fails the others, and a claim
+//!   named twice in one call is done once (or refused, if the two names disagree);
 //! - preparing a claim that is already prepared answers from the checkpoint, without calling
-//!   the driver again, so the CDI ids stay the same (the kubelet retries after restarts);
-//! - a claim is written to the checkpoint before the kubelet hears it is prepared, and removed
-//!   only after the driver undid it, so a plugin killed at any point still unprepares it;
+//!   the driver again, so the CDI ids stay the same (the kubelet retries after restarts); its
+//!   CDI specs are rewritten from the checkpoint if they are missing or changed (a reboot
+//!   empties the CDI directory, and the kubelet then prepares every claim again);
+//! - claims are written to the checkpoint before the kubelet hears they are prepared (one
+//!   store per call, however many claims it has), and removed only after the driver undid them,
+//!   so a plugin killed at any point still unprepares them;
+//! - prepare and unprepare of one claim never overlap, even from concurrent calls;
+//! - at most [`MAX_CONCURRENT_CLAIMS`] claims of a call are with the driver at once;
 //! - unpreparing a claim nobody prepared succeeds (the kubelet calls it for claims of pods
 //!   that never started).
 
-use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedClaims, PreparedDevice};
+use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedClaims, PreparedDevice, SetAside};
 use akri_proto::dra::{v1, v1beta1};
-use std::collections::HashMap;
+use futures::StreamExt;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, OwnedMutexGuard};
 use tonic::{Request, Response, Status};
+
+/// How many claims of one call the driver works on at once: a kubelet may send thousands.
+pub const MAX_CONCURRENT_CLAIMS: usize = 32;
 
 /// A claim as the kubelet names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -58,6 +68,8 @@ pub enum Error {
 pub struct DraService<D> {
     driver: Arc<D>,
     state: Arc<Mutex<State>>,
+    claim_locks: Arc<ClaimLocks>,
+    set_aside: Option<Arc<SetAside>>,
 }
 
 impl<D> Clone for DraService<D> {
@@ -65,6 +77,8 @@ impl<D> Clone for DraService<D> {
         DraService {
             driver: self.driver.clone(),
             state: self.state.clone(),
+            claim_locks: self.claim_locks.clone(),
+            set_aside: self.set_aside.clone(),
         }
     }
 }
@@ -74,15 +88,39 @@ struct State {
     claims: PreparedClaims,
 }
 
+/// What preparing one claim came to.
+enum Prepared {
+    /// Recorded before: answered from the checkpoint (specs healed if needed).
+    Recorded(Vec<PreparedDevice>),
+    /// Prepared by the driver now: to be recorded before anyone hears of it.
+    Fresh(PreparedClaim),
+}
+
 impl<D: Driver> DraService<D> {
-    /// Opens (or creates) the checkpoint at `checkpoint_path`. A corrupted checkpoint is an
-    /// error: the plugin must not start and forget what it prepared.
+    /// Opens (or creates) the checkpoint at `checkpoint_path`. A checkpoint that is corrupt is
+    /// set aside ([`Checkpoint::open_or_set_aside`]; see [`set_aside`](Self::set_aside)); one
+    /// that cannot be read at all is an error.
     pub fn new(driver: D, checkpoint_path: &Path) -> Result<Self, Error> {
-        let (checkpoint, claims) = Checkpoint::open(checkpoint_path)?;
+        let (checkpoint, claims, set_aside) = Checkpoint::open_or_set_aside(checkpoint_path)?;
+        if let Some(set_aside) = &set_aside {
+            tracing::error!(
+                checkpoint = %checkpoint_path.display(),
+                moved_to = %set_aside.moved_to.display(),
+                reason = %set_aside.reason,
+                "the checkpoint was unusable and has been set aside; starting without recorded claims"
+            );
+        }
         Ok(DraService {
             driver: Arc::new(driver),
             state: Arc::new(Mutex::new(State { checkpoint, claims })),
+            claim_locks: Arc::default(),
+            set_aside: set_aside.map(Arc::new),
         })
+    }
+
+    /// The corrupt checkpoint [`new`](Self::new) set aside, if it did: tell the operator.
+    pub fn set_aside(&self) -> Option<&SetAside> {
+        self.set_aside.as_deref()
     }
 
     /// The driver this service calls.
@@ -95,65 +133,150 @@ impl<D: Driver> DraService<D> {
         self.state.lock().await.claims.clone()
     }
 
-    /// Prepares claims concurrently; the answer per claim UID.
+    /// Prepares claims, at most [`MAX_CONCURRENT_CLAIMS`] at once; the answer per claim UID.
     pub async fn prepare_claims(
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
-        let tasks = claims.into_iter().map(|claim| async move {
-            let uid = claim.uid.clone();
-            (uid, self.prepare_claim(claim).await)
-        });
-        futures::future::join_all(tasks).await.into_iter().collect()
-    }
+        let (claims, refused) = distinct(claims);
+        let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
+        let _locks = self
+            .claim_locks
+            .lock(claims.iter().map(|c| c.uid.as_str()))
+            .await;
+        let results: Vec<(ClaimRef, Result<Prepared, String>)> = futures::stream::iter(claims)
+            .map(|claim| async move {
+                let result = self.prepare_claim(&claim).await;
+                (claim, result)
+            })
+            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+            .collect()
+            .await;
 
-    async fn prepare_claim(&self, claim: ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        if claim.uid.is_empty() || claim.namespace.is_empty() || claim.name.is_empty() {
-            return Err(format!("claim {claim:?} lacks a namespace, name or UID"));
+        let mut fresh = Vec::new();
+        for (claim, result) in results {
+            match result {
+                Ok(Prepared::Recorded(devices)) => {
+                    answers.insert(claim.uid, Ok(devices));
+                }
+                Ok(Prepared::Fresh(prepared)) => fresh.push((claim, prepared)),
+                Err(error) => {
+                    answers.insert(claim.uid, Err(error));
+                }
+            }
         }
-        if let Some(prepared) = self.state.lock().await.claims.get(&claim.uid) {
-            return Ok(prepared.devices.clone());
+        if fresh.is_empty() {
+            return answers;
         }
-        let prepared = self.driver.prepare(&claim).await?;
-        let devices = prepared.devices.clone();
         let mut state = self.state.lock().await;
-        state.claims.insert(claim.uid.clone(), prepared);
-        if let Err(error) = state.checkpoint.store(&state.claims) {
-            // Not recorded means not prepared: undo, so nothing leaks.
-            let prepared = state.claims.remove(&claim.uid);
-            drop(state);
-            let _ = self.driver.unprepare(&claim, prepared.as_ref()).await;
-            return Err(format!("recording the prepared claim failed: {error}"));
+        for (claim, prepared) in &fresh {
+            state.claims.insert(claim.uid.clone(), prepared.clone());
         }
-        tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, devices = devices.len(), "prepared");
-        Ok(devices)
+        let stored = state.checkpoint.store(&state.claims);
+        if let Err(error) = stored {
+            // Not recorded means not prepared: undo, so nothing leaks.
+            for (claim, _) in &fresh {
+                state.claims.remove(&claim.uid);
+            }
+            drop(state);
+            for (claim, prepared) in fresh {
+                let _ = self.driver.unprepare(&claim, Some(&prepared)).await;
+                answers.insert(
+                    claim.uid,
+                    Err(format!("recording the prepared claim failed: {error}")),
+                );
+            }
+            return answers;
+        }
+        drop(state);
+        for (claim, prepared) in fresh {
+            tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, devices = prepared.devices.len(), "prepared");
+            answers.insert(claim.uid, Ok(prepared.devices));
+        }
+        answers
     }
 
-    /// Unprepares claims concurrently; the answer per claim UID.
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Prepared, String> {
+        let recorded = self.state.lock().await.claims.get(&claim.uid).cloned();
+        if let Some(recorded) = recorded {
+            if heal_specs(&recorded)? {
+                return Ok(Prepared::Recorded(recorded.devices));
+            }
+            // Recorded without spec content (an older checkpoint) and a spec is gone: only
+            // the driver can write it again.
+            tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "CDI spec missing; preparing again");
+        }
+        let mut prepared = self.driver.prepare(claim).await?;
+        prepared.cdi_spec_contents = BTreeMap::new();
+        for path in &prepared.cdi_spec_files {
+            match std::fs::read_to_string(path) {
+                Ok(content) => {
+                    prepared.cdi_spec_contents.insert(path.clone(), content);
+                }
+                Err(error) => {
+                    let _ = self.driver.unprepare(claim, Some(&prepared)).await;
+                    return Err(format!(
+                        "reading back the CDI spec {}: {error}",
+                        path.display()
+                    ));
+                }
+            }
+        }
+        Ok(Prepared::Fresh(prepared))
+    }
+
+    /// Unprepares claims, at most [`MAX_CONCURRENT_CLAIMS`] at once; the answer per claim UID.
     pub async fn unprepare_claims(
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<(), String>> {
-        let tasks = claims.into_iter().map(|claim| async move {
-            let uid = claim.uid.clone();
-            (uid, self.unprepare_claim(claim).await)
-        });
-        futures::future::join_all(tasks).await.into_iter().collect()
-    }
+        let (claims, refused) = distinct(claims);
+        let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
+        let _locks = self
+            .claim_locks
+            .lock(claims.iter().map(|c| c.uid.as_str()))
+            .await;
+        let results: Vec<(ClaimRef, Result<bool, String>)> = futures::stream::iter(claims)
+            .map(|claim| async move {
+                let prepared = self.state.lock().await.claims.get(&claim.uid).cloned();
+                let result = self.driver.unprepare(&claim, prepared.as_ref()).await;
+                (claim, result.map(|()| prepared.is_some()))
+            })
+            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+            .collect()
+            .await;
 
-    async fn unprepare_claim(&self, claim: ClaimRef) -> Result<(), String> {
-        let prepared = self.state.lock().await.claims.get(&claim.uid).cloned();
-        self.driver.unprepare(&claim, prepared.as_ref()).await?;
-        if prepared.is_some() {
-            let mut state = self.state.lock().await;
-            state.claims.remove(&claim.uid);
-            state
-                .checkpoint
-                .store(&state.claims)
-                .map_err(|e| format!("recording the unprepared claim failed: {e}"))?;
-            tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared");
+        let mut undone = Vec::new();
+        for (claim, result) in results {
+            match result {
+                Ok(true) => undone.push(claim),
+                Ok(false) => {
+                    answers.insert(claim.uid, Ok(()));
+                }
+                Err(error) => {
+                    answers.insert(claim.uid, Err(error));
+                }
+            }
         }
-        Ok(())
+        if undone.is_empty() {
+            return answers;
+        }
+        let mut state = self.state.lock().await;
+        for claim in &undone {
+            state.claims.remove(&claim.uid);
+        }
+        let stored = state
+            .checkpoint
+            .store(&state.claims)
+            .map_err(|e| format!("recording the unprepared claim failed: {e}"));
+        drop(state);
+        for claim in undone {
+            if stored.is_ok() {
+                tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared");
+            }
+            answers.insert(claim.uid, stored.clone());
+        }
+        answers
     }
 
     /// The `v1.DRAPlugin` gRPC service.
@@ -164,6 +287,90 @@ impl<D: Driver> DraService<D> {
     /// The `v1beta1.DRAPlugin` gRPC service (kubelets before 1.34).
     pub fn v1beta1(&self) -> v1beta1::dra_plugin_server::DraPluginServer<V1beta1<D>> {
         v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(self.clone()))
+    }
+}
+
+/// The claims of one call, each UID once, and the UIDs refused: a claim without a namespace,
+/// name or UID, or one UID named twice with different names (which one would be meant?).
+fn distinct(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, Vec<(String, String)>) {
+    let mut by_uid: BTreeMap<String, Vec<ClaimRef>> = BTreeMap::new();
+    for claim in claims {
+        by_uid.entry(claim.uid.clone()).or_default().push(claim);
+    }
+    let mut distinct = Vec::new();
+    let mut refused = Vec::new();
+    for (uid, mut named) in by_uid {
+        let claim = named.swap_remove(0);
+        if uid.is_empty() || claim.namespace.is_empty() || claim.name.is_empty() {
+            refused.push((
+                uid,
+                format!("claim {claim:?} lacks a namespace, name or UID"),
+            ));
+        } else if let Some(other) = named.iter().find(|other| **other != claim) {
+            refused.push((
+                uid.clone(),
+                format!(
+                    "claim UID {uid} is named twice in one call, as {}/{} and {}/{}: nothing done",
+                    claim.namespace, claim.name, other.namespace, other.name
+                ),
+            ));
+        } else {
+            distinct.push(claim);
+        }
+    }
+    (distinct, refused)
+}
+
+/// Rewrites each recorded CDI spec of `prepared` that is missing or differs from what prepare
+/// wrote. `Ok(false)`: a spec is missing and its content was not recorded.
+fn heal_specs(prepared: &PreparedClaim) -> Result<bool, String> {
+    for path in &prepared.cdi_spec_files {
+        let on_disk = match std::fs::read_to_string(path) {
+            Ok(content) => Some(content),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(format!("reading the CDI spec {}: {e}", path.display())),
+        };
+        let Some(recorded) = prepared.cdi_spec_contents.get(path) else {
+            if on_disk.is_none() {
+                return Ok(false);
+            }
+            continue;
+        };
+        if on_disk.as_ref() == Some(recorded) {
+            continue;
+        }
+        tracing::warn!(uid = %prepared.uid, spec = %path.display(), missing = on_disk.is_none(), "rewriting the claim's CDI spec from the checkpoint");
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        crate::checkpoint::write_atomically(path, recorded.as_bytes(), crate::cdi::SPEC_FILE_MODE)
+            .map_err(|e| format!("rewriting the CDI spec {}: {e}", path.display()))?;
+    }
+    Ok(true)
+}
+
+/// One lock per claim UID, so prepare and unprepare of a claim never overlap.
+#[derive(Default)]
+struct ClaimLocks(std::sync::Mutex<HashMap<String, Arc<Mutex<()>>>>);
+
+impl ClaimLocks {
+    /// Locks every UID, in sorted order (two calls sharing claims cannot deadlock).
+    async fn lock<'a>(&self, uids: impl Iterator<Item = &'a str>) -> Vec<OwnedMutexGuard<()>> {
+        let mut uids: Vec<&str> = uids.collect();
+        uids.sort_unstable();
+        let locks: Vec<Arc<Mutex<()>>> = {
+            let mut locks = self.0.lock().expect("claim locks");
+            // Forget locks nobody holds or waits for, so the map does not grow forever.
+            locks.retain(|_, lock| Arc::strong_count(lock) > 1);
+            uids.iter()
+                .map(|uid| locks.entry(uid.to_string()).or_default().clone())
+                .collect()
+        };
+        let mut guards = Vec::with_capacity(locks.len());
+        for lock in locks {
+            guards.push(lock.lock_owned().await);
+        }
+        guards
     }
 }
 

@@ -12,7 +12,7 @@ use dra_plugin::service::{ClaimRef, DraService, Driver};
 use dra_plugin::slices::{PoolScope, SlicePublisher};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceClaimTemplate};
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -52,7 +52,7 @@ impl Driver for GadgetDriver {
         let cdi_devices: Vec<CdiDevice> = mine
             .iter()
             .map(|r| CdiDevice {
-                name: dra_plugin::cdi::device_name(&claim.uid, &r.device),
+                name: r.device.clone(),
                 env: vec![(
                     format!("GADGET_{}", r.device.to_uppercase()),
                     r.device.clone(),
@@ -81,6 +81,7 @@ impl Driver for GadgetDriver {
                 })
                 .collect(),
             cdi_spec_files: vec![spec.path],
+            cdi_spec_contents: Default::default(),
         })
     }
 
@@ -233,15 +234,33 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
     let spec_file: PathBuf = prepared.values().next().unwrap().cdi_spec_files[0].clone();
     assert!(spec_file.exists());
 
-    // The plugin dies between prepare and unprepare, and comes back from its checkpoint.
+    // The plugin dies between prepare and unprepare, and comes back from its checkpoint. The
+    // node "reboots": the CDI spec is gone and the kubelet restarts, forgetting the claim was
+    // prepared, so the next prepare is answered by the plugin's checkpoint (not the
+    // kubelet's cache) and must bring the spec back.
     drop(plugin);
     drop(service);
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
+    let uid = prepared.keys().next().unwrap();
+    assert_eq!(
+        recorded["claims"][uid]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| d["cdi_device_ids"][0].as_str().unwrap().to_string())
+            .collect::<Vec<_>>(),
+        *app,
+        "the checkpoint file records the claim with its CDI ids: {recorded}"
+    );
+    std::fs::remove_file(&spec_file).unwrap();
     let (service, plugin) = start_plugin();
     assert_eq!(
         service.prepared().await.len(),
         1,
         "the checkpoint remembers the claim"
     );
+    peer.restart().await.unwrap();
     peer.wait_for_driver(&driver, Duration::from_secs(30))
         .await
         .unwrap();
@@ -250,6 +269,13 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         ids,
         "preparing again gives the same CDI ids"
     );
+    assert!(
+        spec_file.exists(),
+        "the plugin rewrote the spec the reboot wiped"
+    );
+    peer.cdi_inject(app)
+        .await
+        .expect("the CDI ids resolve again");
     peer.unprepare(&ns, "user")
         .await
         .expect("unprepared after the plugin restart");
@@ -281,14 +307,37 @@ async fn one_bad_claim_does_not_fail_the_others() {
     let service = DraService::new(
         GadgetDriver {
             name: "x.example.com".into(),
-            client,
+            client: client.clone(),
             cdi: CdiRoot::new(dir.path().join("cdi"), "example.com").unwrap(),
         },
         &dir.path().join("checkpoint.json"),
     )
     .unwrap();
+    // A claim allocated to this driver (as the scheduler would write it): it must prepare
+    // although the other claims of the call fail.
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), "default");
+    let good = claims
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": ControlPlane::unique_name("good") },
+            "spec": { "devices": { "requests": [{ "name": "g", "exactly": { "deviceClassName": "any" } }] } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let good_name = good.metadata.name.clone().unwrap();
+    let good_uid = good.metadata.uid.clone().unwrap();
+    claims
+        .patch_status(&good_name, &PatchParams::default(), &Patch::Merge(json!({ "status": { "allocation": {
+            "devices": { "results": [{ "request": "g", "driver": "x.example.com", "pool": "p", "device": "g7" }] },
+        } } })))
+        .await
+        .unwrap();
     let results = service
         .prepare_claims(vec![
+            ClaimRef {
+                namespace: "default".into(),
+                name: good_name.clone(),
+                uid: good_uid.clone(),
+            },
             ClaimRef {
                 namespace: "default".into(),
                 name: "missing".into(),
@@ -301,7 +350,12 @@ async fn one_bad_claim_does_not_fail_the_others() {
             },
         ])
         .await;
-    assert_eq!(results.len(), 2);
+    assert_eq!(results.len(), 3);
+    let devices = results[&good_uid]
+        .as_ref()
+        .expect("the good claim is prepared");
+    assert_eq!(devices[0].device_name, "g7");
+    assert!(service.prepared().await.contains_key(&good_uid));
     assert!(
         results["u-1"]
             .as_ref()

@@ -13,6 +13,7 @@ use crate::discovery::{
 use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
 use crate::node_devices::{ConfigDevices, NodeDevices};
+use crate::state_lock::StateLock;
 use akri_api::v1::DiscoveryConfiguration;
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::health::HealthReporter;
@@ -23,7 +24,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -53,6 +54,9 @@ pub struct AgentConfig {
     pub consumable_capacity: Option<bool>,
     /// How long an Instance outlives its device's disappearance from this node.
     pub instance_grace: Duration,
+    /// How long a (re)started agent leaves the node's slices and Instances as they are while
+    /// it waits for every configuration's discovery to answer ([`StartupGate`]).
+    pub startup_wait: Duration,
 }
 
 /// Errors that stop the agent from starting.
@@ -60,6 +64,8 @@ pub struct AgentConfig {
 pub enum Error {
     #[error("discovery registry: {0}")]
     Registry(#[from] crate::discovery::registry::Error),
+    #[error(transparent)]
+    StateLock(#[from] crate::state_lock::Error),
     #[error("embedded debugEcho: {0}")]
     DebugEcho(#[from] crate::discovery::debug_echo::Error),
     #[error("reading node {node}: {source}")]
@@ -90,6 +96,7 @@ pub enum Error {
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
     devices: NodeDevices,
+    _lock: StateLock,
 }
 
 impl Drop for Agent {
@@ -117,7 +124,8 @@ struct ServedDriver {
 
 /// Starts the agent.
 pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, Error> {
-    std::fs::create_dir_all(&config.state_dir).ok();
+    // Before anything on the node is touched: one agent per state directory.
+    let lock = StateLock::acquire(&config.state_dir).await?;
     let registry = Registry::serve(
         &config.discovery_socket,
         &config.state_dir.join("discovery-handlers.json"),
@@ -158,10 +166,16 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             config.instance_grace,
         ),
         errors: BTreeMap::new(),
+        property_errors: BTreeMap::new(),
         reported: BTreeMap::new(),
+        startup: StartupGate::new(config.startup_wait),
     };
     let task = tokio::spawn(state.run(registry, debug_echo));
-    Ok(Agent { task, devices })
+    Ok(Agent {
+        task,
+        devices,
+        _lock: lock,
+    })
 }
 
 /// A discovery stream of one configuration, with what it was started for.
@@ -186,8 +200,11 @@ struct AgentState {
     instances: InstanceWriter,
     /// Configurations whose discovery fails on this node now, with why.
     errors: BTreeMap<String, String>,
+    /// Configurations whose discovery properties cannot be read now, with why.
+    property_errors: BTreeMap<String, String>,
     /// What this node last wrote into each configuration's `status.discoveryErrors`.
     reported: BTreeMap<String, String>,
+    startup: StartupGate,
 }
 
 /// Something a discovery stream said about its configuration.
@@ -205,22 +222,33 @@ impl AgentState {
         let configs_api = Api::<DiscoveryConfiguration>::all(self.client.clone());
         let (store, writer) = kube::runtime::reflector::store();
         let mut config_changes = Box::pin(
-            // Every watch event, deletions included, triggers a pass over the store.
-            kube::runtime::reflector(writer, watcher(configs_api, watcher::Config::default()))
-                .map(|_| ()),
+            // Every watch event, deletions included, triggers a pass over the store; the end
+            // of the first list tells the start-up gate that the store is complete.
+            kube::runtime::reflector(
+                writer,
+                watcher(configs_api, watcher::Config::default()).default_backoff(),
+            )
+            .map(|event| matches!(event, Ok(watcher::Event::InitDone))),
         );
         // The kubelet's DRA manager deletes a node's slices when it restarts, and anyone may
         // delete them: republish as soon as one of this node's slices changes or goes.
         let slices_api = Api::<ResourceSlice>::all(self.client.clone());
         let node_slices =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
-        let mut slice_changes = Box::pin(watcher(slices_api, node_slices).map(|_| ()));
+        let mut slice_changes = Box::pin(
+            watcher(slices_api, node_slices)
+                .default_backoff()
+                .map(|_| ()),
+        );
         let (events_tx, mut events) = mpsc::channel::<StreamEvent>(64);
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         let mut dirty: BTreeSet<String> = BTreeSet::new();
+        let startup_deadline = tokio::time::sleep(self.startup.remaining());
+        tokio::pin!(startup_deadline);
         loop {
             tokio::select! {
-                _ = config_changes.next() => {}
+                listed = config_changes.next() => if listed == Some(true) { self.startup.configs_listed() },
+                _ = &mut startup_deadline, if !self.startup.is_open() => {}
                 changed = handlers.changed() => if changed.is_err() { return },
                 Some(event) = events.recv() => {
                     if let Some(driver) = self.on_stream_event(event) {
@@ -242,6 +270,10 @@ impl AgentState {
             dirty.extend(self.sync_streams(&configs, &registered, &events_tx).await);
             dirty.extend(self.sync_drivers(&registered));
             self.report_errors().await;
+            if !self.startup.open(&configs, &registered) {
+                // Keep what the previous process published until discovery has answered.
+                continue;
+            }
             if !dirty.is_empty() {
                 for driver in std::mem::take(&mut dirty) {
                     self.publish(&driver).await;
@@ -260,6 +292,7 @@ impl AgentState {
         match event.event {
             DiscoveryEvent::Devices(devices) => {
                 self.errors.remove(&event.configuration);
+                self.startup.answered(&event.configuration);
                 let changed = self.devices.set(
                     &driver,
                     ConfigDevices {
@@ -307,10 +340,21 @@ impl AgentState {
             )
             .await
             {
-                Ok(properties) => properties,
+                Ok(properties) => {
+                    self.property_errors.remove(&name);
+                    properties
+                }
+                Err(error) if error.is_transient() && self.streams.contains_key(&name) => {
+                    // An outage or a refusal is not a change: discovery goes on with the
+                    // values it has, and the status says why they may be stale.
+                    tracing::warn!(configuration = %name, %error, "reading discovery properties failed; discovery goes on with the last values read");
+                    self.property_errors.insert(name.clone(), error.to_string());
+                    wanted.insert(name.clone());
+                    continue;
+                }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "discovery not started");
-                    self.errors.insert(name.clone(), error.to_string());
+                    self.property_errors.insert(name.clone(), error.to_string());
                     continue;
                 }
             };
@@ -366,6 +410,12 @@ impl AgentState {
         for name in stale {
             self.streams.remove(&name);
             self.errors.remove(&name);
+            if !configs
+                .iter()
+                .any(|c| c.metadata.name.as_deref() == Some(name.as_str()))
+            {
+                self.property_errors.remove(&name);
+            }
             for driver in self.drivers.keys() {
                 if self.devices.remove(driver, &name) {
                     changed.push(driver.clone());
@@ -413,6 +463,19 @@ impl AgentState {
                 driver: driver.to_string(),
                 source,
             })?;
+        if let Some(set_aside) = service.set_aside() {
+            let note = format!(
+                "The prepared-claims checkpoint of {driver} was unusable ({}); it was moved to {} and the plugin started without it. Claims are prepared again as the kubelet asks.",
+                set_aside.reason,
+                set_aside.moved_to.display()
+            );
+            tokio::spawn(warn_on_node(
+                self.client.clone(),
+                self.config.node_name.clone(),
+                self.node_uid.clone(),
+                note,
+            ));
+        }
         let health = HealthReporter::default();
         let plugin_config = PluginConfig {
             driver_name: driver.to_string(),
@@ -433,7 +496,7 @@ impl AgentState {
                 name: self.config.node_name.clone(),
                 uid: self.node_uid.clone(),
             },
-            &format!("akri-kubelet-plugin/{}", self.config.node_name),
+            &akri_devices::node_field_manager(&self.config.node_name),
         );
         Ok(ServedDriver {
             _service: service,
@@ -485,15 +548,21 @@ impl AgentState {
     async fn report_errors(&mut self) {
         let api = Api::<DiscoveryConfiguration>::all(self.client.clone());
         let params =
-            PatchParams::apply(&format!("akri-kubelet-plugin/{}", self.config.node_name)).force();
+            PatchParams::apply(&akri_devices::node_field_manager(&self.config.node_name)).force();
         let names: BTreeSet<String> = self
             .errors
             .keys()
+            .chain(self.property_errors.keys())
             .chain(self.reported.keys())
             .cloned()
             .collect();
         for name in names {
-            let now = self.errors.get(&name);
+            let now = self
+                .property_errors
+                .get(&name)
+                .or_else(|| self.errors.get(&name))
+                .cloned();
+            let now = now.as_ref();
             if self.reported.get(&name) == now {
                 continue;
             }
@@ -524,6 +593,7 @@ impl AgentState {
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     self.reported.remove(&name);
                     self.errors.remove(&name);
+                    self.property_errors.remove(&name);
                 }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "reporting the discovery error failed")
@@ -548,5 +618,111 @@ impl AgentState {
         if let Err(error) = self.instances.sync(&known).await {
             tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
         }
+    }
+}
+
+/// A Warning Event on this node (`kubectl describe node` shows it), for what an operator must
+/// hear of even if nobody reads the plugin's log.
+async fn warn_on_node(client: kube::Client, node: String, uid: String, note: String) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "akri-kubelet-plugin".into(),
+            instance: Some(node.clone()),
+        },
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node),
+        uid: Some(uid),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: "CheckpointSetAside".into(),
+        note: Some(note.chars().take(1024).collect()),
+        action: "Start".into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &reference).await {
+        tracing::warn!(%error, "recording the Event on the node failed");
+    }
+}
+
+/// Holds back a (re)started agent's first publication.
+///
+/// The slices, Instances and health of a node describe what its discovery handlers reported
+/// to the previous process. Publishing before this process heard the same again would
+/// withdraw every device for a moment (a new slice generation, Instances deleted and
+/// recreated, allocations failing meanwhile). So nothing is written until the configurations
+/// are listed and each one whose handler is registered has reported its devices once, or until
+/// the start-up wait is over (a handler that never answers must not freeze the node forever).
+struct StartupGate {
+    deadline: tokio::time::Instant,
+    listed: bool,
+    answered: BTreeSet<String>,
+    open: bool,
+}
+
+impl StartupGate {
+    fn new(wait: Duration) -> Self {
+        StartupGate {
+            deadline: tokio::time::Instant::now() + wait,
+            listed: false,
+            answered: BTreeSet::new(),
+            open: false,
+        }
+    }
+
+    fn remaining(&self) -> Duration {
+        self.deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+    }
+
+    fn is_open(&self) -> bool {
+        self.open
+    }
+
+    fn configs_listed(&mut self) {
+        self.listed = true;
+    }
+
+    fn answered(&mut self, configuration: &str) {
+        if !self.open {
+            self.answered.insert(configuration.to_string());
+        }
+    }
+
+    /// Whether publishing may start (once open, it stays open).
+    fn open(
+        &mut self,
+        configs: &[DiscoveryConfiguration],
+        handlers: &BTreeMap<String, RegisteredHandler>,
+    ) -> bool {
+        if self.open {
+            return true;
+        }
+        let waiting: Vec<&str> = configs
+            .iter()
+            .filter(|c| handlers.contains_key(&c.spec.discovery_handler.name))
+            .filter_map(|c| c.metadata.name.as_deref())
+            .filter(|name| !self.answered.contains(*name))
+            .collect();
+        if self.listed && waiting.is_empty() {
+            tracing::info!("discovery answered for every configuration; publishing");
+        } else if self.remaining().is_zero() {
+            tracing::warn!(
+                configurations_listed = self.listed,
+                ?waiting,
+                "start-up wait over before discovery answered; publishing what is known"
+            );
+        } else {
+            return false;
+        }
+        self.open = true;
+        self.answered.clear();
+        true
     }
 }

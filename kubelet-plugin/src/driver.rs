@@ -68,8 +68,13 @@ impl Driver for AkriDriver {
             ));
         }
 
-        let mut cdi_devices = Vec::new();
+        // One CDI device per allocated device: a device with consumable capacity can be the
+        // result of two requests of one claim, and both requests then get the same CDI id.
+        let mut cdi_devices: Vec<CdiDevice> = Vec::new();
         for result in &results {
+            if cdi_devices.iter().any(|d| d.name == result.device) {
+                continue;
+            }
             let known = self.devices.lookup(&self.driver, &result.device).ok_or_else(|| {
                 format!(
                     "device {} of claim {}/{} is not available on node {} (its discovery handler no longer reports it)",
@@ -80,7 +85,7 @@ impl Driver for AkriDriver {
                 )
             })?;
             cdi_devices.push(CdiDevice {
-                name: cdi::device_name(&claim.uid, &result.device),
+                name: result.device.clone(),
                 env: known.device.properties.clone().into_iter().collect(),
                 device_nodes: known
                     .device
@@ -115,16 +120,22 @@ impl Driver for AkriDriver {
             name: claim.name.clone(),
             devices: results
                 .iter()
-                .zip(&spec.qualified_ids)
-                .map(|(result, id)| PreparedDevice {
-                    request_names: vec![result.request.clone()],
-                    pool_name: result.pool.clone(),
-                    device_name: result.device.clone(),
-                    cdi_device_ids: vec![id.clone()],
-                    share_id: result.share_id.clone(),
+                .map(|result| {
+                    let index = cdi_devices
+                        .iter()
+                        .position(|d| d.name == result.device)
+                        .expect("every result has its CDI device");
+                    PreparedDevice {
+                        request_names: vec![result.request.clone()],
+                        pool_name: result.pool.clone(),
+                        device_name: result.device.clone(),
+                        cdi_device_ids: vec![spec.qualified_ids[index].clone()],
+                        share_id: result.share_id.clone(),
+                    }
                 })
                 .collect(),
             cdi_spec_files: vec![spec.path],
+            cdi_spec_contents: Default::default(),
         })
     }
 

@@ -25,7 +25,7 @@ impl InstanceWriter {
         InstanceWriter {
             api: Api::namespaced(client, namespace),
             node: node.to_string(),
-            field_manager: format!("akri-kubelet-plugin/{node}"),
+            field_manager: akri_devices::node_field_manager(node),
             grace,
             vanished: BTreeMap::new(),
         }
@@ -40,6 +40,13 @@ impl InstanceWriter {
         for (device, capacity, shared) in known {
             seen.insert(device.instance.clone());
             self.vanished.remove(&device.instance);
+            let (_, left_out) = akri_devices::property_attributes(&device.device.properties);
+            let annotations = (!left_out.is_empty()).then(|| {
+                BTreeMap::from([(
+                    akri_devices::UNPUBLISHED_PROPERTIES.to_string(),
+                    left_out.join(","),
+                )])
+            });
             let instance = Instance {
                 metadata: ObjectMeta {
                     name: Some(device.instance.clone()),
@@ -47,6 +54,7 @@ impl InstanceWriter {
                         INSTANCE_SOURCE_LABEL.to_string(),
                         INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
                     )])),
+                    annotations,
                     ..ObjectMeta::default()
                 },
                 spec: InstanceSpec {

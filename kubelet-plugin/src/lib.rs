@@ -7,3 +7,4 @@ pub mod driver;
 pub mod instances;
 pub mod node_devices;
 pub mod properties;
+pub mod state_lock;

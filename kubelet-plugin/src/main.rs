@@ -47,6 +47,10 @@ struct Args {
     /// Seconds an Instance outlives its device's disappearance (flapping devices).
     #[arg(long, default_value_t = 30)]
     instance_grace_seconds: u64,
+    /// Seconds a (re)started plugin leaves the node's slices and Instances untouched while it
+    /// waits for every configuration's discovery handler to report.
+    #[arg(long, default_value_t = 30)]
+    startup_wait_seconds: u64,
     /// Log as JSON.
     #[arg(long)]
     log_json: bool,
@@ -92,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
             ConsumableCapacity::Off => Some(false),
         },
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
+        startup_wait: Duration::from_secs(args.startup_wait_seconds),
     };
     let _agent = agent::start(client, config).await?;
     tracing::info!("running");

@@ -89,17 +89,22 @@ impl NodeDevices {
         self.configurations(driver)
             .into_iter()
             .flat_map(|config| {
-                let node = self.node.clone();
-                config.devices.into_iter().map(move |device| KnownDevice {
-                    instance: akri_devices::instance_name(
-                        &config.configuration,
-                        &device.id,
-                        config.shared,
-                        &node,
-                    ),
-                    configuration: config.configuration.clone(),
-                    device,
-                })
+                let ids: Vec<&str> = config.devices.iter().map(|d| d.id.as_str()).collect();
+                let names = akri_devices::instance_names(
+                    &config.configuration,
+                    &ids,
+                    config.shared,
+                    &self.node,
+                );
+                names
+                    .into_iter()
+                    .zip(config.devices.clone())
+                    .map(|(instance, device)| KnownDevice {
+                        instance,
+                        configuration: config.configuration.clone(),
+                        device,
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect()
     }

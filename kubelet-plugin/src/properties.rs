@@ -30,6 +30,15 @@ pub enum Error {
     Empty(String),
 }
 
+impl Error {
+    /// Whether the failure says nothing about the referenced object (the API server could not
+    /// be asked, or refused us): the last values read stay good. Only a definite answer (the
+    /// object or key does not exist) changes what discovery runs with.
+    pub fn is_transient(&self) -> bool {
+        matches!(self, Error::Read { .. })
+    }
+}
+
 /// The properties as the handler receives them (name -> bytes). Optional references that do
 /// not resolve are left out.
 pub async fn resolve(

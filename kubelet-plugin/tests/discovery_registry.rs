@@ -94,6 +94,48 @@ async fn refuses_bad_registrations_and_query_device_info() {
     assert!(status.message().contains("not absolute"), "{status}");
     assert!(registry.handlers().is_empty());
 
+    // Names become DRA driver names, CDI classes and paths on the node.
+    for (name, why) in [
+        ("../../etc/cron.d/x", "must start with a letter"),
+        ("a/b", "'/'"),
+        ("2cams", "must start with a letter"),
+        ("cam.v2", "'.'"),
+        (&"h".repeat(56), "at most 55"),
+    ] {
+        let status = client
+            .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest {
+                name: name.into(),
+                endpoint: "/run/h.sock".into(),
+                endpoint_type: 0,
+                shared: false,
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{name}");
+        assert!(status.message().contains(why), "{name}: {status}");
+    }
+    assert!(registry.handlers().is_empty());
+
+    // Two names that are one driver: the second is refused, the first keeps working.
+    let echo = handler("debugEcho", Endpoint::Uds("/run/echo.sock".into()), false);
+    connect::register(&socket, &echo).await.unwrap();
+    let status = client
+        .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest {
+            name: "DebugEcho".into(),
+            endpoint: "/run/other.sock".into(),
+            endpoint_type: 0,
+            shared: false,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::AlreadyExists);
+    assert!(
+        status.message().contains("differs only in case"),
+        "{status}"
+    );
+    assert_eq!(registry.handlers().get("debugEcho"), Some(&echo));
+    assert_eq!(registry.handlers().len(), 1);
+
     let status = client
         .query_device_info(proto::QueryDeviceInfoRequest::default())
         .await

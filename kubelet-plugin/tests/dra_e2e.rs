@@ -46,6 +46,7 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
         debug_echo: Some(echo),
         consumable_capacity: None,
         instance_grace: Duration::ZERO,
+        startup_wait: Duration::from_secs(10),
     };
     let agent = agent::start(client.clone(), config)
         .await

@@ -34,6 +34,17 @@ fn spawn_plugin(
     namespace: &str,
     dir: &Path,
 ) -> tokio::process::Child {
+    spawn_plugin_with(cp, peer, node, namespace, dir, &[])
+}
+
+fn spawn_plugin_with(
+    cp: &ControlPlane,
+    peer: &KubeletPeer,
+    node: &str,
+    namespace: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> tokio::process::Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
@@ -64,6 +75,7 @@ fn spawn_plugin(
         .arg(dir.join("echo.sock"))
         .arg("--debug-echo-availability-file")
         .arg(dir.join("availability.txt"))
+        .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
         .kill_on_drop(true)
@@ -131,6 +143,8 @@ async fn survives_sigkill_and_kubelet_restart() {
     pods.create(&PostParams::default(), &from_json(json!({
         "metadata": { "name": "broker" },
         "spec": {
+            // Other tests' plugins share this cluster and publish this configuration too.
+            "nodeSelector": { "kubernetes.io/hostname": node },
             "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
             "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
         },
@@ -145,19 +159,38 @@ async fn survives_sigkill_and_kubelet_restart() {
     let ids = ids["broker"].clone();
     assert!(peer.cdi_inject(&ids).await.is_ok());
 
-    // SIGKILL between prepare and unprepare.
+    // SIGKILL between prepare and unprepare; then a "reboot": the CDI directory (a tmpfs on
+    // real nodes) is emptied and the kubelet restarts, forgetting that the claim was prepared
+    // (its checkpoint keeps the claim, not that it is prepared), so the plugin's own checkpoint
+    // is what answers the next prepare.
     plugin.kill().await.unwrap();
+    let checkpoint: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join(format!("state/{DRIVER}-checkpoint.json"))).unwrap(),
+    )
+    .unwrap();
+    let recorded = checkpoint["claims"].as_object().unwrap();
+    assert_eq!(recorded.len(), 1, "{checkpoint}");
+    let (_, record) = recorded.iter().next().unwrap();
+    assert_eq!(record["namespace"], ns.as_str());
+    assert_eq!(record["devices"][0]["cdi_device_ids"], json!(ids));
+    for spec in std::fs::read_dir(peer.cdi_dir()).unwrap() {
+        std::fs::remove_file(spec.unwrap().path()).unwrap();
+    }
     let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.restart().await.unwrap();
     peer.wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    assert_eq!(
-        peer.prepare(&ns, "broker").await.unwrap()["broker"],
-        ids,
-        "same CDI ids after the restart"
+    // The kubelet adds the ids of a claim prepared again after its restart to those it
+    // restored from its checkpoint, so a container lists each twice; the set is what counts.
+    let mut again = peer.prepare(&ns, "broker").await.unwrap()["broker"].clone();
+    again.dedup();
+    assert_eq!(again, ids, "same CDI ids after the restart");
+    assert!(
+        peer.cdi_inject(&ids).await.is_ok(),
+        "the CDI spec the reboot wiped is back"
     );
-    // The kubelet answers that prepare from its own cache and retries a failed unprepare
-    // until the plugin is back; so does this test.
+    // The kubelet retries a failed unprepare until the plugin answers; so does this test.
     eventually("unprepared by the restarted plugin", async || {
         peer.unprepare(&ns, "broker").await.ok()
     })
@@ -268,4 +301,443 @@ async fn malformed_claims_fail_alone() {
     expect_error("other-node", "allocated for other nodes");
     expect_error("gone-device", "not available on node");
     expect_error("deleted", "no longer exists");
+}
+
+/// What a node's publication looks like from the API server: slice (name, UID, generation,
+/// device count) and Instance (name, UID).
+async fn publication(
+    client: &kube::Client,
+    node: &str,
+    namespace: &str,
+) -> (Vec<(String, String, i64, usize)>, Vec<(String, String)>) {
+    let mut slices: Vec<_> = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .map(|s| {
+            (
+                s.metadata.name.unwrap(),
+                s.metadata.uid.unwrap(),
+                s.spec.pool.generation,
+                s.spec.devices.unwrap_or_default().len(),
+            )
+        })
+        .collect();
+    slices.sort();
+    let mut instances: Vec<_> =
+        Api::<akri_api::v0::Instance>::namespaced(client.clone(), namespace)
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|i| (i.metadata.name.unwrap(), i.metadata.uid.unwrap()))
+            .collect();
+    instances.sort();
+    (slices, instances)
+}
+
+/// A restarted plugin must not withdraw what the previous process published: it writes
+/// nothing until discovery has answered, and then finds nothing to change.
+#[tokio::test]
+async fn restart_leaves_slices_and_instances_untouched() {
+    // Its own API server: the agent discovers every configuration of its handlers, and another
+    // test's configuration coming or going would change this node's pool.
+    let cp = &ControlPlane::start(akri_testing::ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("restart").await.unwrap();
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let peer = KubeletPeer::start(cp, &node).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    // `AKRI_TEST_STARTUP_WAIT` lets the old behaviour (no wait) be shown on demand.
+    let wait = std::env::var("AKRI_TEST_STARTUP_WAIT").unwrap_or_else(|_| "30".into());
+    let extra = ["--startup-wait-seconds", wait.as_str()];
+    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let config = ControlPlane::unique_name("echo");
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": config },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [baz0, baz1]" } },
+        })))
+        .await
+        .unwrap();
+    let before = eventually("two devices and two Instances published", async || {
+        let now = publication(&client, &node, &ns).await;
+        let devices: usize = now.0.iter().map(|s| s.3).sum();
+        (devices == 2 && now.1.len() == 2).then_some(now)
+    })
+    .await;
+
+    plugin.kill().await.unwrap();
+    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    // Watch every 50 ms from the restart until two seconds after the new process published.
+    let log = dir.path().join("plugin.log");
+    let log_offset = std::fs::metadata(&log).unwrap().len() as usize;
+    let published = || {
+        std::fs::read_to_string(&log).unwrap()[log_offset..]
+            .contains("discovery answered for every configuration")
+    };
+    let started = std::time::Instant::now();
+    let mut published_at = None;
+    while published_at.is_none_or(|at: std::time::Instant| at.elapsed() < Duration::from_secs(2)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the restarted plugin never finished its start-up wait"
+        );
+        let now = publication(&client, &node, &ns).await;
+        assert_eq!(
+            now,
+            before,
+            "{:?} after the restart: slices or Instances (name, UID, generation, devices) changed",
+            started.elapsed()
+        );
+        if published_at.is_none() && published() {
+            published_at = Some(std::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    plugin.kill().await.unwrap();
+}
+
+/// A test node with the kubelet peer, a namespace and a state directory.
+async fn node_with_peer(prefix: &str) -> (String, String, KubeletPeer, tempfile::TempDir) {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace(prefix).await.unwrap();
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let peer = KubeletPeer::start(cp, &node).await.unwrap();
+    (node, ns, peer, tempfile::tempdir().unwrap())
+}
+
+/// A corrupt checkpoint is set aside (kept for inspection), the plugin serves anyway, and the
+/// node carries a Warning Event saying what happened and where the file went.
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_set_aside_loudly() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let (node, ns, peer, dir) = node_with_peer("corrupt").await;
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let checkpoint = state.join(format!("{DRIVER}-checkpoint.json"));
+    std::fs::write(
+        &checkpoint,
+        b"{\"version\": 1, \"checksum\": 7, \"claims\": {}",
+    )
+    .unwrap();
+
+    let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .expect("the driver is served despite the corrupt checkpoint");
+    let moved: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("-checkpoint.json.corrupt-"))
+        .collect();
+    assert_eq!(moved.len(), 1, "the corrupt file is kept aside");
+    assert_eq!(
+        std::fs::read(&moved[0]).unwrap(),
+        b"{\"version\": 1, \"checksum\": 7, \"claims\": {}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone());
+    let event = eventually("a Warning Event on the node", async || {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
+                    && e.reason.as_deref() == Some("CheckpointSetAside")
+            })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&moved[0].display().to_string()),
+        "the Event names where the file went: {note}"
+    );
+    assert!(
+        plugin.try_wait().unwrap().is_none(),
+        "the plugin keeps running"
+    );
+    plugin.kill().await.unwrap();
+}
+
+/// A second plugin process on the same node waits for the first instead of taking its
+/// sockets and overwriting its checkpoint; it takes over when the first exits.
+#[tokio::test]
+async fn a_second_plugin_waits_for_the_first() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let (node, ns, peer, dir) = node_with_peer("second").await;
+    let mut first = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let socket = peer.plugins_dir().join(DRIVER).join("dra.sock");
+    let inode =
+        |path: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap());
+    let (dra_socket, discovery_socket) =
+        (inode(&socket), inode(&dir.path().join("registration.sock")));
+
+    let mut second = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    let log = dir.path().join("plugin.log");
+    eventually("the second plugin says it waits", async || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("another kubelet-plugin runs on this node")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        inode(&socket),
+        dra_socket,
+        "the first plugin's DRA socket is untouched"
+    );
+    assert_eq!(
+        inode(&dir.path().join("registration.sock")),
+        discovery_socket,
+        "the first plugin's discovery socket is untouched"
+    );
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the second waits, it does not exit"
+    );
+
+    let serving = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("serving DRA plugin")
+            .count()
+    };
+    assert_eq!(serving(), 1, "only the first plugin serves");
+
+    first.kill().await.unwrap();
+    eventually("the second takes over and serves", async || {
+        let taken = std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("taking over");
+        (taken && serving() == 2).then_some(())
+    })
+    .await;
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    second.kill().await.unwrap();
+}
+
+/// A driver for `node` that sees debugEcho devices `ids` of configuration `echo`, its CDI
+/// specs under `dir`.
+fn driver_seeing(
+    client: &kube::Client,
+    node: &str,
+    ids: &[&str],
+    capacity: i32,
+    dir: &Path,
+) -> DraService<AkriDriver> {
+    let devices = NodeDevices::new(node, true);
+    devices.set(
+        DRIVER,
+        ConfigDevices {
+            configuration: "echo".into(),
+            capacity,
+            unique_devices: true,
+            shared: false,
+            devices: ids
+                .iter()
+                .map(|id| DiscoveredDevice {
+                    id: id.to_string(),
+                    properties: [("DEBUG_ECHO_DESCRIPTION".to_string(), id.to_string())].into(),
+                    ..DiscoveredDevice::default()
+                })
+                .collect(),
+        },
+    );
+    DraService::new(
+        AkriDriver {
+            driver: DRIVER.into(),
+            cdi_class: "debugecho".into(),
+            client: client.clone(),
+            cdi: CdiRoot::new(dir.join("cdi"), "akri.sh").unwrap(),
+            devices,
+        },
+        &dir.join("checkpoint.json"),
+    )
+    .unwrap()
+}
+
+/// A claim allocated by hand (as the scheduler would) to `results` (request, device, share id)
+/// on `node`.
+async fn allocated_claim(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+    results: &[(&str, &str, Option<&str>)],
+) -> ClaimRef {
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), ns);
+    let requests: Vec<_> = results
+        .iter()
+        .map(|(request, _, _)| json!({ "name": request, "exactly": { "deviceClassName": "any" } }))
+        .collect();
+    let created = claims
+        .create(
+            &PostParams::default(),
+            &from_json(json!({ "metadata": { "name": name }, "spec": { "devices": { "requests": requests } } })),
+        )
+        .await
+        .unwrap();
+    let results: Vec<_> = results
+        .iter()
+        .map(|(request, device, share)| {
+            json!({ "request": request, "driver": DRIVER, "pool": node, "device": device, "shareID": share })
+        })
+        .collect();
+    let status = json!({ "status": { "allocation": {
+        "devices": { "results": results },
+        "nodeSelector": { "nodeSelectorTerms": [{ "matchFields": [{ "key": "metadata.name", "operator": "In", "values": [node] }] }] },
+    } } });
+    claims
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+    ClaimRef {
+        namespace: ns.into(),
+        name: name.into(),
+        uid: created.metadata.uid.unwrap(),
+    }
+}
+
+/// The environment a CDI id gives a container, read from the spec files in `cdi_dir`.
+fn cdi_env(cdi_dir: &Path, id: &str) -> Vec<String> {
+    let (_, device) = id.split_once('=').unwrap();
+    for file in std::fs::read_dir(cdi_dir).unwrap() {
+        let spec: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(file.unwrap().path()).unwrap()).unwrap();
+        for d in spec["devices"].as_array().unwrap() {
+            if d["name"] == device {
+                return serde_json::from_value(d["containerEdits"]["env"].clone()).unwrap();
+            }
+        }
+    }
+    panic!("no CDI device {id}");
+}
+
+/// Two debugEcho devices whose Akri names collide on node-a get two names, and a claim for
+/// each gets its own device (the collision used to hand both claims one of them).
+#[tokio::test]
+async fn colliding_instance_names_never_mix_devices() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("collide").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = ("cam2839", "cam3489");
+    assert_eq!(
+        akri_devices::instance_name("echo", a, false, "node-a"),
+        akri_devices::instance_name("echo", b, false, "node-a"),
+        "the pair collides in Akri's naming"
+    );
+    let service = driver_seeing(&client, "node-a", &[a, b], 1, dir.path());
+    let published: Vec<String> = service
+        .driver()
+        .devices
+        .local_dra_devices(DRIVER)
+        .into_iter()
+        .map(|(d, _)| d.name)
+        .collect();
+    assert_eq!(published.len(), 2);
+    assert_ne!(
+        published[0], published[1],
+        "two devices, two names: {published:?}"
+    );
+
+    let mut seen = Vec::new();
+    for (i, device) in published.iter().enumerate() {
+        let claim = allocated_claim(
+            &client,
+            &ns,
+            &format!("c{i}"),
+            "node-a",
+            &[("r", device, None)],
+        )
+        .await;
+        let prepared = service.prepare_claims(vec![claim.clone()]).await;
+        let ids = &prepared[&claim.uid].as_ref().unwrap()[0].cdi_device_ids;
+        let env = cdi_env(&dir.path().join("cdi"), &ids[0]);
+        let description = env
+            .iter()
+            .find_map(|e| e.strip_prefix("DEBUG_ECHO_DESCRIPTION="))
+            .unwrap()
+            .to_string();
+        seen.push(description);
+    }
+    seen.sort();
+    assert_eq!(seen, [a, b], "each claim got its own device");
+}
+
+/// With consumable capacity, two requests of one claim may get the same device (two shares);
+/// the claim must prepare, both requests with the device's one CDI id.
+#[tokio::test]
+async fn two_requests_on_one_shared_device_prepare() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("shares").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let service = driver_seeing(&client, "node-s", &["cam"], 2, dir.path());
+    let device = akri_devices::instance_name("echo", "cam", false, "node-s");
+    let claim = allocated_claim(
+        &client,
+        &ns,
+        "two-shares",
+        "node-s",
+        &[
+            (
+                "first",
+                &device,
+                Some("0b6c1c5e-8d0e-4b53-9a3f-1f2e3d4c5b6a"),
+            ),
+            (
+                "second",
+                &device,
+                Some("7d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6"),
+            ),
+        ],
+    )
+    .await;
+    let prepared = service.prepare_claims(vec![claim.clone()]).await;
+    let devices = prepared[&claim.uid].clone().expect("the claim prepares");
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[0].cdi_device_ids, devices[1].cdi_device_ids);
+    let requests: Vec<_> = devices
+        .iter()
+        .map(|d| d.request_names[0].as_str())
+        .collect();
+    assert_eq!(requests, ["first", "second"]);
+    let shares: Vec<_> = devices.iter().map(|d| d.share_id.as_deref()).collect();
+    assert_eq!(
+        shares,
+        [
+            Some("0b6c1c5e-8d0e-4b53-9a3f-1f2e3d4c5b6a"),
+            Some("7d1e2f3a-4b5c-4d6e-8f70-8192a3b4c5d6")
+        ]
+    );
+    assert_eq!(
+        cdi_env(&dir.path().join("cdi"), &devices[0].cdi_device_ids[0]).len(),
+        1
+    );
 }

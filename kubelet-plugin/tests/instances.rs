@@ -75,3 +75,104 @@ async fn shared_instances_follow_their_nodes() {
         "the last node deleted it"
     );
 }
+
+/// Node names may have 253 characters; field managers may have 128. A node with the longest
+/// name still writes its Instances (and two such nodes still own separate entries).
+#[tokio::test]
+async fn nodes_with_the_longest_names_write_instances() {
+    let cp = ControlPlane::shared_api_server()
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("long-names").await.unwrap();
+    let long = |last: char| format!("{}.{}{last}", "n".repeat(63), "m".repeat(188));
+    let (node_a, node_b) = (long('a'), long('b'));
+    assert_eq!(node_a.len(), 253);
+    let camera = KnownDevice {
+        configuration: "cams".into(),
+        instance: akri_devices::instance_name("cams", "rtsp://10.0.0.8/s", true, ""),
+        device: DiscoveredDevice {
+            id: "rtsp://10.0.0.8/s".into(),
+            ..DiscoveredDevice::default()
+        },
+    };
+    let seen = vec![(camera.clone(), 1, true)];
+    for node in [&node_a, &node_b] {
+        InstanceWriter::new(client.clone(), &ns, node, Duration::ZERO)
+            .sync(&seen)
+            .await
+            .expect("the API server takes the field manager");
+    }
+    let instance = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
+        .get(&camera.instance)
+        .await
+        .unwrap();
+    assert_eq!(instance.spec.nodes.len(), 2, "{:?}", instance.spec.nodes);
+}
+
+/// A device with more properties than DRA allows attributes: its slice is accepted (the
+/// attributes that fit), and its Instance names the properties left out.
+#[tokio::test]
+async fn a_device_with_too_many_properties_is_published() {
+    let cp = ControlPlane::shared_api_server()
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("many-props").await.unwrap();
+    let properties: std::collections::BTreeMap<String, String> = (0..40)
+        .map(|i| (format!("PROP_{i:02}"), format!("v{i}")))
+        .collect();
+    let camera = KnownDevice {
+        configuration: "cams".into(),
+        instance: akri_devices::instance_name("cams", "many", false, "node-p"),
+        device: DiscoveredDevice {
+            id: "many".into(),
+            properties: properties.clone(),
+            ..DiscoveredDevice::default()
+        },
+    };
+    let devices = akri_devices::devices(
+        &akri_devices::InstanceDevice {
+            instance: &camera.instance,
+            configuration: "cams",
+            capacity: 2,
+            properties: &properties,
+        },
+        akri_devices::Sharing::ConsumableCapacity,
+    );
+    let slice: k8s_openapi::api::resource::v1::ResourceSlice =
+        serde_json::from_value(serde_json::json!({
+            "metadata": { "name": ControlPlane::unique_name("many") },
+            "spec": { "driver": "debugecho.akri.sh", "nodeName": "node-p",
+                      "pool": { "name": "node-p", "generation": 1, "resourceSliceCount": 1 },
+                      "devices": devices },
+        }))
+        .unwrap();
+    Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(client.clone())
+        .create(&Default::default(), &slice)
+        .await
+        .expect("the API server takes the device");
+
+    InstanceWriter::new(client.clone(), &ns, "node-p", Duration::ZERO)
+        .sync(&[(camera.clone(), 2, false)])
+        .await
+        .unwrap();
+    let instance = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
+        .get(&camera.instance)
+        .await
+        .unwrap();
+    let left_out =
+        instance.metadata.annotations.unwrap()[akri_devices::UNPUBLISHED_PROPERTIES].clone();
+    assert_eq!(
+        left_out.split(',').count(),
+        40 - akri_devices::MAX_PROPERTY_ATTRIBUTES
+    );
+    assert!(left_out.contains("PROP_39"), "{left_out}");
+    assert_eq!(
+        instance.spec.broker_properties.len(),
+        40,
+        "brokers still get every property"
+    );
+}

@@ -96,6 +96,7 @@ impl Cluster {
                 debug_echo: Some(echo),
                 consumable_capacity: None,
                 instance_grace: Duration::ZERO,
+                startup_wait: Duration::from_secs(10),
             };
             agents.push(
                 agent::start(client.clone(), config)

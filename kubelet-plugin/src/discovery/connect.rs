@@ -2,11 +2,9 @@
 
 use super::handler::{Endpoint, RegisteredHandler};
 use akri_proto::discovery::v0 as proto;
-use hyper_util::rt::TokioIo;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
-use tokio::net::UnixStream;
-use tonic::transport::{Channel, Uri};
+use tonic::transport::Channel;
 
 /// HTTP/2 keepalive on network endpoints, so a vanished host is noticed even while its
 /// handler is (legitimately) silent. grpc-go servers answer pings more frequent than every
@@ -67,12 +65,7 @@ pub async fn channel(endpoint: &Endpoint) -> Result<Channel, Error> {
 
 /// Connects to a gRPC server on a Unix socket.
 pub async fn unix_channel(path: &Path) -> Result<Channel, Error> {
-    let socket: PathBuf = path.to_path_buf();
-    tonic::transport::Endpoint::from_static("http://localhost")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let socket = socket.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(socket).await?)) }
-        }))
+    dra_plugin::authority::connect(path)
         .await
         .map_err(|source| Error::Connect {
             endpoint: format!("unix:{}", path.display()),

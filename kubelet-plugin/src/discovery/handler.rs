@@ -48,6 +48,8 @@ impl fmt::Display for Endpoint {
 pub enum InvalidRegistration {
     #[error("the discovery handler name is empty")]
     EmptyName,
+    #[error("discovery handler name {name:?} is not usable: {reason}")]
+    InvalidName { name: String, reason: String },
     #[error("discovery handler {name}: the endpoint is empty")]
     EmptyEndpoint { name: String },
     #[error("discovery handler {name}: unknown endpoint type {value}")]
@@ -63,6 +65,9 @@ impl TryFrom<proto::RegisterDiscoveryHandlerRequest> for RegisteredHandler {
         let name = request.name;
         if name.is_empty() {
             return Err(InvalidRegistration::EmptyName);
+        }
+        if let Err(reason) = akri_devices::validate_handler_name(&name) {
+            return Err(InvalidRegistration::InvalidName { name, reason });
         }
         if request.endpoint.is_empty() {
             return Err(InvalidRegistration::EmptyEndpoint { name });

@@ -60,7 +60,17 @@ impl Registry {
             source,
         };
         let known: Handlers = match state_file::load(state_file) {
-            Ok(handlers) => handlers.into_iter().map(|h| (h.name.clone(), h)).collect(),
+            Ok(handlers) => handlers
+                .into_iter()
+                .filter(|h| match akri_devices::validate_handler_name(&h.name) {
+                    Ok(()) => true,
+                    Err(reason) => {
+                        tracing::warn!(handler = %h.name, %reason, "forgetting a recorded discovery handler whose name is not usable");
+                        false
+                    }
+                })
+                .map(|h| (h.name.clone(), h))
+                .collect(),
             Err(error) => {
                 tracing::error!(%error, "ignoring the discovery-handler state file; handlers must register again");
                 Handlers::new()
@@ -113,8 +123,8 @@ impl Registry {
     }
 
     /// Registers in-process, exactly as a registration over the socket does.
-    pub async fn register(&self, handler: RegisteredHandler) {
-        self.shared.register(handler).await;
+    pub async fn register(&self, handler: RegisteredHandler) -> Result<(), String> {
+        self.shared.register(handler).await
     }
 
     /// Forgets a handler; false if it was not registered.
@@ -138,26 +148,49 @@ impl Drop for Registry {
 }
 
 impl Shared {
-    async fn register(&self, handler: RegisteredHandler) {
+    /// Records `handler`; refuses a name that differs only in case from another handler's
+    /// (both would be one DRA driver).
+    async fn register(&self, handler: RegisteredHandler) -> Result<(), String> {
         let (name, endpoint, shared) = (
             handler.name.clone(),
             handler.endpoint.to_string(),
             handler.shared,
         );
+        let mut outcome = Ok(None);
         let changed = self
             .update(|handlers| {
-                if handlers.get(&handler.name) == Some(&handler) {
+                if let Some(other) = handlers
+                    .keys()
+                    .find(|other| **other != handler.name && other.eq_ignore_ascii_case(&handler.name))
+                {
+                    outcome = Err(format!(
+                        "discovery handler {:?} differs only in case from the registered handler {other:?}; both would be DRA driver {}",
+                        handler.name,
+                        akri_devices::driver_name(&handler.name)
+                    ));
                     return false;
                 }
+                let previous = handlers.get(&handler.name);
+                if previous == Some(&handler) {
+                    return false;
+                }
+                outcome = Ok(previous.map(|p| p.endpoint.to_string()));
                 handlers.insert(handler.name.clone(), handler);
                 true
             })
             .await;
-        if changed {
-            tracing::info!(handler = %name, %endpoint, shared, "discovery handler registered");
-        } else {
-            tracing::debug!(handler = %name, %endpoint, "discovery handler registered again, unchanged");
+        match outcome? {
+            Some(previous) if changed => {
+                tracing::warn!(handler = %name, %previous, %endpoint, shared, "discovery handler registered again from another endpoint; using the new one")
+            }
+            _ if changed => {
+                tracing::info!(handler = %name, %endpoint, shared, "discovery handler registered")
+            }
+            _ => {
+                tracing::debug!(handler = %name, %endpoint, "discovery handler registered again, unchanged")
+            }
         }
+        Ok(())
     }
 
     /// Applies `change`; if it changed anything, notifies watchers and rewrites the state
@@ -197,7 +230,10 @@ impl proto::registration_server::Registration for Service {
             tracing::warn!(%error, "refused a discovery-handler registration");
             Status::invalid_argument(error.to_string())
         })?;
-        self.shared.register(handler).await;
+        self.shared.register(handler).await.map_err(|error| {
+            tracing::warn!(%error, "refused a discovery-handler registration");
+            Status::already_exists(error)
+        })?;
         Ok(Response::new(proto::Empty {}))
     }
 

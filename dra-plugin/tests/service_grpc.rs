@@ -1,0 +1,312 @@
+//! The DRA service over raw gRPC, as a kubelet (or a broken client) can call it: duplicate
+//! and empty UIDs, a batch of 10,000 claims, prepare racing unprepare of one claim, and a
+//! reboot that wiped the CDI directory.
+//!
+//! The driver here is a small one that writes a CDI spec per claim and needs no cluster:
+//! what is under test is the service around it (the kubelet-facing contract), and the
+//! kubelet's own DRA manager drives the real drivers in the other suites.
+
+use akri_proto::dra::v1;
+use dra_plugin::cdi::{CdiDevice, CdiRoot};
+use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
+use dra_plugin::service::{ClaimRef, DraService, Driver, MAX_CONCURRENT_CLAIMS};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+/// Prepares every claim with one device `dev`, after `delay`; records what it sees.
+struct SpecDriver {
+    cdi: CdiRoot,
+    delay: Duration,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
+    prepares: AtomicUsize,
+    /// Claim UIDs currently inside prepare or unprepare: two at once is a failure.
+    busy: Mutex<BTreeMap<String, &'static str>>,
+    overlaps: AtomicUsize,
+}
+
+impl SpecDriver {
+    fn new(dir: &Path, delay: Duration) -> Self {
+        SpecDriver {
+            cdi: CdiRoot::new(dir.join("cdi"), "example.com").unwrap(),
+            delay,
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
+            prepares: AtomicUsize::new(0),
+            busy: Mutex::default(),
+            overlaps: AtomicUsize::new(0),
+        }
+    }
+
+    async fn work(&self, uid: &str, what: &'static str) {
+        if self.busy.lock().unwrap().insert(uid.into(), what).is_some() {
+            self.overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.busy.lock().unwrap().remove(uid);
+    }
+}
+
+#[tonic::async_trait]
+impl Driver for SpecDriver {
+    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String> {
+        self.work(&claim.uid, "prepare").await;
+        self.prepares.fetch_add(1, Ordering::SeqCst);
+        let device = CdiDevice {
+            name: "dev".into(),
+            env: vec![("CLAIM".into(), claim.name.clone())],
+            ..CdiDevice::default()
+        };
+        let spec = self
+            .cdi
+            .write_claim_spec("gadget", &claim.uid, &[device])
+            .map_err(|e| e.to_string())?;
+        Ok(PreparedClaim {
+            uid: claim.uid.clone(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            devices: vec![PreparedDevice {
+                request_names: vec!["r".into()],
+                pool_name: "node".into(),
+                device_name: "dev".into(),
+                cdi_device_ids: spec.qualified_ids,
+                share_id: None,
+            }],
+            cdi_spec_files: vec![spec.path],
+            cdi_spec_contents: Default::default(),
+        })
+    }
+
+    async fn unprepare(&self, claim: &ClaimRef, _: Option<&PreparedClaim>) -> Result<(), String> {
+        self.work(&claim.uid, "unprepare").await;
+        let path = self
+            .cdi
+            .spec_path("gadget", &claim.uid)
+            .map_err(|e| e.to_string())?;
+        dra_plugin::cdi::remove_claim_spec(&path).map_err(|e| e.to_string())
+    }
+}
+
+/// The service on a Unix socket, and a raw gRPC client of it.
+struct Served {
+    service: DraService<SpecDriver>,
+    client: v1::dra_plugin_client::DraPluginClient<tonic::transport::Channel>,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(dir: &Path, delay: Duration) -> Served {
+    let service = DraService::new(SpecDriver::new(dir, delay), &checkpoint(dir)).unwrap();
+    let socket = dir.join(format!("dra-{}.sock", rand_suffix()));
+    let listener = dra_plugin::authority::bind(&socket).unwrap();
+    let router = tonic::transport::Server::builder().add_service(service.v1());
+    let server = tokio::spawn(async move {
+        router
+            .serve_with_incoming(dra_plugin::authority::incoming(listener))
+            .await
+            .unwrap();
+    });
+    let channel = dra_plugin::authority::connect(&socket).await.unwrap();
+    Served {
+        service,
+        client: v1::dra_plugin_client::DraPluginClient::new(channel)
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20),
+        _server: server,
+    }
+}
+
+fn rand_suffix() -> u64 {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    NEXT.fetch_add(1, Ordering::SeqCst) as u64
+}
+
+fn checkpoint(dir: &Path) -> PathBuf {
+    dir.join("checkpoint.json")
+}
+
+fn claim(namespace: &str, name: &str, uid: &str) -> v1::Claim {
+    v1::Claim {
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: uid.into(),
+    }
+}
+
+async fn prepare(
+    served: &Served,
+    claims: Vec<v1::Claim>,
+) -> std::collections::HashMap<String, v1::NodePrepareResourceResponse> {
+    served
+        .client
+        .clone()
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims
+}
+
+async fn unprepare(
+    served: &Served,
+    claims: Vec<v1::Claim>,
+) -> std::collections::HashMap<String, v1::NodeUnprepareResourceResponse> {
+    served
+        .client
+        .clone()
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims
+}
+
+#[tokio::test]
+async fn a_uid_named_twice_is_done_once_or_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), Duration::ZERO).await;
+
+    // The same claim twice: prepared once, one answer.
+    let same = prepare(
+        &served,
+        vec![claim("a", "x", "uid-x"), claim("a", "x", "uid-x")],
+    )
+    .await;
+    assert_eq!(same.len(), 1);
+    assert_eq!(same["uid-x"].error, "");
+    assert_eq!(served.service.driver().prepares.load(Ordering::SeqCst), 1);
+
+    // One UID under two names: which is meant? Nothing is done and the answer says so.
+    let twice = prepare(
+        &served,
+        vec![
+            claim("a", "y", "uid-y"),
+            claim("b", "y", "uid-y"),
+            claim("a", "z", "uid-z"),
+        ],
+    )
+    .await;
+    assert!(
+        twice["uid-y"].error.contains("named twice"),
+        "{:?}",
+        twice["uid-y"]
+    );
+    assert_eq!(
+        twice["uid-z"].error, "",
+        "the other claim of the call is prepared"
+    );
+    let prepared = served.service.prepared().await;
+    assert!(
+        !prepared.contains_key("uid-y"),
+        "a refused claim is not left prepared"
+    );
+    assert!(prepared.contains_key("uid-z"));
+
+    // Unprepare with an empty UID fails that claim only.
+    let answers = unprepare(&served, vec![claim("a", "x", ""), claim("a", "z", "uid-z")]).await;
+    assert!(answers[""].error.contains("lacks"), "{:?}", answers[""]);
+    assert_eq!(answers["uid-z"].error, "");
+    assert!(!served.service.prepared().await.contains_key("uid-z"));
+    assert!(served.service.prepared().await.contains_key("uid-x"));
+}
+
+#[tokio::test]
+async fn ten_thousand_claims_in_one_call_with_bounded_concurrency() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), Duration::from_millis(1)).await;
+    let claims: Vec<_> = (0..10_000)
+        .map(|i| claim("batch", &format!("c{i}"), &format!("uid-{i:05}")))
+        .collect();
+    let answers = prepare(&served, claims.clone()).await;
+    assert_eq!(answers.len(), 10_000);
+    assert!(
+        answers
+            .values()
+            .all(|a| a.error.is_empty() && a.devices.len() == 1)
+    );
+    let driver = served.service.driver();
+    let most = driver.most_in_flight.load(Ordering::SeqCst);
+    assert!(
+        most <= MAX_CONCURRENT_CLAIMS,
+        "{most} claims were with the driver at once"
+    );
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(checkpoint(dir.path())).unwrap()).unwrap();
+    assert_eq!(recorded["claims"].as_object().unwrap().len(), 10_000);
+
+    let answers = unprepare(&served, claims).await;
+    assert!(answers.values().all(|a| a.error.is_empty()));
+    assert!(served.service.prepared().await.is_empty());
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("cdi")).unwrap().count(),
+        0,
+        "every CDI spec is gone"
+    );
+}
+
+#[tokio::test]
+async fn prepare_and_unprepare_of_one_claim_never_overlap() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), Duration::from_millis(5)).await;
+    for round in 0..20 {
+        let uid = format!("uid-race-{round}");
+        let c = claim("race", "c", &uid);
+        let (prepared, unprepared) = tokio::join!(
+            prepare(&served, vec![c.clone()]),
+            unprepare(&served, vec![c.clone()])
+        );
+        assert_eq!(prepared[&uid].error, "");
+        assert_eq!(unprepared[&uid].error, "");
+        // Whichever ran last decides; the checkpoint and the CDI directory must agree.
+        let recorded = served.service.prepared().await.contains_key(&uid);
+        let spec = dir
+            .path()
+            .join(format!("cdi/example.com-gadget-{uid}.json"));
+        assert_eq!(
+            recorded,
+            spec.exists(),
+            "round {round}: checkpoint and CDI spec disagree"
+        );
+        unprepare(&served, vec![c]).await;
+        assert!(!spec.exists(), "round {round}: nothing leaks");
+    }
+    assert_eq!(served.service.driver().overlaps.load(Ordering::SeqCst), 0);
+}
+
+/// A reboot empties the CDI directory (a tmpfs) and keeps the checkpoint (on disk); the
+/// kubelet then prepares every claim again. The spec must come back, the same.
+#[tokio::test]
+async fn prepare_again_rewrites_a_spec_the_reboot_wiped() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), Duration::ZERO).await;
+    let first = prepare(&served, vec![claim("r", "c", "uid-reboot")]).await;
+    let ids = first["uid-reboot"].devices[0].cdi_device_ids.clone();
+    let spec = dir.path().join("cdi/example.com-gadget-uid-reboot.json");
+    let content = std::fs::read(&spec).unwrap();
+    drop(served);
+
+    std::fs::remove_dir_all(dir.path().join("cdi")).unwrap();
+    let served = serve(dir.path(), Duration::ZERO).await;
+    let again = prepare(&served, vec![claim("r", "c", "uid-reboot")]).await;
+    assert_eq!(again["uid-reboot"].devices[0].cdi_device_ids, ids);
+    assert_eq!(
+        std::fs::read(&spec).unwrap(),
+        content,
+        "the spec is back, unchanged"
+    );
+    assert_eq!(
+        served.service.driver().prepares.load(Ordering::SeqCst),
+        0,
+        "rewritten from the checkpoint, not prepared anew"
+    );
+
+    // A spec someone changed is put back too.
+    std::fs::write(&spec, b"{}").unwrap();
+    prepare(&served, vec![claim("r", "c", "uid-reboot")]).await;
+    assert_eq!(std::fs::read(&spec).unwrap(), content);
+}
