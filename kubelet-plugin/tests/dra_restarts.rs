@@ -184,6 +184,7 @@ async fn survives_sigkill_and_kubelet_restart() {
     // The kubelet adds the ids of a claim prepared again after its restart to those it
     // restored from its checkpoint, so a container lists each twice; the set is what counts.
     let mut again = peer.prepare(&ns, "broker").await.unwrap()["broker"].clone();
+    again.sort();
     again.dedup();
     assert_eq!(again, ids, "same CDI ids after the restart");
     assert!(
