@@ -38,9 +38,16 @@ const MAX_HEADER_BLOCK: usize = 64 * 1024;
 /// Bytes buffered between the socket and tonic, per direction.
 const BUFFER: usize = 64 * 1024;
 
+/// Only the owner (the kubelet and the plugin run as root) may connect: the mode of the
+/// kubelet-facing sockets.
+pub const OWNER_ONLY: u32 = 0o600;
+
 /// Binds a Unix socket at `path` for a server: creates its directory and replaces a socket
-/// file left by an earlier run (a restarted plugin must take its old path back).
-pub fn bind(path: &std::path::Path) -> io::Result<UnixListener> {
+/// file left by an earlier run (a restarted plugin must take its old path back). Connecting
+/// needs write permission on the socket, so `mode` says who may call the server; it is set
+/// explicitly rather than left to the umask.
+pub fn bind(path: &std::path::Path, mode: u32) -> io::Result<UnixListener> {
+    use std::os::unix::fs::PermissionsExt;
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -48,7 +55,9 @@ pub fn bind(path: &std::path::Path) -> io::Result<UnixListener> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
         _ => {}
     }
-    UnixListener::bind(path)
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(listener)
 }
 
 /// A gRPC channel to a server on the Unix socket at `path` (the client side of [`bind`]).

@@ -56,7 +56,8 @@ impl KubeletPlugin {
             path: socket.clone(),
             source,
         };
-        let listener = crate::authority::bind(&socket).map_err(socket_error)?;
+        let listener =
+            crate::authority::bind(&socket, crate::authority::OWNER_ONLY).map_err(socket_error)?;
         let router = tonic::transport::Server::builder()
             .add_service(service.v1())
             .add_service(service.v1beta1())

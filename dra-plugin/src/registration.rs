@@ -59,7 +59,8 @@ impl Registration {
             path: socket.clone(),
             source,
         };
-        let listener = crate::authority::bind(&socket).map_err(socket_error)?;
+        let listener =
+            crate::authority::bind(&socket, crate::authority::OWNER_ONLY).map_err(socket_error)?;
         let (tx, status) = watch::channel(RegistrationStatus::Pending);
         let service =
             api::registration_server::RegistrationServer::new(Registrar { info, status: tx });

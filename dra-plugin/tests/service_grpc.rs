@@ -103,7 +103,7 @@ struct Served {
 async fn serve(dir: &Path, delay: Duration) -> Served {
     let service = DraService::new(SpecDriver::new(dir, delay), &checkpoint(dir)).unwrap();
     let socket = dir.join(format!("dra-{}.sock", rand_suffix()));
-    let listener = dra_plugin::authority::bind(&socket).unwrap();
+    let listener = dra_plugin::authority::bind(&socket, dra_plugin::authority::OWNER_ONLY).unwrap();
     let router = tonic::transport::Server::builder().add_service(service.v1());
     let server = tokio::spawn(async move {
         router

@@ -57,6 +57,8 @@ pub struct AgentConfig {
     /// How long a (re)started agent leaves the node's slices and Instances as they are while
     /// it waits for every configuration's discovery to answer ([`StartupGate`]).
     pub startup_wait: Duration,
+    /// Namespaces whose Secrets and ConfigMaps discovery properties may name; `None`: any.
+    pub property_namespaces: Option<BTreeSet<String>>,
 }
 
 /// Errors that stop the agent from starting.
@@ -66,6 +68,17 @@ pub enum Error {
     Registry(#[from] crate::discovery::registry::Error),
     #[error(transparent)]
     StateLock(#[from] crate::state_lock::Error),
+    #[error(
+        "state directory {} is inside {}, which discovery-handler pods mount: choose a --state-dir outside it",
+        state.display(), shared.display()
+    )]
+    StateVisibleToHandlers { state: PathBuf, shared: PathBuf },
+    #[error("state directory {}: {source}", path.display())]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("embedded debugEcho: {0}")]
     DebugEcho(#[from] crate::discovery::debug_echo::Error),
     #[error("reading node {node}: {source}")]
@@ -124,6 +137,27 @@ struct ServedDriver {
 
 /// Starts the agent.
 pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, Error> {
+    // Checkpoints (which hold CDI specs, and so properties that may come from Secrets) must
+    // not be readable by discovery-handler pods, which mount the registration socket's
+    // directory.
+    if let Some(shared) = config.discovery_socket.parent()
+        && config.state_dir.starts_with(shared)
+    {
+        return Err(Error::StateVisibleToHandlers {
+            state: config.state_dir.clone(),
+            shared: shared.to_path_buf(),
+        });
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let state_error = |source| Error::StateDir {
+            path: config.state_dir.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&config.state_dir).map_err(state_error)?;
+        std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(state_error)?;
+    }
     // Before anything on the node is touched: one agent per state directory.
     let lock = StateLock::acquire(&config.state_dir).await?;
     let registry = Registry::serve(
@@ -337,6 +371,7 @@ impl AgentState {
             let properties = match crate::properties::resolve(
                 &self.client,
                 &spec.discovery_handler.discovery_properties,
+                self.config.property_namespaces.as_ref(),
             )
             .await
             {

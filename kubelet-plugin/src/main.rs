@@ -27,8 +27,9 @@ struct Args {
     /// CDI spec directory of the container runtime.
     #[arg(long, default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
-    /// Checkpoints and discovery-handler registrations (must survive restarts).
-    #[arg(long, default_value = "/var/lib/akri")]
+    /// Checkpoints and discovery-handler registrations (must survive restarts). Never inside
+    /// the registration socket's directory, which discovery-handler pods mount.
+    #[arg(long, default_value = "/var/lib/akri-kubelet-plugin")]
     state_dir: PathBuf,
     /// Akri's discovery-handler registration socket.
     #[arg(long, default_value = "/var/lib/akri/agent-registration.sock")]
@@ -51,6 +52,10 @@ struct Args {
     /// waits for every configuration's discovery handler to report.
     #[arg(long, default_value_t = 30)]
     startup_wait_seconds: u64,
+    /// Namespaces whose Secrets and ConfigMaps discovery properties may name (comma
+    /// separated); empty: any. Match the RoleBindings that grant the reads.
+    #[arg(long, value_delimiter = ',')]
+    property_namespaces: Vec<String>,
     /// Log as JSON.
     #[arg(long)]
     log_json: bool,
@@ -97,6 +102,8 @@ async fn main() -> anyhow::Result<()> {
         },
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
         startup_wait: Duration::from_secs(args.startup_wait_seconds),
+        property_namespaces: (!args.property_namespaces.is_empty())
+            .then(|| args.property_namespaces.into_iter().collect()),
     };
     let _agent = agent::start(client, config).await?;
     tracing::info!("running");

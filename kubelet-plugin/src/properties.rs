@@ -4,7 +4,7 @@
 use akri_api::v1::{DiscoveryProperty, KeyReference};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A property that could not be resolved; the configuration's discovery does not start.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +28,15 @@ pub enum Error {
     },
     #[error("discovery property {0} has neither value nor valueFrom")]
     Empty(String),
+    #[error(
+        "discovery property {property}: {kind} {namespace}/{name} is in a namespace this node may not read (--property-namespaces)"
+    )]
+    NamespaceNotAllowed {
+        property: String,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
 }
 
 impl Error {
@@ -44,7 +53,29 @@ impl Error {
 pub async fn resolve(
     client: &kube::Client,
     properties: &[DiscoveryProperty],
+    allowed_namespaces: Option<&BTreeSet<String>>,
 ) -> Result<BTreeMap<String, Vec<u8>>, Error> {
+    for property in properties {
+        let Some(source) = &property.value_from else {
+            continue;
+        };
+        let references = [
+            ("Secret", source.secret_key_ref.as_ref()),
+            ("ConfigMap", source.config_map_key_ref.as_ref()),
+        ];
+        for (kind, reference) in references {
+            if let (Some(reference), Some(allowed)) = (reference, allowed_namespaces)
+                && !allowed.contains(&reference.namespace)
+            {
+                return Err(Error::NamespaceNotAllowed {
+                    property: property.name.clone(),
+                    kind,
+                    namespace: reference.namespace.clone(),
+                    name: reference.name.clone(),
+                });
+            }
+        }
+    }
     let mut resolved = BTreeMap::new();
     for property in properties {
         let value = if let Some(value) = &property.value {
@@ -136,5 +167,42 @@ fn lookup(
             name: reference.name.clone(),
             key: reference.key.clone(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn references_outside_the_allowed_namespaces_are_refused_without_a_read() {
+        // A client that cannot reach anything: the refusal must come before any request.
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let properties: Vec<DiscoveryProperty> = serde_json::from_value(serde_json::json!([
+            { "name": "plain", "value": "x" },
+            { "name": "password", "valueFrom": { "secretKeyRef": {
+                "name": "camera-creds", "namespace": "kube-system", "key": "pw" } } },
+        ]))
+        .unwrap();
+        let allowed = BTreeSet::from(["cameras".to_string()]);
+        let error = resolve(&client, &properties, Some(&allowed))
+            .await
+            .unwrap_err();
+        assert!(matches!(error, Error::NamespaceNotAllowed { .. }));
+        assert!(!error.is_transient(), "a definite refusal, not an outage");
+        assert!(
+            error
+                .to_string()
+                .contains("Secret kube-system/camera-creds"),
+            "{error}"
+        );
+        let literal_only = &properties[..1];
+        assert_eq!(
+            resolve(&client, literal_only, Some(&allowed))
+                .await
+                .unwrap()["plain"],
+            b"x"
+        );
     }
 }

@@ -42,11 +42,12 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
         plugins_dir: peer.plugins_dir(),
         cdi_dir: peer.cdi_dir(),
         state_dir: dir.path().join("state"),
-        discovery_socket: dir.path().join("agent-registration.sock"),
+        discovery_socket: dir.path().join("handlers/agent-registration.sock"),
         debug_echo: Some(echo),
         consumable_capacity: None,
         instance_grace: Duration::ZERO,
         startup_wait: Duration::from_secs(10),
+        property_namespaces: None,
     };
     let agent = agent::start(client.clone(), config)
         .await

@@ -70,7 +70,7 @@ fn spawn_plugin_with(
         .arg("--state-dir")
         .arg(dir.join("state"))
         .arg("--discovery-socket")
-        .arg(dir.join("registration.sock"))
+        .arg(dir.join("handlers/registration.sock"))
         .arg("--debug-echo-socket")
         .arg(dir.join("echo.sock"))
         .arg("--debug-echo-availability-file")
@@ -476,6 +476,20 @@ async fn a_corrupt_checkpoint_is_set_aside_loudly() {
         plugin.try_wait().unwrap().is_none(),
         "the plugin keeps running"
     );
+
+    // Who may read and connect to what the plugin keeps on the node.
+    let mode = |path: &Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(mode(&state), 0o700, "state directory");
+    assert_eq!(
+        mode(&peer.plugins_dir().join(DRIVER).join("dra.sock")),
+        0o600
+    );
+    let registration = peer.registry_dir().join(format!("{DRIVER}-reg.sock"));
+    assert_eq!(mode(&registration), 0o600);
+    assert_eq!(mode(&dir.path().join("handlers/registration.sock")), 0o660);
     plugin.kill().await.unwrap();
 }
 
@@ -492,8 +506,10 @@ async fn a_second_plugin_waits_for_the_first() {
     let socket = peer.plugins_dir().join(DRIVER).join("dra.sock");
     let inode =
         |path: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap());
-    let (dra_socket, discovery_socket) =
-        (inode(&socket), inode(&dir.path().join("registration.sock")));
+    let (dra_socket, discovery_socket) = (
+        inode(&socket),
+        inode(&dir.path().join("handlers/registration.sock")),
+    );
 
     let mut second = spawn_plugin(cp, &peer, &node, &ns, dir.path());
     let log = dir.path().join("plugin.log");
@@ -511,7 +527,7 @@ async fn a_second_plugin_waits_for_the_first() {
         "the first plugin's DRA socket is untouched"
     );
     assert_eq!(
-        inode(&dir.path().join("registration.sock")),
+        inode(&dir.path().join("handlers/registration.sock")),
         discovery_socket,
         "the first plugin's discovery socket is untouched"
     );
@@ -740,5 +756,33 @@ async fn two_requests_on_one_shared_device_prepare() {
     assert_eq!(
         cdi_env(&dir.path().join("cdi"), &devices[0].cdi_device_ids[0]).len(),
         1
+    );
+}
+
+/// Checkpoints must not be where discovery-handler pods can read them: a state directory
+/// inside the registration socket's directory is refused at start, with what to do.
+#[tokio::test]
+async fn a_state_dir_visible_to_handlers_is_refused() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let dir = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
+        .env("KUBECONFIG", cp.kubeconfig())
+        .args(["--node-name", "node-x"])
+        .arg("--state-dir")
+        .arg(dir.path().join("akri/state"))
+        .arg("--discovery-socket")
+        .arg(dir.path().join("akri/agent-registration.sock"))
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("which discovery-handler pods mount"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("akri/state").exists(),
+        "nothing was written there"
     );
 }

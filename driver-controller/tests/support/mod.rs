@@ -92,11 +92,12 @@ impl Cluster {
                 plugins_dir: dir.path().join("plugins"),
                 cdi_dir: dir.path().join("cdi"),
                 state_dir: dir.path().join("state"),
-                discovery_socket: dir.path().join("agent-registration.sock"),
+                discovery_socket: dir.path().join("handlers/agent-registration.sock"),
                 debug_echo: Some(echo),
                 consumable_capacity: None,
                 instance_grace: Duration::ZERO,
                 startup_wait: Duration::from_secs(10),
+                property_namespaces: None,
             };
             agents.push(
                 agent::start(client.clone(), config)

@@ -84,7 +84,8 @@ impl DebugEcho {
             path: socket.clone(),
             source,
         };
-        let listener = dra_plugin::authority::bind(&socket).map_err(socket_error)?;
+        let listener = dra_plugin::authority::bind(&socket, dra_plugin::authority::OWNER_ONLY)
+            .map_err(socket_error)?;
         let handler = RegisteredHandler {
             name: NAME.to_string(),
             endpoint: Endpoint::Uds(socket.clone()),

@@ -20,6 +20,10 @@ use tonic::{Request, Response, Status};
 pub const DEFAULT_SOCKET: &str = "/var/lib/akri/agent-registration.sock";
 
 /// The registered handlers, by name.
+/// The registration socket's mode: discovery-handler pods (another container, possibly another
+/// user in the same group) must connect; nobody else.
+pub const SOCKET_MODE: u32 = 0o660;
+
 pub type Handlers = BTreeMap<String, RegisteredHandler>;
 
 /// Errors of starting the registry.
@@ -81,7 +85,7 @@ impl Registry {
             state_file = %state_file.display(),
             "discovery handlers known from the last run"
         );
-        let listener = dra_plugin::authority::bind(socket).map_err(socket_error)?;
+        let listener = dra_plugin::authority::bind(socket, SOCKET_MODE).map_err(socket_error)?;
         let shared = Arc::new(Shared {
             state_file: state_file.to_path_buf(),
             handlers: watch::Sender::new(known),
