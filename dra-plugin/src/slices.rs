@@ -43,6 +43,9 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// The caller gave up waiting for the API server (the publisher itself sets no deadline).
+    #[error("publishing timed out")]
+    TimedOut,
 }
 
 /// Where a pool's devices are available.

@@ -172,8 +172,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         }
         None => None,
     };
-    let node = Api::<Node>::all(client.clone())
-        .get(&config.node_name)
+    let node = crate::api_call(Api::<Node>::all(client.clone()).get(&config.node_name))
         .await
         .map_err(|source| Error::Node {
             node: config.node_name.clone(),
@@ -550,7 +549,13 @@ impl AgentState {
             return;
         };
         let slice_devices: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
-        match served.publisher.publish(&slice_devices).await {
+        let published = tokio::time::timeout(
+            crate::API_CALL_TIMEOUT * 3,
+            served.publisher.publish(&slice_devices),
+        )
+        .await
+        .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
+        match published {
             Ok(published) if published.written + published.deleted > 0 => {
                 tracing::info!(%driver, devices = slice_devices.len(), generation = published.generation, "published node pool");
             }
@@ -613,10 +618,7 @@ impl AgentState {
                 "metadata": { "name": name },
                 "status": { "discoveryErrors": entries },
             });
-            match api
-                .patch_status(&name, &params, &Patch::Apply(&patch))
-                .await
-            {
+            match crate::api_call(api.patch_status(&name, &params, &Patch::Apply(&patch))).await {
                 Ok(_) => match now {
                     Some(message) => {
                         self.reported.insert(name, message.clone());

@@ -25,8 +25,8 @@ pub struct AkriDriver {
 #[tonic::async_trait]
 impl Driver for AkriDriver {
     async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String> {
-        let object = Api::<ResourceClaim>::namespaced(self.client.clone(), &claim.namespace)
-            .get(&claim.name)
+        let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), &claim.namespace);
+        let object = crate::api_call(claims.get(&claim.name))
             .await
             .map_err(|e| match e {
                 kube::Error::Api(status) if status.code == 404 => {

@@ -67,18 +67,18 @@ impl InstanceWriter {
                     device_usage: Default::default(),
                 },
             };
-            self.api
-                .patch(&device.instance, &params, &Patch::Apply(&instance))
-                .await?;
+            crate::api_call(
+                self.api
+                    .patch(&device.instance, &params, &Patch::Apply(&instance)),
+            )
+            .await?;
         }
 
         // Instances this node wrote before that it no longer sees.
-        let mine = self
-            .api
-            .list(&ListParams::default().labels(&format!(
-                "{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_DISCOVERY_CONFIGURATION}"
-            )))
-            .await?;
+        let mine = crate::api_call(self.api.list(&ListParams::default().labels(&format!(
+            "{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_DISCOVERY_CONFIGURATION}"
+        ))))
+        .await?;
         let now = Instant::now();
         for instance in mine.items {
             let name = instance.metadata.name.clone().unwrap_or_default();
@@ -97,7 +97,7 @@ impl InstanceWriter {
                 .filter(|n| **n != self.node)
                 .collect();
             if others.is_empty() {
-                match self.api.delete(&name, &DeleteParams::default()).await {
+                match crate::api_call(self.api.delete(&name, &DeleteParams::default())).await {
                     Ok(_) => tracing::info!(instance = %name, "deleted Instance: no node sees it"),
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(e),
@@ -107,9 +107,7 @@ impl InstanceWriter {
                 let empty = serde_json::json!({
                     "apiVersion": "akri.sh/v0", "kind": "Instance", "metadata": { "name": name },
                 });
-                self.api
-                    .patch(&name, &params, &Patch::Apply(&empty))
-                    .await?;
+                crate::api_call(self.api.patch(&name, &params, &Patch::Apply(&empty))).await?;
             }
         }
         Ok(())

@@ -8,3 +8,19 @@ pub mod instances;
 pub mod node_devices;
 pub mod properties;
 pub mod state_lock;
+
+use std::time::Duration;
+
+/// How long one API call of the node agent may take. A call on a connection that died
+/// silently (a partition, a stalled load balancer) would otherwise wait for the client's read
+/// timeout of minutes, and with it every later publication, status and Instance write.
+pub const API_CALL_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Runs one API call, failing it after [`API_CALL_TIMEOUT`].
+pub async fn api_call<T>(
+    call: impl Future<Output = Result<T, kube::Error>>,
+) -> Result<T, kube::Error> {
+    tokio::time::timeout(API_CALL_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|elapsed| Err(kube::Error::Service(Box::new(elapsed))))
+}

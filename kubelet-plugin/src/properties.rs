@@ -128,10 +128,8 @@ where
         + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    match Api::<K>::namespaced(client.clone(), &reference.namespace)
-        .get_opt(&reference.name)
-        .await
-    {
+    let api = Api::<K>::namespaced(client.clone(), &reference.namespace);
+    match crate::api_call(api.get_opt(&reference.name)).await {
         Ok(Some(object)) => Ok(Some(object)),
         Ok(None) if reference.optional => Ok(None),
         Ok(None) => Err(Error::MissingKey {
