@@ -335,3 +335,186 @@ async fn discovery_errors_show_in_the_configurations_status() {
     })
     .await;
 }
+
+/// The rules the README gives the kubelet-plugin's ServiceAccount (cluster-wide part).
+fn kubelet_plugin_cluster_role(name: &str) -> Value {
+    json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+        "metadata": { "name": name },
+        "rules": [
+            { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get"] },
+            { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations"], "verbs": ["get", "list", "watch"] },
+            { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations/status"], "verbs": ["patch"] },
+            { "apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"] },
+            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
+        ],
+    })
+}
+
+/// A discovery property from a Secret that can no longer be read (the API server refuses,
+/// as it would in an outage or after an RBAC mistake) is not a change: discovery goes on with
+/// the value it has, the devices stay, and the configuration's status says why. Only when
+/// the Secret is definitely gone does discovery stop. The agent runs as the README's RBAC.
+#[tokio::test]
+async fn an_unreadable_secret_keeps_discovery_running() {
+    use k8s_openapi::api::core::v1::Secret;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+    use kube::api::DeleteParams;
+    let cp = &ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let admin = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("akri").await.unwrap();
+    let user = "system:serviceaccount:akri:kubelet-plugin";
+
+    Api::<ClusterRole>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(kubelet_plugin_cluster_role("akri-kubelet-plugin")).unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<ClusterRoleBinding>::all(admin.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "akri-kubelet-plugin" },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "akri-kubelet-plugin" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        })).unwrap())
+        .await
+        .unwrap();
+    // Secrets: only in the namespace that holds discovery credentials (here: the same one).
+    Api::<ClusterRole>::all(admin.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "akri-property-reader" },
+            "rules": [{ "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"] }],
+        })).unwrap())
+        .await
+        .unwrap();
+    let secrets_binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": { "name": "akri-property-reader" },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "akri-property-reader" },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+    }))
+    .unwrap();
+    let bindings = Api::<RoleBinding>::namespaced(admin.clone(), &ns);
+    bindings
+        .create(&PostParams::default(), &secrets_binding)
+        .await
+        .unwrap();
+    let secrets = Api::<Secret>::namespaced(admin.clone(), &ns);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "camera-creds" }, "stringData": { "pw": "hunter2" },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+
+    let mut config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(cp.kubeconfig()).unwrap(),
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    config.auth_info.impersonate = Some(user.into());
+    let plugin_client = kube::Client::try_from(config).unwrap();
+    let node = start_node(cp, &plugin_client, &ns).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let name = ControlPlane::unique_name("creds");
+    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(admin.clone());
+    configs
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [c0]",
+                "discoveryProperties": [{ "name": "password", "valueFrom": { "secretKeyRef": {
+                    "name": "camera-creds", "namespace": ns, "key": "pw" } } }] } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let device = akri_devices::instance_name(&name, "c0", false, &node.name);
+    eventually("the device is published", async || {
+        pool_devices(&admin, &node.name)
+            .await
+            .contains(&device)
+            .then_some(())
+    })
+    .await;
+    let error_of = async || -> Option<String> {
+        let status = configs.get(&name).await.ok()?.status?;
+        status
+            .discovery_errors
+            .into_iter()
+            .find(|e| e.node == node.name)
+            .map(|e| e.message)
+    };
+
+    // The node may no longer read the Secret: the status says so, the device stays.
+    bindings
+        .delete("akri-property-reader", &DeleteParams::default())
+        .await
+        .unwrap();
+    // Any change to the configuration makes the agent read the properties again.
+    let mut changed = configs.get(&name).await.unwrap();
+    changed.metadata.labels = Some([("touched".to_string(), "1".to_string())].into());
+    configs
+        .replace(&name, &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    let message = eventually("the refusal is reported", error_of).await;
+    assert!(
+        message.contains("forbidden") || message.contains("Forbidden"),
+        "{message}"
+    );
+    for _ in 0..10 {
+        assert!(
+            pool_devices(&admin, &node.name).await.contains(&device),
+            "the device stays published while the Secret cannot be read"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Readable again: the error clears.
+    bindings
+        .create(&PostParams::default(), &secrets_binding)
+        .await
+        .unwrap();
+    changed = configs.get(&name).await.unwrap();
+    changed.metadata.labels = Some([("touched".to_string(), "2".to_string())].into());
+    configs
+        .replace(&name, &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    eventually("the error clears", async || {
+        error_of().await.is_none().then_some(())
+    })
+    .await;
+
+    // Definitely gone: discovery stops and says why.
+    secrets
+        .delete("camera-creds", &DeleteParams::default())
+        .await
+        .unwrap();
+    changed = configs.get(&name).await.unwrap();
+    changed.metadata.labels = Some([("touched".to_string(), "3".to_string())].into());
+    configs
+        .replace(&name, &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    eventually("the device is withdrawn", async || {
+        (!pool_devices(&admin, &node.name).await.contains(&device)).then_some(())
+    })
+    .await;
+    let message = eventually("the missing Secret is reported", error_of).await;
+    assert!(message.contains("camera-creds"), "{message}");
+}
