@@ -154,7 +154,8 @@ pub async fn run(
         publishers: Mutex::default(),
         metrics,
     });
-    let orphans = tokio::spawn(orphan_filters(ctx.clone()));
+    // Aborted with this future too: a replica that lost leadership must not keep writing.
+    let _orphans = AbortOnDrop(tokio::spawn(orphan_filters(ctx.clone())));
     controller
         .owns(
             Api::<DeviceClass>::all(client),
@@ -179,8 +180,16 @@ pub async fn run(
             }
         })
         .await;
-    orphans.abort();
     Ok(())
+}
+
+/// A spawned task that ends with its owner.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The configurations whose devices a slice holds (Akri drivers only).

@@ -1,7 +1,8 @@
 //! `/metrics`, `/healthz` and `/readyz`.
 //!
-//! `/healthz` answers as long as the process serves; `/readyz` once this replica has reached
-//! the API server (as leader or as standby), so a replica that cannot reach it is not ready.
+//! `/healthz` answers as long as the process serves; `/readyz` while this replica's last
+//! leader-election call (as leader or as standby) reached the API server in time, so a replica
+//! that cannot reach it is not ready.
 
 use crate::metrics::Metrics;
 use http_body_util::Full;
@@ -63,7 +64,8 @@ fn respond(path: &str, metrics: &Metrics, readiness: &Readiness) -> Response<Ful
         "/readyz" if readiness.get() => (StatusCode::OK, "ok".to_string()),
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "not ready: the API server has not been reached yet".to_string(),
+            "not ready: the last leader-election call did not reach the API server in time"
+                .to_string(),
         ),
         _ => (StatusCode::NOT_FOUND, "not found".to_string()),
     };

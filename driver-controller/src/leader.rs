@@ -2,14 +2,22 @@
 //!
 //! A candidate takes the Lease when it is free or when its record has not changed for a whole
 //! lease duration, measured on the candidate's own clock (so clock skew between replicas does
-//! not matter). Every write goes through the Lease's resourceVersion, so two candidates never
-//! both win. The leader renews it; when it cannot renew within the lease duration it has
-//! lost, and must stop acting, because another replica may already have taken over.
+//! not matter) from when it first saw that record. Every write goes through the Lease's
+//! resourceVersion, so two candidates never both win, and every holder identity is unique to
+//! its process, so two processes given the same name never both think they hold it.
+//!
+//! The leader renews every retry period. A renewal that fails is retried until the renew
+//! deadline, counted from the *start* of the last successful renewal (the record a standby
+//! saw was written after that instant); then leadership is lost and the leader stops acting.
+//! The renew deadline is shorter than the lease duration, so the old leader has stopped before
+//! any standby may take over. Every call to the API server is bounded by a timeout, so a
+//! stalled connection cannot hold the leader past its deadline.
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ObjectMeta, PostParams};
+use std::hash::{BuildHasher, Hasher};
 use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
@@ -23,6 +31,20 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    #[error("lease {namespace}/{name}: the API server did not answer within {after:?}")]
+    Timeout {
+        namespace: String,
+        name: String,
+        after: Duration,
+    },
+    #[error(
+        "leader election needs lease duration ({lease:?}) > renew deadline ({renew:?}) > retry period ({retry:?})"
+    )]
+    Timing {
+        lease: Duration,
+        renew: Duration,
+        retry: Duration,
+    },
 }
 
 /// Where the Lease is and how long it lasts.
@@ -30,25 +52,68 @@ pub enum Error {
 pub struct LeaseConfig {
     pub namespace: String,
     pub name: String,
-    /// This replica (e.g. the pod name).
+    /// The holder identity this process writes: the replica's name and a random suffix of
+    /// this process (see [`unique_identity`]).
     pub identity: String,
     /// How long a Lease nobody renews stays taken.
     pub lease_duration: Duration,
+    /// How long the leader retries a failing renewal before it stops acting; shorter than
+    /// the lease duration, so that it has stopped before a standby may take over.
+    pub renew_deadline: Duration,
     /// How often the leader renews, and candidates retry.
     pub retry_period: Duration,
 }
 
 impl LeaseConfig {
-    /// client-go's defaults scaled down for a single small controller: 15 s lease, 2 s retry.
-    pub fn new(namespace: &str, name: &str, identity: &str) -> Self {
+    /// client-go's defaults: 15 s lease, 10 s renew deadline, 2 s retry. `replica` names the
+    /// replica (the pod name); the identity in the Lease gets a per-process suffix.
+    pub fn new(namespace: &str, name: &str, replica: &str) -> Self {
         LeaseConfig {
             namespace: namespace.into(),
             name: name.into(),
-            identity: identity.into(),
+            identity: unique_identity(replica),
             lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
         }
     }
+
+    /// The ordering client-go insists on: lease duration > renew deadline > retry period.
+    pub fn validate(&self) -> Result<(), Error> {
+        if self.lease_duration > self.renew_deadline && self.renew_deadline > self.retry_period {
+            Ok(())
+        } else {
+            Err(Error::Timing {
+                lease: self.lease_duration,
+                renew: self.renew_deadline,
+                retry: self.retry_period,
+            })
+        }
+    }
+}
+
+/// `<replica>_<16 hex digits>`, random per call (as client-go's `hostname_uuid`): two
+/// processes started with the same replica name are two holders.
+pub fn unique_identity(replica: &str) -> String {
+    // The standard library's hasher keys are random per process (and per call).
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u32(std::process::id());
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    format!("{replica}_{:016x}", hasher.finish())
+}
+
+/// The replica name when none is given: the host name (the pod name in a pod).
+pub fn default_replica_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "akri-driver-controller".into())
 }
 
 /// Held leadership. Dropping it stops renewing (the Lease then expires); [`release`] hands
@@ -80,26 +145,38 @@ impl Leadership {
     /// Gives the Lease up so that a standby replica takes over without waiting for expiry.
     pub async fn release(self) {
         self.renew.abort();
-        if let Err(error) = self.elector.release().await {
-            tracing::warn!(%error, "releasing the leader lease failed; it will expire");
+        let limit = self.elector.config.renew_deadline;
+        match tokio::time::timeout(limit, self.elector.release()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                tracing::warn!(%error, "releasing the leader lease failed; it will expire")
+            }
+            Err(_) => tracing::warn!(
+                ?limit,
+                "releasing the leader lease timed out; it will expire"
+            ),
         }
     }
 }
 
-/// Waits until this replica holds the Lease. `on_attempt` is told after each attempt whether
-/// the API server answered (for readiness).
+/// Waits until this replica holds the Lease. `on_attempt` is told after each attempt (as
+/// candidate, then as leader) whether the API server answered in time (for readiness).
 pub async fn acquire(
     client: kube::Client,
     config: LeaseConfig,
-    on_attempt: impl Fn(bool) + Send + 'static,
+    on_attempt: impl Fn(bool) + Send + Sync + 'static,
 ) -> Leadership {
     let mut elector = Elector {
         api: Api::namespaced(client, &config.namespace),
         config,
         observed: None,
     };
+    // When the attempt that won started: the renew deadline counts from there.
+    let mut acquired_at;
     loop {
-        match elector.try_acquire_or_renew().await {
+        acquired_at = Instant::now();
+        let limit = acquired_at + elector.config.renew_deadline;
+        match elector.attempt(limit).await {
             Ok(true) => {
                 on_attempt(true);
                 break;
@@ -116,20 +193,33 @@ pub async fn acquire(
     let (lost_tx, lost) = watch::channel(false);
     let mut renewer = elector.clone();
     let renew = tokio::spawn(async move {
-        let mut last_renewed = Instant::now();
+        let mut last_renewed = acquired_at;
         loop {
             tokio::time::sleep(renewer.config.retry_period).await;
-            match renewer.try_acquire_or_renew().await {
-                Ok(true) => last_renewed = Instant::now(),
+            // A standby may take over a lease duration after it saw our last record, which
+            // was written after `last_renewed`: give up well before that.
+            let deadline = last_renewed + renewer.config.renew_deadline;
+            let started = Instant::now();
+            match renewer.attempt(deadline).await {
+                Ok(true) => {
+                    on_attempt(true);
+                    last_renewed = started;
+                }
                 Ok(false) => {
+                    on_attempt(true);
                     tracing::error!("another replica holds the leader lease");
                     break;
                 }
-                Err(error) => tracing::warn!(%error, "renewing the leader lease failed"),
+                Err(error) => {
+                    on_attempt(false);
+                    tracing::warn!(%error, "renewing the leader lease failed");
+                }
             }
-            // Not renewed for a lease duration: another replica may hold it by now.
-            if last_renewed.elapsed() >= renewer.config.lease_duration {
-                tracing::error!("could not renew the leader lease in time");
+            if Instant::now() >= last_renewed + renewer.config.renew_deadline {
+                tracing::error!(
+                    renew_deadline = ?renewer.config.renew_deadline,
+                    "could not renew the leader lease within the renew deadline"
+                );
                 break;
             }
         }
@@ -156,6 +246,19 @@ impl Elector {
             namespace: self.config.namespace.clone(),
             name: self.config.name.clone(),
             source,
+        }
+    }
+
+    /// One [`try_acquire_or_renew`](Self::try_acquire_or_renew), given up at `deadline`.
+    async fn attempt(&mut self, deadline: Instant) -> Result<bool, Error> {
+        let after = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout_at(deadline.into(), self.try_acquire_or_renew()).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::Timeout {
+                namespace: self.config.namespace.clone(),
+                name: self.config.name.clone(),
+                after,
+            }),
         }
     }
 
@@ -260,5 +363,30 @@ impl Elector {
             Ok(_) | Err(kube::Error::Api(_)) => Ok(()),
             Err(e) => Err(self.error(e)),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identities_are_unique_per_call_and_keep_the_replica_name() {
+        let (a, b) = (unique_identity("pod-a"), unique_identity("pod-a"));
+        assert_ne!(a, b);
+        assert!(
+            a.starts_with("pod-a_") && a.len() == "pod-a_".len() + 16,
+            "{a}"
+        );
+    }
+
+    #[test]
+    fn timing_must_let_the_leader_stop_before_its_lease_expires() {
+        let mut config = LeaseConfig::new("ns", "lease", "pod");
+        assert!(config.validate().is_ok());
+        config.renew_deadline = config.lease_duration;
+        assert!(config.validate().is_err());
+        config.renew_deadline = config.retry_period;
+        assert!(config.validate().is_err());
     }
 }

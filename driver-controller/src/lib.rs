@@ -30,10 +30,13 @@ pub enum Error {
     Controller(#[from] controller::Error),
     #[error("lost the leader lease; stopping so that only one replica acts")]
     LostLeadership,
+    #[error(transparent)]
+    Leader(#[from] leader::Error),
 }
 
 /// Waits to be the leader, then runs the controller until leadership is lost (an error: the
-/// process should exit and come back as a standby) or the controller stops.
+/// process should exit and come back as a standby) or the controller stops. Losing
+/// leadership drops the controller at once: nothing of it runs after this returns.
 pub async fn run_as_leader(
     client: kube::Client,
     config: ControllerConfig,
@@ -41,6 +44,7 @@ pub async fn run_as_leader(
     metrics: Metrics,
     readiness: Readiness,
 ) -> Result<(), Error> {
+    lease.validate()?;
     let mut leadership =
         leader::acquire(client.clone(), lease, move |reached| readiness.set(reached)).await;
     metrics.set_leader(true);

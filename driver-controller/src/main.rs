@@ -22,12 +22,17 @@ struct Args {
     /// Name of the leader-election Lease.
     #[arg(long, default_value = "akri-driver-controller")]
     lease_name: String,
-    /// This replica's identity in the Lease (the pod name).
+    /// This replica's name (the pod name; the host name when not given). The identity in the
+    /// Lease is this name and a random suffix of the process.
     #[arg(long, env = "POD_NAME")]
     identity: Option<String>,
     /// Seconds an unrenewed Lease stays taken: how long a standby waits for a dead leader.
     #[arg(long, default_value_t = 15)]
     lease_duration_seconds: u64,
+    /// Seconds the leader retries a failing renewal before it stops acting (less than the
+    /// lease duration).
+    #[arg(long, default_value_t = 10)]
+    lease_renew_deadline_seconds: u64,
     /// Seconds between renewals (and attempts by standbys).
     #[arg(long, default_value_t = 2)]
     lease_retry_seconds: u64,
@@ -62,11 +67,12 @@ async fn main() -> anyhow::Result<()> {
         http::serve(args.metrics_address, metrics.clone(), readiness.clone()).await?;
     tracing::info!(%address, "serving /metrics, /healthz, /readyz");
 
-    let identity = args
+    let replica = args
         .identity
-        .unwrap_or_else(|| format!("akri-driver-controller-{}", std::process::id()));
-    let mut lease = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &identity);
+        .unwrap_or_else(akri_driver_controller::leader::default_replica_name);
+    let mut lease = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &replica);
     lease.lease_duration = Duration::from_secs(args.lease_duration_seconds);
+    lease.renew_deadline = Duration::from_secs(args.lease_renew_deadline_seconds);
     lease.retry_period = Duration::from_secs(args.lease_retry_seconds);
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);

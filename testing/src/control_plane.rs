@@ -226,6 +226,17 @@ impl ControlPlane {
         client_from(&self.kubeconfig_yaml).await
     }
 
+    /// The admin client's configuration, for clients built differently (e.g. through a
+    /// [`TcpProxy`](crate::TcpProxy), or with extra layers).
+    pub async fn client_config(&self) -> Result<kube::Config, Error> {
+        kube::Config::from_custom_kubeconfig(
+            self.kubeconfig_yaml.clone(),
+            &KubeConfigOptions::default(),
+        )
+        .await
+        .map_err(|e| Error::Kubeconfig(e.to_string()))
+    }
+
     /// The admin kubeconfig file, for processes under test.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

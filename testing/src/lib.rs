@@ -8,6 +8,7 @@
 //!
 //! Processes are started with a parent-death signal, from a thread that lives as long as the
 //! test binary, so nothing outlives a test run, even one that panics or is killed.
+//! [`TcpProxy`] puts a stallable network path between one client and the API server.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), akri_testing::Error> {
@@ -23,11 +24,13 @@ mod control_plane;
 mod error;
 mod kubelet_peer;
 mod process;
+mod proxy;
 
 pub use bins::BinDir;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use error::Error;
 pub use kubelet_peer::KubeletPeer;
+pub use proxy::TcpProxy;
 
 /// A free TCP port on 127.0.0.1 (bound and released; tests run on one machine).
 pub fn free_port() -> Result<u16, Error> {

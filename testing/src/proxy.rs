@@ -1,0 +1,110 @@
+//! A loopback TCP proxy a test can stall: a network partition between one client and its
+//! server, without touching either. TLS passes through untouched (the proxy never looks at
+//! the bytes), so a client that trusts the server trusts it through the proxy too.
+
+use crate::Error;
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// Forwards connections on a loopback port to `upstream` until dropped.
+pub struct TcpProxy {
+    address: SocketAddr,
+    stalled: watch::Sender<bool>,
+    accept: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for TcpProxy {
+    fn drop(&mut self) {
+        self.accept.abort();
+    }
+}
+
+impl TcpProxy {
+    /// Listens on a free loopback port.
+    pub async fn start(upstream: SocketAddr) -> Result<TcpProxy, Error> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(Error::io("bind the proxy"))?;
+        let address = listener
+            .local_addr()
+            .map_err(Error::io("read the proxy's address"))?;
+        let (stalled, _) = watch::channel(false);
+        let gate = stalled.clone();
+        let accept = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let gate = gate.subscribe();
+                tokio::spawn(async move {
+                    // A connection made while stalled waits like the others.
+                    open(&mut gate.clone()).await;
+                    let Ok(server) = TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (client_read, client_write) = client.into_split();
+                    let (server_read, server_write) = server.into_split();
+                    tokio::join!(
+                        forward(client_read, server_write, gate.clone()),
+                        forward(server_read, client_write, gate),
+                    );
+                });
+            }
+        });
+        Ok(TcpProxy {
+            address,
+            stalled,
+            accept,
+        })
+    }
+
+    /// Where clients connect.
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    /// Stops moving bytes in both directions: connections stay open, requests and responses
+    /// wait (as on a partitioned network), new connections are accepted but go nowhere.
+    pub fn stall(&self) {
+        self.stalled.send_replace(true);
+    }
+
+    /// Moves the bytes that waited, and everything after.
+    pub fn resume(&self) {
+        self.stalled.send_replace(false);
+    }
+
+    /// A copy of `config` whose requests go through this proxy (same credentials; the
+    /// proxy listens on 127.0.0.1, which the test API server's certificate names).
+    pub fn client_config(&self, config: &kube::Config) -> Result<kube::Config, Error> {
+        let mut config = config.clone();
+        config.cluster_url = format!("https://{}", self.address)
+            .parse()
+            .map_err(|e| Error::Other(format!("proxy URL: {e}")))?;
+        Ok(config)
+    }
+}
+
+async fn open(gate: &mut watch::Receiver<bool>) {
+    let _ = gate.wait_for(|stalled| !stalled).await;
+}
+
+async fn forward(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut gate: watch::Receiver<bool>,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        open(&mut gate).await;
+        let n = match from.read(&mut buffer).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        // Bytes read just before a stall wait for the end of it.
+        open(&mut gate).await;
+        if to.write_all(&buffer[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
