@@ -240,6 +240,15 @@ struct AgentState {
     startup: StartupGate,
 }
 
+/// What a watch of the agent said, as far as the loop cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WatchEvent {
+    Changed,
+    /// The first list is complete.
+    Listed,
+    Failed,
+}
+
 /// Something a discovery stream said about its configuration.
 struct StreamEvent {
     configuration: String,
@@ -261,18 +270,23 @@ impl AgentState {
                 writer,
                 watcher(configs_api, watcher::Config::default()).default_backoff(),
             )
-            .map(|event| matches!(event, Ok(watcher::Event::InitDone))),
+            .map(|event| match event {
+                Ok(watcher::Event::InitDone) => WatchEvent::Listed,
+                Ok(_) => WatchEvent::Changed,
+                Err(_) => WatchEvent::Failed,
+            }),
         );
         // The kubelet's DRA manager deletes a node's slices when it restarts, and anyone may
         // delete them: republish as soon as one of this node's slices changes or goes.
         let slices_api = Api::<ResourceSlice>::all(self.client.clone());
         let node_slices =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
-        let mut slice_changes = Box::pin(
-            watcher(slices_api, node_slices)
-                .default_backoff()
-                .map(|_| ()),
-        );
+        let mut slice_changes = Box::pin(watcher(slices_api, node_slices).default_backoff().map(
+            |event| match event {
+                Ok(_) => WatchEvent::Changed,
+                Err(_) => WatchEvent::Failed,
+            },
+        ));
         let (events_tx, mut events) = mpsc::channel::<StreamEvent>(64);
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         let mut dirty: BTreeSet<String> = BTreeSet::new();
@@ -280,7 +294,13 @@ impl AgentState {
         tokio::pin!(startup_deadline);
         loop {
             tokio::select! {
-                listed = config_changes.next() => if listed == Some(true) { self.startup.configs_listed() },
+                // A failing watch retries by itself, with backoff; a pass now would only fail
+                // its writes too (the resync retries them), so the outage costs no work.
+                event = config_changes.next() => match event {
+                    Some(WatchEvent::Listed) => self.startup.configs_listed(),
+                    Some(WatchEvent::Failed) => continue,
+                    _ => {}
+                },
                 _ = &mut startup_deadline, if !self.startup.is_open() => {}
                 changed = handlers.changed() => if changed.is_err() { return },
                 Some(event) = events.recv() => {
@@ -295,7 +315,10 @@ impl AgentState {
                     }
                 }
                 _ = resync.tick() => dirty.extend(self.drivers.keys().cloned()),
-                _ = slice_changes.next() => dirty.extend(self.drivers.keys().cloned()),
+                event = slice_changes.next() => match event {
+                    Some(WatchEvent::Failed) => continue,
+                    _ => dirty.extend(self.drivers.keys().cloned()),
+                },
             }
             let configs: Vec<DiscoveryConfiguration> =
                 store.state().iter().map(|c| (**c).clone()).collect();

@@ -336,23 +336,6 @@ async fn discovery_errors_show_in_the_configurations_status() {
     .await;
 }
 
-/// The rules the README gives the kubelet-plugin's ServiceAccount (cluster-wide part).
-fn kubelet_plugin_cluster_role(name: &str) -> Value {
-    json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": { "name": name },
-        "rules": [
-            { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get"] },
-            { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations"], "verbs": ["get", "list", "watch"] },
-            { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations/status"], "verbs": ["patch"] },
-            { "apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
-            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
-            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"] },
-            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-        ],
-    })
-}
-
 /// A discovery property from a Secret that can no longer be read (the API server refuses,
 /// as it would in an outage or after an RBAC mistake) is not a change: discovery goes on with
 /// the value it has, the devices stay, and the configuration's status says why. Only when
@@ -360,7 +343,7 @@ fn kubelet_plugin_cluster_role(name: &str) -> Value {
 #[tokio::test]
 async fn an_unreadable_secret_keeps_discovery_running() {
     use k8s_openapi::api::core::v1::Secret;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+    use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
     use kube::api::DeleteParams;
     let cp = &ControlPlane::start(ControlPlaneOptions::default())
         .await
@@ -370,19 +353,7 @@ async fn an_unreadable_secret_keeps_discovery_running() {
     let ns = cp.create_namespace("akri").await.unwrap();
     let user = "system:serviceaccount:akri:kubelet-plugin";
 
-    Api::<ClusterRole>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(kubelet_plugin_cluster_role("akri-kubelet-plugin")).unwrap(),
-        )
-        .await
-        .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": "akri-kubelet-plugin" },
-            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "akri-kubelet-plugin" },
-            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
-        })).unwrap())
+    akri_testing::rbac::grant_kubelet_plugin(&admin, user, "akri-kubelet-plugin")
         .await
         .unwrap();
     // Secrets: only in the namespace that holds discovery credentials (here: the same one).

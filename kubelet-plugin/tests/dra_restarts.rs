@@ -45,13 +45,25 @@ fn spawn_plugin_with(
     dir: &Path,
     extra: &[&str],
 ) -> tokio::process::Child {
+    spawn_plugin_through(cp.kubeconfig(), peer, node, namespace, dir, extra)
+}
+
+/// The plugin binary reaching the API server as `kubeconfig` says.
+fn spawn_plugin_through(
+    kubeconfig: &Path,
+    peer: &KubeletPeer,
+    node: &str,
+    namespace: &str,
+    dir: &Path,
+    extra: &[&str],
+) -> tokio::process::Child {
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(dir.join("plugin.log"))
         .unwrap();
     tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
-        .env("KUBECONFIG", cp.kubeconfig())
+        .env("KUBECONFIG", kubeconfig)
         .env("RUST_LOG", "info")
         .args([
             "--node-name",
@@ -785,4 +797,148 @@ async fn a_state_dir_visible_to_handlers_is_refused() {
         !dir.path().join("akri/state").exists(),
         "nothing was written there"
     );
+}
+
+/// CPU seconds (user + system) a process has used so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let fields: Vec<&str> = stat[stat.rfind(')').unwrap() + 2..].split(' ').collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // USER_HZ is 100 on Linux.
+    ticks as f64 / 100.0
+}
+
+/// A minute without the API server, and a minute of 403s: neither costs a device, and
+/// neither makes the plugin spin (its CPU and log lines per second are printed).
+#[tokio::test]
+async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let admin = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let (down_node, ns, down_peer, down_dir) = node_with_peer("outage").await;
+    let (denied_node, _, denied_peer, denied_dir) = node_with_peer("denied").await;
+
+    // One plugin reaches the API server through a proxy that will go down; the other runs as
+    // a user whose permissions will be taken away.
+    let proxy = akri_testing::TcpProxy::start(cp.api_server_address())
+        .await
+        .unwrap();
+    let down_kubeconfig = down_dir.path().join("kubeconfig");
+    cp.write_kubeconfig(&down_kubeconfig, Some(proxy.address()), None)
+        .unwrap();
+    let user = format!("system:serviceaccount:akri:{denied_node}");
+    let binding = ControlPlane::unique_name("akri-kubelet-plugin");
+    akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &binding)
+        .await
+        .unwrap();
+    let denied_kubeconfig = denied_dir.path().join("kubeconfig");
+    cp.write_kubeconfig(&denied_kubeconfig, None, Some(&user))
+        .unwrap();
+    let mut down_plugin = spawn_plugin_through(
+        &down_kubeconfig,
+        &down_peer,
+        &down_node,
+        &ns,
+        down_dir.path(),
+        &[],
+    );
+    let mut denied_plugin = spawn_plugin_through(
+        &denied_kubeconfig,
+        &denied_peer,
+        &denied_node,
+        &ns,
+        denied_dir.path(),
+        &[],
+    );
+
+    let config = ControlPlane::unique_name("outage");
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(admin.clone())
+        .create(&PostParams::default(), &from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": config },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [o0]" } },
+        })))
+        .await
+        .unwrap();
+    let before = eventually("both nodes publish", async || {
+        let down = publication(&admin, &down_node, &ns).await.0;
+        let denied = publication(&admin, &denied_node, &ns).await.0;
+        let has = |slices: &Vec<(String, String, i64, usize)>| {
+            slices.iter().map(|s| s.3).sum::<usize>() >= 1
+        };
+        (has(&down) && has(&denied)).then_some((down, denied))
+    })
+    .await;
+
+    let log_lines = |dir: &Path| {
+        std::fs::read_to_string(dir.join("plugin.log"))
+            .unwrap()
+            .lines()
+            .count()
+    };
+    let (down_pid, denied_pid) = (down_plugin.id().unwrap(), denied_plugin.id().unwrap());
+    let start = (
+        cpu_seconds(down_pid),
+        cpu_seconds(denied_pid),
+        log_lines(down_dir.path()),
+        log_lines(denied_dir.path()),
+    );
+    proxy.go_down();
+    kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
+        .delete(&binding, &Default::default())
+        .await
+        .unwrap();
+    let outage = Duration::from_secs(60);
+    tokio::time::sleep(outage).await;
+    let seconds = outage.as_secs_f64();
+    let down_cpu = (cpu_seconds(down_pid) - start.0) / seconds;
+    let denied_cpu = (cpu_seconds(denied_pid) - start.1) / seconds;
+    let down_logs = (log_lines(down_dir.path()) - start.2) as f64 / seconds;
+    let denied_logs = (log_lines(denied_dir.path()) - start.3) as f64 / seconds;
+    eprintln!(
+        "during a 60 s outage: CPU {:.2}% of a core, {down_logs:.2} log lines/s; during 60 s of 403s: CPU {:.2}%, {denied_logs:.2} log lines/s",
+        down_cpu * 100.0,
+        denied_cpu * 100.0
+    );
+    assert!(
+        down_cpu < 0.05 && denied_cpu < 0.05,
+        "no hot loop: {down_cpu} {denied_cpu}"
+    );
+    assert!(
+        down_logs < 1.0 && denied_logs < 1.0,
+        "no log flood: {down_logs} {denied_logs}"
+    );
+    assert!(
+        down_plugin.try_wait().unwrap().is_none() && denied_plugin.try_wait().unwrap().is_none()
+    );
+
+    // Nothing was lost, and both come back by themselves.
+    assert_eq!(publication(&admin, &down_node, &ns).await.0, before.0);
+    assert_eq!(publication(&admin, &denied_node, &ns).await.0, before.1);
+    proxy.resume();
+    akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &format!("{binding}-again"))
+        .await
+        .unwrap();
+    // A change after the outage reaches both nodes' pools.
+    std::fs::write(down_dir.path().join("availability.txt"), "OFFLINE").unwrap();
+    std::fs::write(denied_dir.path().join("availability.txt"), "OFFLINE").unwrap();
+    eventually("both nodes publish again after the outage", async || {
+        let down: usize = publication(&admin, &down_node, &ns)
+            .await
+            .0
+            .iter()
+            .map(|s| s.3)
+            .sum();
+        let denied: usize = publication(&admin, &denied_node, &ns)
+            .await
+            .0
+            .iter()
+            .map(|s| s.3)
+            .sum();
+        (down == 0 && denied == 0).then_some(())
+    })
+    .await;
+    down_plugin.kill().await.unwrap();
+    denied_plugin.kill().await.unwrap();
 }

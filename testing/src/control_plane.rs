@@ -237,6 +237,50 @@ impl ControlPlane {
         .map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
+    /// The API server's address (host:port on loopback), e.g. as a [`TcpProxy`]'s upstream.
+    ///
+    /// [`TcpProxy`]: crate::TcpProxy
+    pub fn api_server_address(&self) -> std::net::SocketAddr {
+        let server = &self.kubeconfig_yaml.clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.server.clone())
+            .expect("the harness writes a server");
+        let authority = server.trim_start_matches("https://").trim_end_matches('/');
+        authority.parse().expect("a loopback address and port")
+    }
+
+    /// Writes a kubeconfig for a process under test to `path`: the admin's credentials,
+    /// reaching the API server at `server` (e.g. a [`TcpProxy`]) if given, and impersonating
+    /// `user` if given (to run a component under the RBAC it documents).
+    ///
+    /// [`TcpProxy`]: crate::TcpProxy
+    pub fn write_kubeconfig(
+        &self,
+        path: &Path,
+        server: Option<std::net::SocketAddr>,
+        user: Option<&str>,
+    ) -> Result<(), Error> {
+        let mut kubeconfig = self.kubeconfig_yaml.clone();
+        if let Some(server) = server {
+            for cluster in &mut kubeconfig.clusters {
+                if let Some(cluster) = cluster.cluster.as_mut() {
+                    cluster.server = Some(format!("https://{server}"));
+                }
+            }
+        }
+        if let Some(user) = user {
+            for auth in &mut kubeconfig.auth_infos {
+                if let Some(auth) = auth.auth_info.as_mut() {
+                    auth.impersonate = Some(user.to_string());
+                }
+            }
+        }
+        // JSON is YAML: every kubeconfig reader takes it.
+        let json = serde_json::to_vec(&kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
+        std::fs::write(path, json).map_err(Error::io("write a kubeconfig"))
+    }
+
     /// The admin kubeconfig file, for processes under test.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig

@@ -25,6 +25,7 @@ mod error;
 mod kubelet_peer;
 mod process;
 mod proxy;
+pub mod rbac;
 
 pub use bins::BinDir;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};

@@ -12,6 +12,8 @@ use tokio::sync::watch;
 pub struct TcpProxy {
     address: SocketAddr,
     stalled: watch::Sender<bool>,
+    /// While true the upstream is "down": connections are closed and new ones refused.
+    down: watch::Sender<bool>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -31,10 +33,18 @@ impl TcpProxy {
             .local_addr()
             .map_err(Error::io("read the proxy's address"))?;
         let (stalled, _) = watch::channel(false);
+        let (down, _) = watch::channel(false);
         let gate = stalled.clone();
+        let outage = down.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *outage.borrow() {
+                    // As close to "connection refused" as an open port gets: closed at once.
+                    drop(client);
+                    continue;
+                }
                 let gate = gate.subscribe();
+                let mut outage = outage.subscribe();
                 tokio::spawn(async move {
                     // A connection made while stalled waits like the others.
                     open(&mut gate.clone()).await;
@@ -43,16 +53,23 @@ impl TcpProxy {
                     };
                     let (client_read, client_write) = client.into_split();
                     let (server_read, server_write) = server.into_split();
-                    tokio::join!(
-                        forward(client_read, server_write, gate.clone()),
-                        forward(server_read, client_write, gate),
-                    );
+                    tokio::select! {
+                        _ = async {
+                            tokio::join!(
+                                forward(client_read, server_write, gate.clone()),
+                                forward(server_read, client_write, gate),
+                            )
+                        } => {}
+                        // Going down closes every connection (the halves drop here).
+                        _ = outage.wait_for(|down| *down) => {}
+                    }
                 });
             }
         });
         Ok(TcpProxy {
             address,
             stalled,
+            down,
             accept,
         })
     }
@@ -68,9 +85,16 @@ impl TcpProxy {
         self.stalled.send_replace(true);
     }
 
-    /// Moves the bytes that waited, and everything after.
+    /// Moves the bytes that waited, and everything after; ends an outage.
     pub fn resume(&self) {
         self.stalled.send_replace(false);
+        self.down.send_replace(false);
+    }
+
+    /// The upstream goes away (an API server outage): every connection is closed and new
+    /// ones are closed as soon as they are accepted, until [`resume`](Self::resume).
+    pub fn go_down(&self) {
+        self.down.send_replace(true);
     }
 
     /// A copy of `config` whose requests go through this proxy (same credentials; the
