@@ -573,7 +573,7 @@ impl AgentState {
         };
         let slice_devices: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
         let published = tokio::time::timeout(
-            crate::API_CALL_TIMEOUT * 3,
+            crate::API_CALL_TIMEOUT,
             served.publisher.publish(&slice_devices),
         )
         .await

@@ -942,3 +942,56 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
     down_plugin.kill().await.unwrap();
     denied_plugin.kill().await.unwrap();
 }
+
+/// A connection that dies silently (the API server's end gone without a word) must not hold
+/// the node's publications: every call has a deadline, and the next one uses a new connection.
+#[tokio::test]
+async fn a_silently_dead_connection_does_not_stall_the_node() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let admin = cp.client().await.unwrap();
+    let (node, ns, peer, dir) = node_with_peer("blackhole").await;
+    let proxy = akri_testing::TcpProxy::start(cp.api_server_address())
+        .await
+        .unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, Some(proxy.address()), None)
+        .unwrap();
+    let mut plugin = spawn_plugin_through(&kubeconfig, &peer, &node, &ns, dir.path(), &[]);
+    let config = ControlPlane::unique_name("blackhole");
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(admin.clone())
+        .create(&PostParams::default(), &from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": config },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [h0]" } },
+        })))
+        .await
+        .unwrap();
+    let device = akri_devices::instance_name(&config, "h0", false, &node);
+    let published = async || -> Vec<String> {
+        Api::<ResourceSlice>::all(admin.clone())
+            .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .flat_map(|s| s.spec.devices.unwrap_or_default())
+            .map(|d| d.name)
+            .collect()
+    };
+    eventually("published", async || {
+        published().await.contains(&device).then_some(())
+    })
+    .await;
+
+    proxy.black_hole_open_connections();
+    std::fs::write(dir.path().join("availability.txt"), "OFFLINE").unwrap();
+    // The first attempt waits out its deadline (20 s) on a dead connection; the resync (30 s)
+    // retries on a new one. Without deadlines it waits for the client's read timeout (295 s).
+    akri_testing::eventually(
+        "the change published despite the dead connections",
+        Duration::from_secs(90),
+        async || (!published().await.contains(&device)).then_some(()),
+    )
+    .await;
+    plugin.kill().await.unwrap();
+}

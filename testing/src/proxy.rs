@@ -14,6 +14,9 @@ pub struct TcpProxy {
     stalled: watch::Sender<bool>,
     /// While true the upstream is "down": connections are closed and new ones refused.
     down: watch::Sender<bool>,
+    /// Connections numbered below this are black-holed: open, and silent forever.
+    frozen_below: watch::Sender<u64>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
 
@@ -34,20 +37,29 @@ impl TcpProxy {
             .map_err(Error::io("read the proxy's address"))?;
         let (stalled, _) = watch::channel(false);
         let (down, _) = watch::channel(false);
+        let (frozen_below, _) = watch::channel(0);
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let gate = stalled.clone();
         let outage = down.clone();
+        let freezer = frozen_below.clone();
+        let counter = accepted.clone();
         let accept = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                let id = counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if *outage.borrow() {
                     // As close to "connection refused" as an open port gets: closed at once.
                     drop(client);
                     continue;
                 }
-                let gate = gate.subscribe();
+                let gate = Gate {
+                    stalled: gate.subscribe(),
+                    frozen_below: freezer.subscribe(),
+                    id,
+                };
                 let mut outage = outage.subscribe();
                 tokio::spawn(async move {
                     // A connection made while stalled waits like the others.
-                    open(&mut gate.clone()).await;
+                    gate.clone().open().await;
                     let Ok(server) = TcpStream::connect(upstream).await else {
                         return;
                     };
@@ -70,6 +82,8 @@ impl TcpProxy {
             address,
             stalled,
             down,
+            frozen_below,
+            accepted,
             accept,
         })
     }
@@ -91,6 +105,14 @@ impl TcpProxy {
         self.down.send_replace(false);
     }
 
+    /// Every connection open now goes silent for good (a peer that died without closing, a
+    /// NAT entry that expired): bytes are neither moved nor refused. Connections made later
+    /// work. Only a client with its own deadlines notices and reconnects.
+    pub fn black_hole_open_connections(&self) {
+        let now = self.accepted.load(std::sync::atomic::Ordering::SeqCst);
+        self.frozen_below.send_replace(now);
+    }
+
     /// The upstream goes away (an API server outage): every connection is closed and new
     /// ones are closed as soon as they are accepted, until [`resume`](Self::resume).
     pub fn go_down(&self) {
@@ -108,24 +130,37 @@ impl TcpProxy {
     }
 }
 
-async fn open(gate: &mut watch::Receiver<bool>) {
-    let _ = gate.wait_for(|stalled| !stalled).await;
+/// When a connection may move bytes.
+#[derive(Clone)]
+struct Gate {
+    stalled: watch::Receiver<bool>,
+    frozen_below: watch::Receiver<u64>,
+    id: u64,
+}
+
+impl Gate {
+    async fn open(&mut self) {
+        let _ = self.stalled.wait_for(|stalled| !stalled).await;
+        if *self.frozen_below.borrow() > self.id {
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 async fn forward(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut gate: watch::Receiver<bool>,
+    mut gate: Gate,
 ) {
     let mut buffer = vec![0u8; 64 * 1024];
     loop {
-        open(&mut gate).await;
+        gate.open().await;
         let n = match from.read(&mut buffer).await {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
         // Bytes read just before a stall wait for the end of it.
-        open(&mut gate).await;
+        gate.open().await;
         if to.write_all(&buffer[..n]).await.is_err() {
             break;
         }
