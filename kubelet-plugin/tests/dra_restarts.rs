@@ -752,6 +752,11 @@ async fn two_requests_on_one_shared_device_prepare() {
     let devices = prepared[&claim.uid].clone().expect("the claim prepares");
     assert_eq!(devices.len(), 2);
     assert_eq!(devices[0].cdi_device_ids, devices[1].cdi_device_ids);
+    // One place builds the CDI name: `<claim uid>-<device>`, the UID once.
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        [format!("akri.sh/debugecho={}-{device}", claim.uid)]
+    );
     let requests: Vec<_> = devices
         .iter()
         .map(|d| d.request_names[0].as_str())
