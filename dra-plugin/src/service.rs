@@ -138,20 +138,13 @@ impl<D: Driver> DraService<D> {
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
-        let (claims, refused) = distinct(claims);
-        let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
-        let _locks = self
-            .claim_locks
-            .lock(claims.iter().map(|c| c.uid.as_str()))
-            .await;
-        let results: Vec<(ClaimRef, Result<Prepared, String>)> = futures::stream::iter(claims)
-            .map(|claim| async move {
+        let (refused, results, _locks) = self
+            .each_claim(claims, |claim| async move {
                 let result = self.prepare_claim(&claim).await;
                 (claim, result)
             })
-            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
-            .collect()
             .await;
+        let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
 
         let mut fresh = Vec::new();
         for (claim, result) in results {
@@ -196,6 +189,31 @@ impl<D: Driver> DraService<D> {
         answers
     }
 
+    /// The common part of a call: each claim once ([`distinct`]; the refused ones with why),
+    /// `work` on each under the claims' locks, at most [`MAX_CONCURRENT_CLAIMS`] at once. The
+    /// locks come back with the results: hold them until the checkpoint is stored.
+    async fn each_claim<T, F: Future<Output = (ClaimRef, T)>>(
+        &self,
+        claims: Vec<ClaimRef>,
+        work: impl Fn(ClaimRef) -> F,
+    ) -> (
+        Vec<(String, String)>,
+        Vec<(ClaimRef, T)>,
+        Vec<OwnedMutexGuard<()>>,
+    ) {
+        let (claims, refused) = distinct(claims);
+        let locks = self
+            .claim_locks
+            .lock(claims.iter().map(|c| c.uid.as_str()))
+            .await;
+        let results = futures::stream::iter(claims)
+            .map(work)
+            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
+            .collect()
+            .await;
+        (refused, results, locks)
+    }
+
     async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Prepared, String> {
         let recorded = self.state.lock().await.claims.get(&claim.uid).cloned();
         if let Some(recorded) = recorded {
@@ -230,21 +248,14 @@ impl<D: Driver> DraService<D> {
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<(), String>> {
-        let (claims, refused) = distinct(claims);
-        let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
-        let _locks = self
-            .claim_locks
-            .lock(claims.iter().map(|c| c.uid.as_str()))
-            .await;
-        let results: Vec<(ClaimRef, Result<bool, String>)> = futures::stream::iter(claims)
-            .map(|claim| async move {
+        let (refused, results, _locks) = self
+            .each_claim(claims, |claim| async move {
                 let prepared = self.state.lock().await.claims.get(&claim.uid).cloned();
                 let result = self.driver.unprepare(&claim, prepared.as_ref()).await;
                 (claim, result.map(|()| prepared.is_some()))
             })
-            .buffer_unordered(MAX_CONCURRENT_CLAIMS)
-            .collect()
             .await;
+        let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
 
         let mut undone = Vec::new();
         for (claim, result) in results {

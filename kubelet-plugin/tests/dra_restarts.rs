@@ -95,7 +95,9 @@ fn spawn_plugin_through(
         .expect("the plugin binary starts")
 }
 
-async fn pool_size(client: &kube::Client, node: &str) -> usize {
+/// How many devices of `config` the node's pool has (other tests' configurations share the
+/// cluster, and every plugin discovers them all).
+async fn pool_size(client: &kube::Client, node: &str, config: &str) -> usize {
     Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
@@ -103,34 +105,22 @@ async fn pool_size(client: &kube::Client, node: &str) -> usize {
         .items
         .into_iter()
         .filter(|s| s.spec.driver == DRIVER)
-        .map(|s| s.spec.devices.unwrap_or_default().len())
-        .sum()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .filter(|d| d.name.starts_with(&format!("{config}-")))
+        .count()
 }
 
 #[tokio::test]
 async fn survives_sigkill_and_kubelet_restart() {
     let cp = ControlPlane::shared().await.expect("control plane");
     let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let node = ControlPlane::unique_name("node");
-    cp.create_node(&node).await.unwrap();
-    let peer = KubeletPeer::start(cp, &node).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (node, ns, peer, dir) = node_on(cp, "akri").await;
     let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
     peer.wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
 
-    let config = ControlPlane::unique_name("echo");
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": config },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [bar0, bar1]" } },
-        })))
-        .await
-        .unwrap();
+    let config = echo_config(&client, "echo", "bar0, bar1").await;
     Api::<DeviceClass>::all(client.clone())
         .create(&PostParams::default(), &from_json(json!({
             "metadata": { "name": config },
@@ -140,7 +130,7 @@ async fn survives_sigkill_and_kubelet_restart() {
         .await
         .unwrap();
     eventually("two devices published", async || {
-        (pool_size(&client, &node).await == 2).then_some(())
+        (pool_size(&client, &node, &config).await == 2).then_some(())
     })
     .await;
 
@@ -220,7 +210,7 @@ async fn survives_sigkill_and_kubelet_restart() {
         .await
         .expect("registered again");
     eventually("pool republished", async || {
-        (pool_size(&client, &node).await == 2).then_some(())
+        (pool_size(&client, &node, &config).await == 2).then_some(())
     })
     .await;
     assert!(
@@ -316,6 +306,25 @@ async fn malformed_claims_fail_alone() {
     expect_error("deleted", "no longer exists");
 }
 
+/// Creates a debugEcho DiscoveryConfiguration named `<prefix>-<unique>` whose devices are
+/// `descriptions` (comma separated); its name.
+async fn echo_config(client: &kube::Client, prefix: &str, descriptions: &str) -> String {
+    let name = ControlPlane::unique_name(prefix);
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": name },
+                "spec": { "discoveryHandler": { "name": "debugEcho",
+                    "discoveryDetails": format!("descriptions: [{descriptions}]") } },
+            })),
+        )
+        .await
+        .unwrap();
+    name
+}
+
 /// What a node's publication looks like from the API server: slice (name, UID, generation,
 /// device count) and Instance (name, UID).
 async fn publication(
@@ -363,12 +372,7 @@ async fn restart_leaves_slices_and_instances_untouched() {
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("restart").await.unwrap();
-    let node = ControlPlane::unique_name("node");
-    cp.create_node(&node).await.unwrap();
-    let peer = KubeletPeer::start(cp, &node).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    let (node, ns, peer, dir) = node_on(cp, "restart").await;
     // `AKRI_TEST_STARTUP_WAIT` lets the old behaviour (no wait) be shown on demand.
     let wait = std::env::var("AKRI_TEST_STARTUP_WAIT").unwrap_or_else(|_| "30".into());
     let extra = ["--startup-wait-seconds", wait.as_str()];
@@ -376,15 +380,7 @@ async fn restart_leaves_slices_and_instances_untouched() {
     peer.wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    let config = ControlPlane::unique_name("echo");
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": config },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [baz0, baz1]" } },
-        })))
-        .await
-        .unwrap();
+    echo_config(&client, "echo", "baz0, baz1").await;
     let before = eventually("two devices and two Instances published", async || {
         let now = publication(&client, &node, &ns).await;
         let devices: usize = now.0.iter().map(|s| s.3).sum();
@@ -425,7 +421,14 @@ async fn restart_leaves_slices_and_instances_untouched() {
 
 /// A test node with the kubelet peer, a namespace and a state directory.
 async fn node_with_peer(prefix: &str) -> (String, String, KubeletPeer, tempfile::TempDir) {
-    let cp = ControlPlane::shared().await.expect("control plane");
+    node_on(ControlPlane::shared().await.expect("control plane"), prefix).await
+}
+
+/// A namespace, a Node with its kubelet peer, and a state directory, on `cp`.
+async fn node_on(
+    cp: &ControlPlane,
+    prefix: &str,
+) -> (String, String, KubeletPeer, tempfile::TempDir) {
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace(prefix).await.unwrap();
     let node = ControlPlane::unique_name("node");
@@ -857,15 +860,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
         &[],
     );
 
-    let config = ControlPlane::unique_name("outage");
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(admin.clone())
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": config },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [o0]" } },
-        })))
-        .await
-        .unwrap();
+    echo_config(&admin, "outage", "o0").await;
     let before = eventually("both nodes publish", async || {
         let down = publication(&admin, &down_node, &ns).await.0;
         let denied = publication(&admin, &denied_node, &ns).await.0;
@@ -962,15 +957,7 @@ async fn a_silently_dead_connection_does_not_stall_the_node() {
     cp.write_kubeconfig(&kubeconfig, Some(proxy.address()), None)
         .unwrap();
     let mut plugin = spawn_plugin_through(&kubeconfig, &peer, &node, &ns, dir.path(), &[]);
-    let config = ControlPlane::unique_name("blackhole");
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(admin.clone())
-        .create(&PostParams::default(), &from_json(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": config },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [h0]" } },
-        })))
-        .await
-        .unwrap();
+    let config = echo_config(&admin, "blackhole", "h0").await;
     let device = akri_devices::instance_name(&config, "h0", false, &node);
     let published = async || -> Vec<String> {
         Api::<ResourceSlice>::all(admin.clone())
