@@ -13,7 +13,6 @@
 
 use super::handler::RegisteredHandler;
 use serde::{Deserialize, Serialize};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 const VERSION: u32 = 1;
@@ -80,23 +79,11 @@ pub fn save(path: &Path, handlers: &[RegisteredHandler]) -> Result<(), Error> {
     };
     let mut json = serde_json::to_vec_pretty(&file).expect("plain data serializes");
     json.push(b'\n');
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).map_err(io)?;
-    let mut temporary = path.as_os_str().to_owned();
-    temporary.push(".tmp");
-    let temporary = PathBuf::from(temporary);
-    {
-        let mut out = std::fs::File::create(&temporary).map_err(io)?;
-        out.write_all(&json).map_err(io)?;
-        out.sync_all().map_err(io)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(io)?;
     }
-    std::fs::rename(&temporary, path).map_err(io)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io)
+    // Only the agent reads it (it lives in the state directory).
+    dra_plugin::checkpoint::write_atomically(path, &json, 0o600).map_err(io)
 }
 
 #[cfg(test)]
