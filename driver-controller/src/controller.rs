@@ -4,7 +4,10 @@
 //!
 //! Reconciliation is triggered by the configuration itself, its DeviceClass, its Instances,
 //! the slices that hold its devices and the filters that name it, all read from reflector
-//! stores, so a pass costs no reads beyond the writes it needs.
+//! stores, so a pass costs no reads beyond the writes it needs. Nothing acts before every
+//! store has been listed once: a pass on a half-filled store would take the Instances not
+//! listed yet for gone and unpublish their devices (or a configuration for gone and delete its
+//! filters' DeviceClasses).
 
 use crate::device_class::{self, FILTER_LABEL};
 use crate::metrics::Metrics;
@@ -230,6 +233,9 @@ async fn reconcile(
     config: Arc<DiscoveryConfiguration>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    if !ctx.stores_ready().await {
+        return Ok(Action::await_change());
+    }
     let name = config.name_any();
     let driver = akri_devices::driver_name(&config.spec.discovery_handler.name);
     let owner = device_class::owner(config.as_ref()).ok_or_else(|| Error::NoUid(name.clone()))?;
@@ -271,6 +277,9 @@ async fn reconcile(
 /// Filters whose DiscoveryConfiguration does not exist are never reached by a configuration's
 /// reconciliation: look for them now and then.
 async fn orphan_filters(ctx: Arc<Context>) {
+    if !ctx.stores_ready().await {
+        return;
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     loop {
         tick.tick().await;
@@ -286,6 +295,18 @@ async fn orphan_filters(ctx: Arc<Context>) {
 }
 
 impl Context {
+    /// Waits until every store has been listed once; `false` if one never will be (its
+    /// watch was dropped: the controller is stopping).
+    async fn stores_ready(&self) -> bool {
+        let (instances, slices, filters, configurations) = tokio::join!(
+            self.instances.wait_until_ready(),
+            self.slices.wait_until_ready(),
+            self.filters.wait_until_ready(),
+            self.configurations.wait_until_ready(),
+        );
+        instances.is_ok() && slices.is_ok() && filters.is_ok() && configurations.is_ok()
+    }
+
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.config.field_manager).force()
     }
