@@ -29,6 +29,13 @@ pub const MAX_ATTRIBUTE_ID: usize = 32;
 
 /// The DRA driver of a discovery handler: `<handler, lower-cased>.akri.sh` (Akri handler
 /// names such as `debugEcho` are mixed case; driver names are DNS subdomains).
+/// The server-side-apply field manager of a node's kubelet-plugin: it owns that node's entry
+/// of an Instance's `nodes` and of a DiscoveryConfiguration's `status.discoveryErrors`. The
+/// driver-controller applies nothing under it to take a deleted node's entries away.
+pub fn node_field_manager(node: &str) -> String {
+    format!("akri-kubelet-plugin/{node}")
+}
+
 pub fn driver_name(handler: &str) -> String {
     format!("{}.{DRIVER_DOMAIN}", handler.to_ascii_lowercase())
 }

@@ -9,6 +9,8 @@
 //! listed yet for gone and unpublish their devices (or a configuration for gone and delete its
 //! filters' DeviceClasses).
 
+mod gone_nodes;
+
 use crate::device_class::{self, FILTER_LABEL};
 use crate::metrics::Metrics;
 use crate::property_filter;
@@ -22,9 +24,11 @@ use akri_devices::{ATTR_CONFIGURATION, Sharing};
 use dra_plugin::api_support::ApiSupport;
 use dra_plugin::slices::{PoolTemplate, SlicePublisher};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -50,6 +54,13 @@ pub enum Error {
         configuration: String,
         #[source]
         source: dra_plugin::slices::Error,
+    },
+    #[error("reading {kind} {name}: {source}")]
+    Read {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
     },
     #[error("{0} has no UID yet")]
     NoUid(String),
@@ -90,6 +101,7 @@ pub struct Context {
     slices: Store<ResourceSlice>,
     filters: Store<PropertyFilter>,
     configurations: Store<DiscoveryConfiguration>,
+    nodes: Store<PartialObjectMeta<Node>>,
     /// Per configuration, the publishers of its shared pools (they remember generations).
     publishers: Mutex<BTreeMap<String, BTreeMap<String, SlicePublisher>>>,
     metrics: Metrics,
@@ -142,6 +154,18 @@ pub async fn run(
     .reflect(writer)
     .touched_objects();
 
+    // Nodes, to forget the ones deleted for good; a deletion may concern every configuration.
+    let (nodes, writer) = reflector::store();
+    let node_deletions = watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .filter_map(|event| {
+        futures::future::ready(matches!(event, Ok(watcher::Event::Delete(_))).then_some(()))
+    });
+
     let controller = Controller::new(
         Api::<DiscoveryConfiguration>::all(client.clone()),
         watcher::Config::default(),
@@ -154,6 +178,7 @@ pub async fn run(
         slices,
         filters,
         configurations: controller.store(),
+        nodes,
         publishers: Mutex::default(),
         metrics,
     });
@@ -175,6 +200,7 @@ pub async fn run(
         .watches_stream(filter_stream, |filter: PropertyFilter| {
             Some(ObjectRef::new(&filter.spec.discovery_reference.name))
         })
+        .reconcile_all_on(node_deletions)
         .with_config(ControllerRuntimeConfig::default().debounce(config.debounce))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -254,6 +280,10 @@ async fn reconcile(
         .into_iter()
         .filter(|i| i.spec.configuration_name == name)
         .collect();
+    if ctx.forget_gone_nodes(&config, &instances).await? {
+        // The Instance and configuration watches bring the result, and another pass.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let shared = ctx
         .publish_shared(&config, &driver, owner, &instances)
         .await?;
@@ -298,13 +328,18 @@ impl Context {
     /// Waits until every store has been listed once; `false` if one never will be (its
     /// watch was dropped: the controller is stopping).
     async fn stores_ready(&self) -> bool {
-        let (instances, slices, filters, configurations) = tokio::join!(
+        let (instances, slices, filters, configurations, nodes) = tokio::join!(
             self.instances.wait_until_ready(),
             self.slices.wait_until_ready(),
             self.filters.wait_until_ready(),
             self.configurations.wait_until_ready(),
+            self.nodes.wait_until_ready(),
         );
-        instances.is_ok() && slices.is_ok() && filters.is_ok() && configurations.is_ok()
+        instances.is_ok()
+            && slices.is_ok()
+            && filters.is_ok()
+            && configurations.is_ok()
+            && nodes.is_ok()
     }
 
     fn params(&self) -> PatchParams {

@@ -114,7 +114,7 @@ async fn configuration(client: &kube::Client, prefix: &str) -> String {
 
 #[tokio::test]
 async fn a_standby_replica_takes_over_when_the_leader_dies() {
-    let (_cp, client, namespace) = support::control_plane().await;
+    let (cp, client, namespace) = support::control_plane().await;
     let classes = Api::<DeviceClass>::all(client.clone());
     let configs = Api::<DiscoveryConfiguration>::all(client.clone());
 
@@ -169,14 +169,15 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
     );
 
     // A node reporting a discovery error (as the kubelet-plugin writes it) degrades it.
+    let node = unique_node(&cp).await;
     let node_entry = json!({
         "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration", "metadata": { "name": kept },
-        "status": { "discoveryErrors": [{ "node": "edge-1", "message": "handler onvif: connection refused" }] },
+        "status": { "discoveryErrors": [{ "node": node, "message": "handler onvif: connection refused" }] },
     });
     configs
         .patch_status(
             &kept,
-            &PatchParams::apply("akri-kubelet-plugin/edge-1"),
+            &PatchParams::apply(&akri_devices::node_field_manager(&node)),
             &Patch::Apply(&node_entry),
         )
         .await
@@ -192,7 +193,7 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
     assert!(
         degraded
             .message
-            .contains("edge-1: handler onvif: connection refused"),
+            .contains(&format!("{node}: handler onvif: connection refused")),
         "{degraded:?}"
     );
     let status = configs.get(&kept).await.unwrap().status.unwrap();
@@ -419,6 +420,7 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
 
     const INSTANCES: usize = 1000;
     let (cp, client, namespace) = support::control_plane().await;
+    let (a, b) = (unique_node(&cp).await, unique_node(&cp).await);
     let name = configuration(&client, "many").await;
     let filter = ControlPlane::unique_name("room-a");
     Api::<akri_api::v1::PropertyFilter>::all(client.clone())
@@ -439,6 +441,7 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
     futures::stream::iter(0..INSTANCES)
         .map(|i| {
             let (instances, name) = (instances.clone(), name.clone());
+            let (a, b) = (a.clone(), b.clone());
             async move {
                 let instance: Instance = from_json(json!({
                     "apiVersion": "akri.sh/v0", "kind": "Instance",
@@ -452,7 +455,7 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
                         "capacity": 2,
                         "brokerProperties": { "ROOM": if i % 2 == 0 { "a" } else { "b" } },
                         "shared": true,
-                        "nodes": ["edge-1", "edge-2"],
+                        "nodes": [a, b],
                     },
                 }));
                 instances.create(&PostParams::default(), &instance).await
@@ -576,4 +579,109 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
     second.abort();
     slice_watch.abort();
     class_watch.abort();
+}
+
+/// A Node deleted for good (its kubelet-plugin never comes back to clean up): its entries of
+/// Instances' `nodes` and of `status.discoveryErrors` go, the Instances only it saw go, and the
+/// configuration stops being Degraded because of it.
+#[tokio::test]
+async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
+    use akri_api::v1::{INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL, Instance};
+    use akri_driver_controller::controller;
+    use k8s_openapi::api::core::v1::Node;
+
+    let (cp, client, namespace) = support::control_plane().await;
+    let (a, b) = (unique_node(&cp).await, unique_node(&cp).await);
+    let name = configuration(&client, "nodes").await;
+    let instances = Api::<Instance>::namespaced(client.clone(), &namespace);
+    let configs = Api::<DiscoveryConfiguration>::all(client.clone());
+    // As each node's kubelet-plugin writes them: its own entry, under its own field manager.
+    let seen_by = async |instance: &str, node: &str| {
+        let object = json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance",
+            "metadata": { "name": instance, "labels": {
+                INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION } },
+            "spec": {
+                "configurationName": name, "cdiName": format!("akri.sh/onvif={instance}"),
+                "capacity": 2, "shared": true, "nodes": [node],
+            },
+        });
+        instances
+            .patch(
+                instance,
+                &PatchParams::apply(&akri_devices::node_field_manager(node)).force(),
+                &Patch::Apply(&object),
+            )
+            .await
+            .unwrap();
+    };
+    let both = format!("{name}-both");
+    let only_a = format!("{name}-only-a");
+    seen_by(&both, &a).await;
+    seen_by(&both, &b).await;
+    seen_by(&only_a, &a).await;
+    for node in [&a, &b] {
+        let entry = json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration", "metadata": { "name": name },
+            "status": { "discoveryErrors": [{ "node": node, "message": "handler onvif: connection refused" }] },
+        });
+        configs
+            .patch_status(
+                &name,
+                &PatchParams::apply(&akri_devices::node_field_manager(node)).force(),
+                &Patch::Apply(&entry),
+            )
+            .await
+            .unwrap();
+    }
+    let mut config = ControllerConfig::new(&namespace);
+    config.debounce = Duration::from_millis(100);
+    let controller = tokio::spawn(controller::run(client.clone(), config, Metrics::default()));
+    let degraded = async |needle: &str| {
+        let status = configs.get(&name).await.ok()?.status?;
+        let condition = status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_DEGRADED)?;
+        (condition.message.contains(needle)).then_some((condition, status.discovery_errors))
+    };
+    eventually("Degraded by both nodes", async || {
+        degraded(&format!("{a}: handler")).await?;
+        degraded(&format!("{b}: handler")).await
+    })
+    .await;
+
+    let nodes = Api::<Node>::all(client.clone());
+    nodes.delete(&a, &DeleteParams::default()).await.unwrap();
+    let gone = Duration::from_secs(30);
+    let (condition, errors) =
+        akri_testing::eventually(&format!("{a} forgotten"), gone, async || {
+            let (condition, errors) = degraded("discovery fails on 1 node").await?;
+            let left = instances.get(&both).await.ok()?.spec.nodes;
+            let only_a_gone = instances.get_opt(&only_a).await.ok()?.is_none();
+            (left == [b.clone()] && only_a_gone).then_some((condition, errors))
+        })
+        .await;
+    assert!(!condition.message.contains(&a), "{condition:?}");
+    assert_eq!(errors.len(), 1, "{errors:?}");
+    assert_eq!(errors[0].node, b);
+
+    nodes.delete(&b, &DeleteParams::default()).await.unwrap();
+    akri_testing::eventually(&format!("{b} forgotten"), gone, async || {
+        let status = configs.get(&name).await.ok()?.status?;
+        let healthy = status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_DEGRADED && c.status == "False");
+        let none_left = instances.get_opt(&both).await.ok()?.is_none();
+        (healthy && none_left && status.discovery_errors.is_empty()).then_some(())
+    })
+    .await;
+    controller.abort();
+}
+
+async fn unique_node(cp: &ControlPlane) -> String {
+    let name = ControlPlane::unique_name("edge");
+    cp.create_node(&name).await.unwrap();
+    name
 }
