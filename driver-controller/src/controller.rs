@@ -272,7 +272,7 @@ async fn reconcile(
         owner.clone(),
         ctx.support.extended_resource_name,
     );
-    ctx.apply_class(&class).await?;
+    let class_conflict = ctx.apply_class(&class).await?;
 
     let instances: Vec<Arc<Instance>> = ctx
         .instances
@@ -298,7 +298,7 @@ async fn reconcile(
             .await?;
     }
 
-    ctx.write_status(&config, &driver, &instances, shared)
+    ctx.write_status(&config, &driver, &instances, shared, class_conflict)
         .await?;
     ctx.metrics.reconciled(true);
     Ok(Action::requeue(Duration::from_secs(300)))
@@ -346,11 +346,23 @@ impl Context {
         PatchParams::apply(&self.config.field_manager).force()
     }
 
-    async fn apply_class(&self, class: &DeviceClass) -> Result<(), Error> {
+    /// Applies one of our DeviceClasses. A class of that name that is not ours (no owner
+    /// reference to the object it is for) is left alone: `Some(why)` for the object's status.
+    async fn apply_class(&self, class: &DeviceClass) -> Result<Option<String>, Error> {
         let name = class.name_any();
         let api = Api::<DeviceClass>::all(self.client.clone());
+        let current = api.get_opt(&name).await.map_err(|source| Error::Read {
+            kind: "DeviceClass",
+            name: name.clone(),
+            source,
+        })?;
+        if let Some(current) = &current
+            && let Some(why) = device_class::foreign(current, class)
+        {
+            return Ok(Some(why));
+        }
         // Only write what differs: a class applied at every pass would be a write per pass.
-        if let Some(current) = api.get_opt(&name).await.ok().flatten()
+        if let Some(current) = current
             && current.spec == class.spec
             && current.metadata.owner_references == class.metadata.owner_references
             && class
@@ -358,7 +370,7 @@ impl Context {
                 .iter()
                 .all(|(k, v)| current.labels().get(k) == Some(v))
         {
-            return Ok(());
+            return Ok(None);
         }
         api.patch(&name, &self.params(), &Patch::Apply(class))
             .await
@@ -369,7 +381,7 @@ impl Context {
             })?;
         self.metrics.wrote("deviceclass", "apply", 1);
         tracing::info!(class = %name, "applied DeviceClass");
-        Ok(())
+        Ok(None)
     }
 
     /// Publishes the configuration's shared devices; returns how many devices that is.
@@ -520,6 +532,7 @@ impl Context {
         driver: &str,
         instances: &[Arc<Instance>],
         shared_devices: usize,
+        class_conflict: Option<String>,
     ) -> Result<(), Error> {
         let name = config.name_any();
         let generation = config.metadata.generation;
@@ -548,17 +561,35 @@ impl Context {
         } else {
             ""
         };
-        set_condition(
-            &mut status.conditions,
-            CONDITION_READY,
-            true,
-            "Published",
-            format!(
-                "DeviceClass {name} selects its devices{extended}{unique}; {} Instances on {} nodes, {} devices published",
-                status.instances, status.nodes, status.devices_published
-            ),
-            generation,
-        );
+        match class_conflict {
+            None => {
+                set_condition(
+                    &mut status.conditions,
+                    CONDITION_READY,
+                    true,
+                    "Published",
+                    format!(
+                        "DeviceClass {name} selects its devices{extended}{unique}; {} Instances on {} nodes, {} devices published",
+                        status.instances, status.nodes, status.devices_published
+                    ),
+                    generation,
+                );
+            }
+            Some(why) => {
+                status.device_class_name = None;
+                set_condition(
+                    &mut status.conditions,
+                    CONDITION_READY,
+                    false,
+                    "DeviceClassConflict",
+                    format!(
+                        "{why}; {} devices published, but no class of Akri's selects them",
+                        status.devices_published
+                    ),
+                    generation,
+                );
+            }
+        }
         let failing: Vec<String> = status
             .discovery_errors
             .iter()
@@ -653,13 +684,21 @@ impl Context {
             (Some(_), Err(error)) => Err(("InvalidFilter", error.to_string())),
             (Some(driver), Ok(expression)) => Ok((expression, driver)),
         };
-        match outcome {
+        let outcome = match outcome {
             Ok((expression, driver)) => {
                 let owner =
                     device_class::owner(filter).ok_or_else(|| Error::NoUid(name.clone()))?;
                 let class =
                     device_class::for_filter(&name, configuration, driver, &expression, owner);
-                self.apply_class(&class).await?;
+                match self.apply_class(&class).await? {
+                    None => Ok(expression),
+                    Some(why) => Err(("DeviceClassConflict", why)),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(expression) => {
                 status.matching_devices = instances
                     .iter()
                     .filter(|i| {
@@ -719,7 +758,11 @@ impl Context {
         let Some(class) = api.get_opt(filter).await.ok().flatten() else {
             return Ok(());
         };
-        if class.labels().get(FILTER_LABEL).map(String::as_str) != Some(filter) {
+        let ours = class.labels().get(FILTER_LABEL).map(String::as_str) == Some(filter)
+            && class.owner_references().iter().any(|r| {
+                r.kind == <PropertyFilter as kube::Resource>::kind(&()) && r.name == filter
+            });
+        if !ours {
             return Ok(());
         }
         match api.delete(filter, &DeleteParams::default()).await {

@@ -685,3 +685,111 @@ async fn unique_node(cp: &ControlPlane) -> String {
     cp.create_node(&name).await.unwrap();
     name
 }
+
+/// A controller (no leader election) for `namespace`'s Instances.
+fn controller_for(
+    client: kube::Client,
+    namespace: &str,
+    metrics: Metrics,
+) -> tokio::task::JoinHandle<()> {
+    let mut config = ControllerConfig::new(namespace);
+    config.debounce = Duration::from_millis(100);
+    tokio::spawn(async move {
+        akri_driver_controller::controller::run(client, config, metrics)
+            .await
+            .unwrap();
+    })
+}
+
+/// A DeviceClass someone else made is never taken over by a DiscoveryConfiguration or a
+/// PropertyFilter of the same name: it stays as it was, and their status says why nothing
+/// selects their devices under that name.
+#[tokio::test]
+async fn a_foreign_device_class_of_the_same_name_is_left_alone() {
+    use akri_api::v1::PropertyFilter;
+
+    let (_cp, client, namespace) = support::control_plane().await;
+    let classes = Api::<DeviceClass>::all(client.clone());
+    let foreign = async |name: &str| {
+        let class: DeviceClass = from_json(json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+            "metadata": { "name": name, "labels": { "team": "gpu" } },
+            "spec": { "selectors": [{ "cel": { "expression": "device.driver == \"gpu.example.com\"" } }] },
+        }));
+        classes
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap()
+    };
+    let taken = ControlPlane::unique_name("taken");
+    let before = foreign(&taken).await;
+    let filter_name = ControlPlane::unique_name("taken-filter");
+    let filter_before = foreign(&filter_name).await;
+    Api::<DiscoveryConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": taken },
+                "spec": { "discoveryHandler": { "name": "onvif" }, "capacity": 2 },
+            })),
+        )
+        .await
+        .unwrap();
+    let filters = Api::<PropertyFilter>::all(client.clone());
+    filters
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "PropertyFilter",
+                "metadata": { "name": filter_name },
+                "spec": {
+                    "discoveryReference": { "name": taken },
+                    "filters": [{ "key": "ROOM", "value": "a" }],
+                },
+            })),
+        )
+        .await
+        .unwrap();
+    let controller = controller_for(client.clone(), &namespace, Metrics::default());
+
+    let configs = Api::<DiscoveryConfiguration>::all(client.clone());
+    let ready = eventually("the configuration's Ready condition", async || {
+        let status = configs.get(&taken).await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_READY)
+    })
+    .await;
+    let filter_ready = eventually("the filter's Ready condition", async || {
+        let status = filters.get(&filter_name).await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_READY)
+    })
+    .await;
+    for (class, before) in [(&taken, &before), (&filter_name, &filter_before)] {
+        let after = classes.get(class).await.unwrap();
+        assert_eq!(after.spec, before.spec, "{class} unchanged");
+        assert_eq!(after.metadata.labels, before.metadata.labels, "{class}");
+        assert_eq!(after.metadata.owner_references, None, "{class}");
+        assert_eq!(
+            after.metadata.resource_version, before.metadata.resource_version,
+            "{class}"
+        );
+    }
+    for (what, condition) in [("configuration", &ready), ("filter", &filter_ready)] {
+        assert_eq!(
+            (condition.status.as_str(), condition.reason.as_str()),
+            ("False", "DeviceClassConflict"),
+            "{what}: {condition:?}"
+        );
+        assert!(
+            condition.message.contains("not managed by Akri"),
+            "{what}: {condition:?}"
+        );
+    }
+    controller.abort();
+}
