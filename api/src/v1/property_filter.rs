@@ -38,7 +38,8 @@ use serde::{Deserialize, Serialize};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name must be at most 63 characters: its DeviceClass carries it as the value of the label akri.sh/property-filter, and label values are at most 63 characters"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PropertyFilterSpec {
