@@ -288,18 +288,28 @@ async fn reconcile(
         .publish_shared(&config, &driver, owner, &instances)
         .await?;
 
+    // One filter failing must not keep its siblings or the configuration's status back.
+    let mut failed = None;
     for filter in ctx
         .filters
         .state()
         .iter()
         .filter(|f| f.spec.discovery_reference.name == name)
     {
-        ctx.reconcile_filter(filter, Some(&driver), &instances)
-            .await?;
+        if let Err(error) = ctx
+            .reconcile_filter(filter, Some(&driver), &instances)
+            .await
+        {
+            tracing::warn!(filter = %filter.name_any(), %error, "updating the filter failed");
+            failed = Some(error);
+        }
     }
 
     ctx.write_status(&config, &driver, &instances, shared, class_conflict)
         .await?;
+    if let Some(error) = failed {
+        return Err(error);
+    }
     ctx.metrics.reconciled(true);
     Ok(Action::requeue(Duration::from_secs(300)))
 }
@@ -690,9 +700,19 @@ impl Context {
                     device_class::owner(filter).ok_or_else(|| Error::NoUid(name.clone()))?;
                 let class =
                     device_class::for_filter(&name, configuration, driver, &expression, owner);
-                match self.apply_class(&class).await? {
-                    None => Ok(expression),
-                    Some(why) => Err(("DeviceClassConflict", why)),
+                match self.apply_class(&class).await {
+                    Ok(None) => Ok(expression),
+                    Ok(Some(why)) => Err(("DeviceClassConflict", why)),
+                    // Refused as invalid (a limit we do not check ourselves): this filter's
+                    // problem, not its configuration's.
+                    Err(Error::Write {
+                        source: kube::Error::Api(status),
+                        ..
+                    }) if status.code == 422 => Err((
+                        "InvalidFilter",
+                        format!("the API server refused its DeviceClass: {}", status.message),
+                    )),
+                    Err(error) => return Err(error),
                 }
             }
             Err(error) => Err(error),

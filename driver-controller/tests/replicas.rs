@@ -793,3 +793,110 @@ async fn a_foreign_device_class_of_the_same_name_is_left_alone() {
     }
     controller.abort();
 }
+
+/// A PropertyFilter whose compiled CEL is longer than the API server takes for a DeviceClass
+/// selector (10 Ki, resource.k8s.io's CELSelectorExpressionMaxLength) says so in its own
+/// status; its sibling filters, its configuration and another configuration carry on.
+#[tokio::test]
+async fn a_filter_too_long_for_the_api_server_fails_alone() {
+    use akri_api::v1::{
+        INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL, Instance, PropertyFilter,
+    };
+
+    let (cp, client, namespace) = support::control_plane().await;
+    let node = unique_node(&cp).await;
+    let instances = Api::<Instance>::namespaced(client.clone(), &namespace);
+    let filters = Api::<PropertyFilter>::all(client.clone());
+    let (mine, other) = (
+        configuration(&client, "mine").await,
+        configuration(&client, "other").await,
+    );
+    for config in [&mine, &other] {
+        for room in ["a", "b"] {
+            let instance: Instance = from_json(json!({
+                "apiVersion": "akri.sh/v0", "kind": "Instance",
+                "metadata": { "name": format!("{config}-{room}"), "labels": {
+                    INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION } },
+                "spec": {
+                    "configurationName": config, "cdiName": format!("akri.sh/onvif={config}-{room}"),
+                    "capacity": 1, "shared": true, "nodes": [node], "brokerProperties": { "ROOM": room },
+                },
+            }));
+            instances
+                .create(&PostParams::default(), &instance)
+                .await
+                .unwrap();
+        }
+    }
+    let filter = async |prefix: &str, config: &str, rules: serde_json::Value| {
+        let name = ControlPlane::unique_name(prefix);
+        filters
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "apiVersion": "akri.sh/v1", "kind": "PropertyFilter",
+                    "metadata": { "name": name },
+                    "spec": { "discoveryReference": { "name": config }, "filters": rules },
+                })),
+            )
+            .await
+            .unwrap();
+        name
+    };
+    // 32 filters (the most a PropertyFilter has) on 32-character keys, each value 64 control
+    // characters, which CEL spells as \u0001: about 17 KiB of CEL.
+    let huge_rules: Vec<_> = (0..32)
+        .map(|i| json!({ "key": format!("K{i:031}"), "value": "\u{1}".repeat(64) }))
+        .collect();
+    let before = filter("room-a", &mine, json!([{ "key": "ROOM", "value": "a" }])).await;
+    let huge = filter("huge", &mine, json!(huge_rules)).await;
+    let after = filter("room-b", &mine, json!([{ "key": "ROOM", "value": "b" }])).await;
+    let elsewhere = filter("other-a", &other, json!([{ "key": "ROOM", "value": "a" }])).await;
+    let controller = controller_for(client.clone(), &namespace, Metrics::default());
+
+    let condition = async |name: &str| {
+        let status = filters.get(name).await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_READY && c.observed_generation.is_some())
+    };
+    let wait = Duration::from_secs(30);
+    for name in [&before, &after, &elsewhere] {
+        let ready = akri_testing::eventually(&format!("{name} ready"), wait, async || {
+            condition(name).await.filter(|c| c.status == "True")
+        })
+        .await;
+        assert_eq!(ready.reason, "Compiled", "{name}: {ready:?}");
+    }
+    let configs = Api::<DiscoveryConfiguration>::all(client.clone());
+    for config in [&mine, &other] {
+        akri_testing::eventually(&format!("{config} published"), wait, async || {
+            let status = configs.get(config).await.ok()?.status?;
+            let ready = status
+                .conditions
+                .iter()
+                .any(|c| c.type_ == CONDITION_READY && c.status == "True");
+            (ready && status.devices_published == 2).then_some(())
+        })
+        .await;
+    }
+    let refused = akri_testing::eventually("the huge filter's condition", wait, async || {
+        condition(&huge).await
+    })
+    .await;
+    assert_eq!(
+        (refused.status.as_str(), refused.reason.as_str()),
+        ("False", "InvalidFilter"),
+        "{refused:?}"
+    );
+    assert!(refused.message.contains("10240"), "{refused:?}");
+    assert!(
+        Api::<DeviceClass>::all(client.clone())
+            .get_opt(&huge)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    controller.abort();
+}
