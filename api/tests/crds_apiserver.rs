@@ -72,6 +72,31 @@ async fn assert_rejected(
     }
 }
 
+/// Creating an object named `name` fails with HTTP 422 and a message containing `expected`.
+async fn assert_name_rejected(
+    api: &Api<DynamicObject>,
+    kind: (&str, &str),
+    name: &str,
+    spec: Value,
+    expected: &str,
+) {
+    match api
+        .create(&PostParams::default(), &object(kind.0, kind.1, name, spec))
+        .await
+    {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 422, "{status:?}");
+            assert!(
+                status.message.contains(expected),
+                "{} {name}: message {:?} should contain {expected:?}",
+                kind.0,
+                status.message
+            );
+        }
+        other => panic!("{} named {name} must be rejected, got {other:?}", kind.0),
+    }
+}
+
 /// Replacing the spec of an existing object with `spec` fails with a message containing
 /// `expected`.
 async fn assert_update_rejected(api: &Api<DynamicObject>, name: &str, spec: Value, expected: &str) {
@@ -297,28 +322,33 @@ async fn discovery_configuration_v1() {
         "discoveryProperties names must be unique",
     )
     .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "9cams" } }),
+        "discoveryHandler.name must start with a letter",
+    )
+    .await;
     let long_name = "x".repeat(60);
-    match api
-        .create(
-            &PostParams::default(),
-            &object(
-                kind.0,
-                kind.1,
-                &long_name,
-                json!({ "discoveryHandler": { "name": "udev" } }),
-            ),
-        )
-        .await
-    {
-        Err(kube::Error::Api(status)) => assert!(
-            status
-                .message
-                .contains("metadata.name must be at most 52 characters"),
-            "{}",
-            status.message
-        ),
-        other => panic!("a 60-character name must be rejected, got {other:?}"),
-    }
+    assert_name_rejected(
+        &api,
+        kind,
+        &long_name,
+        json!({ "discoveryHandler": { "name": "udev" } }),
+        "metadata.name must be at most 52 characters",
+    )
+    .await;
+    // A DNS subdomain the API server accepts for a cluster-scoped object, but not a label:
+    // its devices are named <name>-<hex>, and DRA device names are DNS labels.
+    assert_name_rejected(
+        &api,
+        kind,
+        "cams.example",
+        json!({ "discoveryHandler": { "name": "udev" } }),
+        "metadata.name must be a DNS label",
+    )
+    .await;
 
     // Changes that would strand allocations.
     let mut renamed = valid.clone();
@@ -424,6 +454,15 @@ async fn property_filter_v1() {
     )
     .await;
     assert_rejected(&api, kind.0, kind.1, json!({ "discoveryReference": { "name": "cams" }, "filters": [{ "key": "", "value": "b" }] }), "should be at least 1 chars long").await;
+    // Its DeviceClass carries the filter's name as a label value: at most 63 characters.
+    assert_name_rejected(
+        &api,
+        kind,
+        &"f".repeat(64),
+        json!({ "discoveryReference": { "name": "cams" }, "filters": [{ "key": "a", "value": "b" }] }),
+        "metadata.name must be at most 63 characters",
+    )
+    .await;
 
     let mut moved = valid;
     moved["discoveryReference"]["name"] = json!("other");

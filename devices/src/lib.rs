@@ -40,9 +40,10 @@ pub fn driver_name(handler: &str) -> String {
     format!("{}.{DRIVER_DOMAIN}", handler.to_ascii_lowercase())
 }
 
-/// The field manager under which the kubelet-plugin of `node` writes (slices, Instances, its
-/// `discoveryErrors` entry): `akri-kubelet-plugin/<node>`, one per node so that nodes never
-/// take each other's fields. The API server refuses managers over 128 bytes and node names
+/// The server-side-apply field manager of a node's kubelet-plugin (slices, Instances, its
+/// `discoveryErrors` entry): `akri-kubelet-plugin/<node>`, one per node, so that each node
+/// owns its own entry of an Instance's `nodes` and of `status.discoveryErrors`. The
+/// driver-controller applies nothing under it to take a deleted node's entries away. The API server refuses managers over 128 bytes and node names
 /// may have 253, so a long node name is cut and a digest of the whole name keeps it unique.
 pub fn node_field_manager(node: &str) -> String {
     const PREFIX: &str = "akri-kubelet-plugin/";
@@ -63,9 +64,9 @@ pub fn node_field_manager(node: &str) -> String {
     format!("{PREFIX}{}-{digest}", &node[..keep])
 }
 
-/// The longest discovery-handler name: its driver name `<name>.akri.sh` is at most 63
-/// characters, as DRA requires of driver names.
-pub const MAX_HANDLER_NAME: usize = 63 - DRIVER_DOMAIN.len() - 1;
+/// The longest discovery-handler name, as the DiscoveryConfiguration CRD allows it (its driver
+/// name `<name>.akri.sh` must stay within DRA's 63 characters).
+pub const MAX_HANDLER_NAME: usize = 54;
 
 /// Whether a discovery handler's name can be used: it becomes a DRA driver name, a CDI class,
 /// file and directory names on the node, so it must be a DNS label once lower-cased (letters,
@@ -421,7 +422,7 @@ mod tests {
             ("a/b", "'/'"),
             ("a.b", "'.'"),
             ("a_b", "'_'"),
-            (&"a".repeat(MAX_HANDLER_NAME + 1), "at most 55"),
+            (&"a".repeat(MAX_HANDLER_NAME + 1), "at most 54"),
         ] {
             let error = validate_handler_name(bad).unwrap_err();
             assert!(error.contains(why), "{bad:?}: {error}");

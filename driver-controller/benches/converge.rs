@@ -4,13 +4,15 @@
 //! Instances vanish. Measured on the real binary against a real kube-apiserver:
 //! `cargo bench -p akri-driver-controller --bench converge`.
 //!
-//! The nodes are simulated the way the controller sees them: as names in `Instance.nodes`.
+//! The nodes are Node objects (the controller forgets names in `Instance.nodes` that no Node
+//! has) and names in `Instance.nodes`.
 
 use akri_api::v1::{
     DiscoveryConfiguration, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
 };
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
@@ -27,6 +29,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = cp.client().await?;
     cp.install_crds(&akri_api::crds::all()).await?;
     let ns = cp.create_namespace("bench").await?;
+    let nodes = Api::<Node>::all(client.clone());
+    futures::stream::iter(0..NODES)
+        .map(|n| {
+            let nodes = nodes.clone();
+            async move {
+                let node: Node = serde_json::from_value(json!({
+                    "metadata": { "name": format!("node-{n:04}") },
+                }))
+                .expect("valid Node");
+                nodes
+                    .create(&PostParams::default(), &node)
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(32)
+        .try_collect::<Vec<()>>()
+        .await?;
 
     let configs: Vec<String> = (0..CONFIGURATIONS).map(|i| format!("cams-{i}")).collect();
     for config in &configs {

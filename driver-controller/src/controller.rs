@@ -4,7 +4,12 @@
 //!
 //! Reconciliation is triggered by the configuration itself, its DeviceClass, its Instances,
 //! the slices that hold its devices and the filters that name it, all read from reflector
-//! stores, so a pass costs no reads beyond the writes it needs.
+//! stores, so a pass costs no reads beyond the writes it needs. Nothing acts before every
+//! store has been listed once: a pass on a half-filled store would take the Instances not
+//! listed yet for gone and unpublish their devices (or a configuration for gone and delete its
+//! filters' DeviceClasses).
+
+mod gone_nodes;
 
 use crate::device_class::{self, FILTER_LABEL};
 use crate::metrics::Metrics;
@@ -19,9 +24,11 @@ use akri_devices::{ATTR_CONFIGURATION, Sharing};
 use dra_plugin::api_support::ApiSupport;
 use dra_plugin::slices::{PoolTemplate, SlicePublisher};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -47,6 +54,13 @@ pub enum Error {
         configuration: String,
         #[source]
         source: dra_plugin::slices::Error,
+    },
+    #[error("reading {kind} {name}: {source}")]
+    Read {
+        kind: &'static str,
+        name: String,
+        #[source]
+        source: kube::Error,
     },
     #[error("{0} has no UID yet")]
     NoUid(String),
@@ -87,6 +101,7 @@ pub struct Context {
     slices: Store<ResourceSlice>,
     filters: Store<PropertyFilter>,
     configurations: Store<DiscoveryConfiguration>,
+    nodes: Store<PartialObjectMeta<Node>>,
     /// Per configuration, the publishers of its shared pools (they remember generations).
     publishers: Mutex<BTreeMap<String, BTreeMap<String, SlicePublisher>>>,
     metrics: Metrics,
@@ -139,6 +154,18 @@ pub async fn run(
     .reflect(writer)
     .touched_objects();
 
+    // Nodes, to forget the ones deleted for good; a deletion may concern every configuration.
+    let (nodes, writer) = reflector::store();
+    let node_deletions = watcher(
+        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .reflect(writer)
+    .filter_map(|event| {
+        futures::future::ready(matches!(event, Ok(watcher::Event::Delete(_))).then_some(()))
+    });
+
     let controller = Controller::new(
         Api::<DiscoveryConfiguration>::all(client.clone()),
         watcher::Config::default(),
@@ -151,6 +178,7 @@ pub async fn run(
         slices,
         filters,
         configurations: controller.store(),
+        nodes,
         publishers: Mutex::default(),
         metrics,
     });
@@ -172,6 +200,7 @@ pub async fn run(
         .watches_stream(filter_stream, |filter: PropertyFilter| {
             Some(ObjectRef::new(&filter.spec.discovery_reference.name))
         })
+        .reconcile_all_on(node_deletions)
         .with_config(ControllerRuntimeConfig::default().debounce(config.debounce))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -230,6 +259,9 @@ async fn reconcile(
     config: Arc<DiscoveryConfiguration>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
+    if !ctx.stores_ready().await {
+        return Ok(Action::await_change());
+    }
     let name = config.name_any();
     let driver = akri_devices::driver_name(&config.spec.discovery_handler.name);
     let owner = device_class::owner(config.as_ref()).ok_or_else(|| Error::NoUid(name.clone()))?;
@@ -240,7 +272,7 @@ async fn reconcile(
         owner.clone(),
         ctx.support.extended_resource_name,
     );
-    ctx.apply_class(&class).await?;
+    let class_conflict = ctx.apply_class(&class).await?;
 
     let instances: Vec<Arc<Instance>> = ctx
         .instances
@@ -248,22 +280,36 @@ async fn reconcile(
         .into_iter()
         .filter(|i| i.spec.configuration_name == name)
         .collect();
+    if ctx.forget_gone_nodes(&config, &instances).await? {
+        // The Instance and configuration watches bring the result, and another pass.
+        return Ok(Action::requeue(Duration::from_secs(5)));
+    }
     let shared = ctx
         .publish_shared(&config, &driver, owner, &instances)
         .await?;
 
+    // One filter failing must not keep its siblings or the configuration's status back.
+    let mut failed = None;
     for filter in ctx
         .filters
         .state()
         .iter()
         .filter(|f| f.spec.discovery_reference.name == name)
     {
-        ctx.reconcile_filter(filter, Some(&driver), &instances)
-            .await?;
+        if let Err(error) = ctx
+            .reconcile_filter(filter, Some(&driver), &instances)
+            .await
+        {
+            tracing::warn!(filter = %filter.name_any(), %error, "updating the filter failed");
+            failed = Some(error);
+        }
     }
 
-    ctx.write_status(&config, &driver, &instances, shared)
+    ctx.write_status(&config, &driver, &instances, shared, class_conflict)
         .await?;
+    if let Some(error) = failed {
+        return Err(error);
+    }
     ctx.metrics.reconciled(true);
     Ok(Action::requeue(Duration::from_secs(300)))
 }
@@ -271,6 +317,9 @@ async fn reconcile(
 /// Filters whose DiscoveryConfiguration does not exist are never reached by a configuration's
 /// reconciliation: look for them now and then.
 async fn orphan_filters(ctx: Arc<Context>) {
+    if !ctx.stores_ready().await {
+        return;
+    }
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     loop {
         tick.tick().await;
@@ -286,15 +335,44 @@ async fn orphan_filters(ctx: Arc<Context>) {
 }
 
 impl Context {
+    /// Waits until every store has been listed once; `false` if one never will be (its
+    /// watch was dropped: the controller is stopping).
+    async fn stores_ready(&self) -> bool {
+        let (instances, slices, filters, configurations, nodes) = tokio::join!(
+            self.instances.wait_until_ready(),
+            self.slices.wait_until_ready(),
+            self.filters.wait_until_ready(),
+            self.configurations.wait_until_ready(),
+            self.nodes.wait_until_ready(),
+        );
+        instances.is_ok()
+            && slices.is_ok()
+            && filters.is_ok()
+            && configurations.is_ok()
+            && nodes.is_ok()
+    }
+
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.config.field_manager).force()
     }
 
-    async fn apply_class(&self, class: &DeviceClass) -> Result<(), Error> {
+    /// Applies one of our DeviceClasses. A class of that name that is not ours (no owner
+    /// reference to the object it is for) is left alone: `Some(why)` for the object's status.
+    async fn apply_class(&self, class: &DeviceClass) -> Result<Option<String>, Error> {
         let name = class.name_any();
         let api = Api::<DeviceClass>::all(self.client.clone());
+        let current = api.get_opt(&name).await.map_err(|source| Error::Read {
+            kind: "DeviceClass",
+            name: name.clone(),
+            source,
+        })?;
+        if let Some(current) = &current
+            && let Some(why) = device_class::foreign(current, class)
+        {
+            return Ok(Some(why));
+        }
         // Only write what differs: a class applied at every pass would be a write per pass.
-        if let Some(current) = api.get_opt(&name).await.ok().flatten()
+        if let Some(current) = current
             && current.spec == class.spec
             && current.metadata.owner_references == class.metadata.owner_references
             && class
@@ -302,7 +380,7 @@ impl Context {
                 .iter()
                 .all(|(k, v)| current.labels().get(k) == Some(v))
         {
-            return Ok(());
+            return Ok(None);
         }
         api.patch(&name, &self.params(), &Patch::Apply(class))
             .await
@@ -313,7 +391,7 @@ impl Context {
             })?;
         self.metrics.wrote("deviceclass", "apply", 1);
         tracing::info!(class = %name, "applied DeviceClass");
-        Ok(())
+        Ok(None)
     }
 
     /// Publishes the configuration's shared devices; returns how many devices that is.
@@ -464,6 +542,7 @@ impl Context {
         driver: &str,
         instances: &[Arc<Instance>],
         shared_devices: usize,
+        class_conflict: Option<String>,
     ) -> Result<(), Error> {
         let name = config.name_any();
         let generation = config.metadata.generation;
@@ -492,17 +571,35 @@ impl Context {
         } else {
             ""
         };
-        set_condition(
-            &mut status.conditions,
-            CONDITION_READY,
-            true,
-            "Published",
-            format!(
-                "DeviceClass {name} selects its devices{extended}{unique}; {} Instances on {} nodes, {} devices published",
-                status.instances, status.nodes, status.devices_published
-            ),
-            generation,
-        );
+        match class_conflict {
+            None => {
+                set_condition(
+                    &mut status.conditions,
+                    CONDITION_READY,
+                    true,
+                    "Published",
+                    format!(
+                        "DeviceClass {name} selects its devices{extended}{unique}; {} Instances on {} nodes, {} devices published",
+                        status.instances, status.nodes, status.devices_published
+                    ),
+                    generation,
+                );
+            }
+            Some(why) => {
+                status.device_class_name = None;
+                set_condition(
+                    &mut status.conditions,
+                    CONDITION_READY,
+                    false,
+                    "DeviceClassConflict",
+                    format!(
+                        "{why}; {} devices published, but no class of Akri's selects them",
+                        status.devices_published
+                    ),
+                    generation,
+                );
+            }
+        }
         let failing: Vec<String> = status
             .discovery_errors
             .iter()
@@ -597,13 +694,31 @@ impl Context {
             (Some(_), Err(error)) => Err(("InvalidFilter", error.to_string())),
             (Some(driver), Ok(expression)) => Ok((expression, driver)),
         };
-        match outcome {
+        let outcome = match outcome {
             Ok((expression, driver)) => {
                 let owner =
                     device_class::owner(filter).ok_or_else(|| Error::NoUid(name.clone()))?;
                 let class =
                     device_class::for_filter(&name, configuration, driver, &expression, owner);
-                self.apply_class(&class).await?;
+                match self.apply_class(&class).await {
+                    Ok(None) => Ok(expression),
+                    Ok(Some(why)) => Err(("DeviceClassConflict", why)),
+                    // Refused as invalid (a limit we do not check ourselves): this filter's
+                    // problem, not its configuration's.
+                    Err(Error::Write {
+                        source: kube::Error::Api(status),
+                        ..
+                    }) if status.code == 422 => Err((
+                        "InvalidFilter",
+                        format!("the API server refused its DeviceClass: {}", status.message),
+                    )),
+                    Err(error) => return Err(error),
+                }
+            }
+            Err(error) => Err(error),
+        };
+        match outcome {
+            Ok(expression) => {
                 status.matching_devices = instances
                     .iter()
                     .filter(|i| {
@@ -663,7 +778,11 @@ impl Context {
         let Some(class) = api.get_opt(filter).await.ok().flatten() else {
             return Ok(());
         };
-        if class.labels().get(FILTER_LABEL).map(String::as_str) != Some(filter) {
+        let ours = class.labels().get(FILTER_LABEL).map(String::as_str) == Some(filter)
+            && class.owner_references().iter().any(|r| {
+                r.kind == <PropertyFilter as kube::Resource>::kind(&()) && r.name == filter
+            });
+        if !ours {
             return Ok(());
         }
         match api.delete(filter, &DeleteParams::default()).await {

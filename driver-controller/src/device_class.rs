@@ -103,6 +103,24 @@ pub fn owner<K: Resource<DynamicType = ()>>(object: &K) -> Option<OwnerReference
     })
 }
 
+/// Why `current` (a DeviceClass of the wanted class's name) is someone else's: it names
+/// nobody we write it for as its owner. `None` when it is ours (an owner of the same kind and
+/// name; an earlier object of that name counts, since the garbage collector is about to
+/// replace it anyway). Forcing our fields onto it would take over an operator's class.
+pub fn foreign(current: &DeviceClass, wanted: &DeviceClass) -> Option<String> {
+    let name = wanted.metadata.name.as_deref().unwrap_or_default();
+    let owner = wanted.metadata.owner_references.as_ref()?.first()?;
+    let ours = current.metadata.owner_references.iter().flatten().any(|r| {
+        r.api_version == owner.api_version && r.kind == owner.kind && r.name == owner.name
+    });
+    (!ours).then(|| {
+        format!(
+            "DeviceClass {name} exists and is not managed by Akri (it has no owner reference to {} {name}), so Akri leaves it alone; rename the {} or delete that DeviceClass",
+            owner.kind, owner.kind
+        )
+    })
+}
+
 fn metadata<const N: usize>(
     name: &str,
     owner: OwnerReference,
@@ -125,6 +143,23 @@ fn selector(expression: String) -> DeviceSelector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_class_without_our_owner_is_foreign() {
+        let owner = |uid: &str| OwnerReference {
+            api_version: "akri.sh/v1".into(),
+            kind: "DiscoveryConfiguration".into(),
+            name: "cams".into(),
+            uid: uid.into(),
+            ..OwnerReference::default()
+        };
+        let wanted = for_configuration("cams", "onvif.akri.sh", owner("new"), true);
+        let mut current = DeviceClass::default();
+        let why = foreign(&current, &wanted).expect("no owner: foreign");
+        assert!(why.contains("not managed by Akri"), "{why}");
+        current.metadata.owner_references = Some(vec![owner("old")]);
+        assert_eq!(foreign(&current, &wanted), None, "an earlier cams of ours");
+    }
 
     #[test]
     fn configuration_class_selects_driver_and_configuration() {

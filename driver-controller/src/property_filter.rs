@@ -28,7 +28,15 @@ pub enum FilterError {
         key: String,
         len: usize,
     },
+    #[error(
+        "the filters compile to {len} bytes of CEL, more than the {CEL_SELECTOR_MAX_LENGTH} the API server accepts in a DeviceClass selector; use fewer or shorter filters"
+    )]
+    TooLong { len: usize },
 }
+
+/// The longest CEL expression the API server accepts in a device selector
+/// (`CELSelectorExpressionMaxLength` in `k8s.io/api/resource/v1`).
+pub const CEL_SELECTOR_MAX_LENGTH: usize = 10 * 1024;
 
 /// The CEL expression of `filters` (all must hold).
 pub fn compile(filters: &[Filter]) -> Result<String, FilterError> {
@@ -44,7 +52,13 @@ pub fn compile(filters: &[Filter]) -> Result<String, FilterError> {
             FilterMode::Exclude => format!("(!({present}) || {value} != {wanted})"),
         });
     }
-    Ok(terms.join(" && "))
+    let expression = terms.join(" && ");
+    if expression.len() > CEL_SELECTOR_MAX_LENGTH {
+        return Err(FilterError::TooLong {
+            len: expression.len(),
+        });
+    }
+    Ok(expression)
 }
 
 /// Whether a device with these discovered properties matches, exactly as the compiled CEL
@@ -101,6 +115,23 @@ pub fn cel_string(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_expression_over_the_selector_limit_is_refused() {
+        let long: Vec<Filter> = (0..32)
+            .map(|i| {
+                filter(
+                    &format!("K{i:031}"),
+                    &"\u{1}".repeat(64),
+                    FilterMode::Include,
+                )
+            })
+            .collect();
+        let error = compile(&long).unwrap_err();
+        assert!(matches!(error, FilterError::TooLong { len } if len > CEL_SELECTOR_MAX_LENGTH));
+        assert!(error.to_string().contains("10240"), "{error}");
+        assert!(compile(&long[..8]).is_ok());
+    }
 
     fn filter(key: &str, value: &str, mode: FilterMode) -> Filter {
         Filter {

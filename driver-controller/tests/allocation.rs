@@ -9,7 +9,9 @@ use akri_api::v0::Instance;
 use akri_api::v1::{CONDITION_READY, PropertyFilter};
 use akri_driver_controller::shared_devices::selected_nodes;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, DeviceRequestAllocationResult, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
+};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -318,7 +320,6 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
         Some((condition.status == "True", condition.message, filter))
     };
     let include = filter("Include", "DEBUG_ECHO_DESCRIPTION", "foo1").await;
-    let exclude = filter("Exclude", "DEBUG_ECHO_DESCRIPTION", "foo1").await;
     let bad_key = filter("Include", "not-a-property", "x").await;
     let long_value = filter("Include", "DEBUG_ECHO_DESCRIPTION", &"x".repeat(65)).await;
     let (ok, message, object) = eventually("include filter ready", async || {
@@ -333,7 +334,21 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
         "the compiled CEL is shown"
     );
     assert_eq!(status.device_class_name.as_deref(), Some(include.as_str()));
-    for (filter, description) in [(&include, "foo1"), (&exclude, "foo0")] {
+    // Both devices are free for every claim, so the scheduler has a real choice; each mode is
+    // tried on both values (whichever device it would pick unfiltered, one case differs from
+    // it), and repeated, so a filter that does nothing cannot pass by chance.
+    let mut cases = vec![(include.clone(), "foo1")];
+    for (mode, value, expected) in [
+        ("Include", "foo0", "foo0"),
+        ("Exclude", "foo1", "foo0"),
+        ("Exclude", "foo0", "foo1"),
+    ] {
+        cases.push((
+            filter(mode, "DEBUG_ECHO_DESCRIPTION", value).await,
+            expected,
+        ));
+    }
+    for (filter, description) in &cases {
         eventually("filter class", async || {
             Api::<DeviceClass>::all(cluster.client.clone())
                 .get_opt(filter)
@@ -341,16 +356,28 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
                 .ok()?
         })
         .await;
-        let pod = cluster.pod_claiming(filter, 1).await;
-        let results = eventually(&format!("{filter} allocated"), async || {
-            cluster.allocated(&pod).await
-        })
-        .await;
-        assert_eq!(
-            results[0].device,
-            akri_devices::instance_name(&config, description, false, &node),
-            "filter {filter} steers to {description}"
-        );
+        for round in 0..4 {
+            let pod = cluster.pod_claiming(filter, 1).await;
+            let results = eventually(&format!("{filter} allocated"), async || {
+                cluster.allocated(&pod).await
+            })
+            .await;
+            assert_eq!(
+                results[0].device,
+                akri_devices::instance_name(&config, description, false, &node),
+                "filter {filter} steers to {description} (round {round})"
+            );
+            cluster.delete_pod(&pod).await;
+            eventually("the claim gone", async || {
+                Api::<ResourceClaim>::namespaced(cluster.client.clone(), &cluster.namespace)
+                    .get_opt(&pod)
+                    .await
+                    .ok()?
+                    .is_none()
+                    .then_some(())
+            })
+            .await;
+        }
     }
     for (filter, expected) in [(&bad_key, "C identifier"), (&long_value, "at most 64")] {
         let (ok, message, object) =

@@ -100,7 +100,7 @@ async fn refuses_bad_registrations_and_query_device_info() {
         ("a/b", "'/'"),
         ("2cams", "must start with a letter"),
         ("cam.v2", "'.'"),
-        (&"h".repeat(56), "at most 55"),
+        (&"h".repeat(55), "at most 54"),
     ] {
         let status = client
             .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest {

@@ -8,7 +8,8 @@
 //!
 //! Processes are started with a parent-death signal, from a thread that lives as long as the
 //! test binary, so nothing outlives a test run, even one that panics or is killed.
-//! [`TcpProxy`] puts a stallable network path between one client and the API server.
+//! [`TcpProxy`] puts a stallable network path between one client and the API server;
+//! [`SlowLists`] makes one client's LISTs slow.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), akri_testing::Error> {
@@ -26,12 +27,14 @@ mod kubelet_peer;
 mod process;
 mod proxy;
 pub mod rbac;
+mod slow_lists;
 
 pub use bins::BinDir;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use error::Error;
 pub use kubelet_peer::KubeletPeer;
 pub use proxy::TcpProxy;
+pub use slow_lists::SlowLists;
 
 /// A free TCP port on 127.0.0.1 (bound and released; tests run on one machine).
 pub fn free_port() -> Result<u16, Error> {

@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 52").message("metadata.name must be at most 52 characters: Instances are named <name>-<6 hex digits> and their slot devices <instance>-<slot>, which must fit in 63"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS label (lower-case letters, digits and '-', no '.'): its devices are named <name>-<6 hex digits>, and DRA device names are DNS labels"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct DiscoveryConfigurationSpec {
@@ -59,7 +60,10 @@ pub struct DiscoveryHandlerSpec {
     /// Name the handler registers with (e.g. `udev`, `onvif`, `opcua`, `debugEcho`). The DRA
     /// driver of its devices is `<name, lower-cased>.akri.sh`.
     #[schemars(length(min = 1, max = 54))]
-    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$')").message("discoveryHandler.name must be letters, digits and '-', starting and ending with a letter or digit: it becomes part of the DRA driver name <name>.akri.sh"))]
+    #[x_kube(
+        validation = Rule::new("self.matches('^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$')").message("discoveryHandler.name must be letters, digits and '-', starting and ending with a letter or digit: it becomes part of the DRA driver name <name>.akri.sh"),
+        validation = Rule::new("self.matches('^[A-Za-z]')").message("discoveryHandler.name must start with a letter: lower-cased, it is the CDI class of its devices (akri.sh/<class>=<device>), which must start with a letter"),
+    )]
     pub name: String,
 
     /// Handler-specific details, passed to the handler verbatim (usually YAML).

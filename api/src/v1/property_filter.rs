@@ -38,7 +38,8 @@ use serde::{Deserialize, Serialize};
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
-    )
+    ),
+    validation = Rule::new("size(self.metadata.name) <= 63").message("metadata.name must be at most 63 characters: its DeviceClass carries it as the value of the label akri.sh/property-filter, and label values are at most 63 characters"),
 )]
 #[serde(rename_all = "camelCase")]
 pub struct PropertyFilterSpec {
@@ -90,8 +91,9 @@ pub struct PropertyFilterStatus {
     /// The DeviceClass made for it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_class_name: Option<String>,
-    /// `Ready`, or `Ready=False` with reason `InvalidFilter` and a message naming the filter
-    /// that cannot compile.
+    /// `Ready`, or `Ready=False` with reason `InvalidFilter` (a message naming the filter that
+    /// cannot compile, or the limit its CEL exceeds), `DeviceClassConflict` (a DeviceClass of
+    /// its name that Akri does not own), `NameConflict` or `DiscoveryConfigurationNotFound`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
