@@ -369,6 +369,8 @@ impl ClaimLocks {
     async fn lock<'a>(&self, uids: impl Iterator<Item = &'a str>) -> Vec<OwnedMutexGuard<()>> {
         let mut uids: Vec<&str> = uids.collect();
         uids.sort_unstable();
+        // A UID twice would wait for itself forever.
+        uids.dedup();
         let locks: Vec<Arc<Mutex<()>>> = {
             let mut locks = self.0.lock().expect("claim locks");
             // Forget locks nobody holds or waits for, so the map does not grow forever.

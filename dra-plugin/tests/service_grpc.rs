@@ -16,6 +16,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+/// Longer than any call here takes (10,000 claims take seconds).
+const ANSWER_WITHIN: Duration = Duration::from_secs(120);
+
 /// Prepares every claim with one device `dev`, after `delay`; records what it sees.
 struct SpecDriver {
     cdi: CdiRoot,
@@ -142,11 +145,11 @@ async fn prepare(
     served: &Served,
     claims: Vec<v1::Claim>,
 ) -> std::collections::HashMap<String, v1::NodePrepareResourceResponse> {
-    served
-        .client
-        .clone()
-        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+    let mut client = served.client.clone();
+    let call = client.node_prepare_resources(v1::NodePrepareResourcesRequest { claims });
+    tokio::time::timeout(ANSWER_WITHIN, call)
         .await
+        .expect("the call answers (a hang is a failure, not a stuck test)")
         .unwrap()
         .into_inner()
         .claims
@@ -156,11 +159,11 @@ async fn unprepare(
     served: &Served,
     claims: Vec<v1::Claim>,
 ) -> std::collections::HashMap<String, v1::NodeUnprepareResourceResponse> {
-    served
-        .client
-        .clone()
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+    let mut client = served.client.clone();
+    let call = client.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims });
+    tokio::time::timeout(ANSWER_WITHIN, call)
         .await
+        .expect("the call answers (a hang is a failure, not a stuck test)")
         .unwrap()
         .into_inner()
         .claims

@@ -840,9 +840,18 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
     akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &binding)
         .await
         .unwrap();
-    let denied_kubeconfig = denied_dir.path().join("kubeconfig");
-    cp.write_kubeconfig(&denied_kubeconfig, None, Some(&user))
+    // Open watches are not authorised again: its connections are closed when its rights go,
+    // so that every request after that meets the 403.
+    let denied_proxy = akri_testing::TcpProxy::start(cp.api_server_address())
+        .await
         .unwrap();
+    let denied_kubeconfig = denied_dir.path().join("kubeconfig");
+    cp.write_kubeconfig(
+        &denied_kubeconfig,
+        Some(denied_proxy.address()),
+        Some(&user),
+    )
+    .unwrap();
     let mut down_plugin = spawn_plugin_through(
         &down_kubeconfig,
         &down_peer,
@@ -889,6 +898,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
         .delete(&binding, &Default::default())
         .await
         .unwrap();
+    denied_proxy.close_open_connections();
     let outage = Duration::from_secs(60);
     tokio::time::sleep(outage).await;
     let seconds = outage.as_secs_f64();

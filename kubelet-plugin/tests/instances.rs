@@ -102,7 +102,7 @@ async fn nodes_with_the_longest_names_write_instances() {
         InstanceWriter::new(client.clone(), &ns, node, Duration::ZERO)
             .sync(&seen)
             .await
-            .expect("the API server takes the field manager");
+            .expect("the field manager is valid (kube-rs checks the API server's 128-byte limit before sending)");
     }
     let instance = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
         .get(&camera.instance)

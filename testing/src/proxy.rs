@@ -16,6 +16,8 @@ pub struct TcpProxy {
     down: watch::Sender<bool>,
     /// Connections numbered below this are black-holed: open, and silent forever.
     frozen_below: watch::Sender<u64>,
+    /// Connections numbered below this are closed.
+    closed_below: watch::Sender<u64>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
     accept: tokio::task::JoinHandle<()>,
 }
@@ -38,6 +40,8 @@ impl TcpProxy {
         let (stalled, _) = watch::channel(false);
         let (down, _) = watch::channel(false);
         let (frozen_below, _) = watch::channel(0);
+        let (closed_below, _) = watch::channel(0);
+        let closer = closed_below.clone();
         let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let gate = stalled.clone();
         let outage = down.clone();
@@ -57,6 +61,7 @@ impl TcpProxy {
                     id,
                 };
                 let mut outage = outage.subscribe();
+                let mut closed = closer.subscribe();
                 tokio::spawn(async move {
                     // A connection made while stalled waits like the others.
                     gate.clone().open().await;
@@ -74,6 +79,7 @@ impl TcpProxy {
                         } => {}
                         // Going down closes every connection (the halves drop here).
                         _ = outage.wait_for(|down| *down) => {}
+                        _ = closed.wait_for(|below| *below > id) => {}
                     }
                 });
             }
@@ -83,6 +89,7 @@ impl TcpProxy {
             stalled,
             down,
             frozen_below,
+            closed_below,
             accepted,
             accept,
         })
@@ -111,6 +118,13 @@ impl TcpProxy {
     pub fn black_hole_open_connections(&self) {
         let now = self.accepted.load(std::sync::atomic::Ordering::SeqCst);
         self.frozen_below.send_replace(now);
+    }
+
+    /// Closes every connection open now (as a restarted load balancer would); new ones work.
+    /// Clients must connect again, and so meet whatever changed meanwhile (e.g. their RBAC).
+    pub fn close_open_connections(&self) {
+        let now = self.accepted.load(std::sync::atomic::Ordering::SeqCst);
+        self.closed_below.send_replace(now);
     }
 
     /// The upstream goes away (an API server outage): every connection is closed and new
