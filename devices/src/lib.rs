@@ -137,42 +137,56 @@ fn salted_instance_name(
     format!("{configuration}-{hex}")
 }
 
-/// The Instance names of a configuration's devices (in the order of `device_ids`), each
-/// Akri's [`instance_name`] unless two different ids share it. Then the smallest id keeps
-/// Akri's name and each other takes the first salted name nobody in the set has. The result
-/// depends only on the set of ids, so every pass (and a restarted process) names alike, and
-/// no two devices ever share a name (which would hand a pod the wrong device).
+/// The Instance names of a configuration's devices (in the order of `device_ids`).
+///
+/// A device keeps the name it had (`previous`, by device id) as long as it is there, so a
+/// name never passes to another device while a claim may hold it. Every other device gets
+/// Akri's [`instance_name`] unless another device has it; of several new devices that share
+/// one, the smallest id gets it. The others take the first salted name of the same length
+/// that no device has and no device's Akri name is. With no `previous` the result depends only
+/// on the set of ids; no two devices ever share a name (which would hand a pod the wrong
+/// device).
 pub fn instance_names(
     configuration: &str,
     device_ids: &[&str],
     shared: bool,
     node: &str,
+    previous: &BTreeMap<String, String>,
 ) -> Vec<String> {
-    let akri: Vec<String> = device_ids
+    let mut ids: Vec<&str> = device_ids.to_vec();
+    ids.sort_unstable();
+    ids.dedup();
+    let akri: BTreeMap<&str, String> = ids
         .iter()
-        .map(|id| instance_name(configuration, id, shared, node))
+        .map(|id| (*id, instance_name(configuration, id, shared, node)))
         .collect();
-    let mut by_name: BTreeMap<&str, std::collections::BTreeSet<&str>> = BTreeMap::new();
-    for (name, id) in akri.iter().zip(device_ids) {
-        by_name.entry(name).or_default().insert(id);
-    }
-    let mut taken: std::collections::BTreeSet<String> = akri.iter().cloned().collect();
-    let mut renamed: BTreeMap<&str, String> = BTreeMap::new();
-    for ids in by_name.values().filter(|ids| ids.len() > 1) {
-        for id in ids.iter().skip(1) {
-            let name = (1..)
-                .map(|salt| salted_instance_name(configuration, id, shared, node, salt))
-                .find(|name| !taken.contains(name))
-                .expect("a free name among 16 million");
-            taken.insert(name.clone());
-            renamed.insert(id, name);
+    let mut taken = std::collections::BTreeSet::new();
+    let mut names: BTreeMap<&str, String> = BTreeMap::new();
+    for id in &ids {
+        if let Some(name) = previous.get(*id)
+            && taken.insert(name.clone())
+        {
+            names.insert(id, name.clone());
         }
     }
-    device_ids
-        .iter()
-        .zip(akri)
-        .map(|(id, akri)| renamed.get(id).cloned().unwrap_or(akri))
-        .collect()
+    for id in &ids {
+        if !names.contains_key(id) && taken.insert(akri[id].clone()) {
+            names.insert(id, akri[id].clone());
+        }
+    }
+    let reserved: std::collections::BTreeSet<&String> = akri.values().collect();
+    for id in &ids {
+        if names.contains_key(id) {
+            continue;
+        }
+        let name = (1..)
+            .map(|salt| salted_instance_name(configuration, id, shared, node, salt))
+            .find(|name| !taken.contains(name) && !reserved.contains(name))
+            .expect("a free name among 16 million");
+        taken.insert(name.clone());
+        names.insert(id, name);
+    }
+    device_ids.iter().map(|id| names[id].clone()).collect()
 }
 
 /// How a device with `capacity > 1` is offered to several claims at once.
@@ -332,7 +346,8 @@ mod tests {
             instance_name("echo", a, false, "node-a"),
             instance_name("echo", b, false, "node-a")
         );
-        let names = instance_names("echo", &[b, "cam1", a], false, "node-a");
+        let none = BTreeMap::new();
+        let names = instance_names("echo", &[b, "cam1", a], false, "node-a", &none);
         assert_eq!(
             names[2],
             instance_name("echo", a, false, "node-a"),
@@ -346,16 +361,28 @@ mod tests {
             "no collision, Akri's name"
         );
         assert_eq!(
-            instance_names("echo", &[a, "cam1", b], false, "node-a"),
+            instance_names("echo", &[a, "cam1", b], false, "node-a", &none),
             [names[2].clone(), names[1].clone(), names[0].clone()],
             "the order of discovery does not matter"
         );
         // On another node they do not collide, and keep Akri's names.
-        let elsewhere = instance_names("echo", &[a, b], false, "node-b");
+        let elsewhere = instance_names("echo", &[a, b], false, "node-b", &none);
         assert_eq!(elsewhere[1], instance_name("echo", b, false, "node-b"));
         // The same id twice is one device, one name.
-        let twice = instance_names("echo", &[a, a], false, "node-a");
+        let twice = instance_names("echo", &[a, a], false, "node-a", &none);
         assert_eq!(twice[0], twice[1]);
+        // A device keeps its name: b came first and has Akri's name, a arrives later.
+        let akri = instance_name("echo", b, false, "node-a");
+        let previous = BTreeMap::from([(b.to_string(), akri.clone())]);
+        let later = instance_names("echo", &[a, b], false, "node-a", &previous);
+        assert_eq!(later[1], akri, "the device that had the name keeps it");
+        assert_ne!(later[0], akri);
+        // ... and when b goes, a keeps its salted name: a name never passes to another device.
+        let previous = BTreeMap::from([(a.to_string(), later[0].clone())]);
+        assert_eq!(
+            instance_names("echo", &[a], false, "node-a", &previous),
+            [later[0].clone()]
+        );
     }
 
     #[test]

@@ -162,14 +162,19 @@ impl<D: Driver> DraService<D> {
             return answers;
         }
         let mut state = self.state.lock().await;
-        for (claim, prepared) in &fresh {
-            state.claims.insert(claim.uid.clone(), prepared.clone());
-        }
+        let previous: Vec<Option<PreparedClaim>> = fresh
+            .iter()
+            .map(|(claim, prepared)| state.claims.insert(claim.uid.clone(), prepared.clone()))
+            .collect();
         let stored = state.checkpoint.store(&state.claims);
         if let Err(error) = stored {
-            // Not recorded means not prepared: undo, so nothing leaks.
-            for (claim, _) in &fresh {
-                state.claims.remove(&claim.uid);
+            // Not recorded means not prepared: memory goes back to what the disk has, and the
+            // driver undoes, so nothing leaks.
+            for ((claim, _), previous) in fresh.iter().zip(previous) {
+                match previous {
+                    Some(previous) => state.claims.insert(claim.uid.clone(), previous),
+                    None => state.claims.remove(&claim.uid),
+                };
             }
             drop(state);
             for (claim, prepared) in fresh {
@@ -273,13 +278,21 @@ impl<D: Driver> DraService<D> {
             return answers;
         }
         let mut state = self.state.lock().await;
-        for claim in &undone {
-            state.claims.remove(&claim.uid);
-        }
+        let removed: Vec<PreparedClaim> = undone
+            .iter()
+            .filter_map(|claim| state.claims.remove(&claim.uid))
+            .collect();
         let stored = state
             .checkpoint
             .store(&state.claims)
             .map_err(|e| format!("recording the unprepared claim failed: {e}"));
+        if stored.is_err() {
+            // The disk still has them: so must memory, or the kubelet's retry would find
+            // nothing to record and a restart would bring them back.
+            for claim in removed {
+                state.claims.insert(claim.uid.clone(), claim);
+            }
+        }
         drop(state);
         for claim in undone {
             if stored.is_ok() {

@@ -313,3 +313,48 @@ async fn prepare_again_rewrites_a_spec_the_reboot_wiped() {
     prepare(&served, vec![claim("r", "c", "uid-reboot")]).await;
     assert_eq!(std::fs::read(&spec).unwrap(), content);
 }
+
+/// A checkpoint that cannot be written fails the call, and memory keeps matching the disk:
+/// the kubelet's retry does the work again instead of finding it done.
+#[tokio::test]
+async fn a_failed_checkpoint_store_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let service = DraService::new(
+        SpecDriver::new(dir.path(), Duration::ZERO),
+        &state.join("checkpoint.json"),
+    )
+    .unwrap();
+    let claim = ClaimRef {
+        namespace: "s".into(),
+        name: "c".into(),
+        uid: "uid-store".into(),
+    };
+    assert!(service.prepare_claims(vec![claim.clone()]).await["uid-store"].is_ok());
+
+    // The state directory becomes a file: no store can succeed (root ignores modes).
+    std::fs::remove_dir_all(&state).unwrap();
+    std::fs::write(&state, b"").unwrap();
+    let answer = service.unprepare_claims(vec![claim.clone()]).await;
+    assert!(answer["uid-store"].is_err(), "{answer:?}");
+    assert!(
+        service.prepared().await.contains_key("uid-store"),
+        "still recorded, as on disk"
+    );
+    let other = ClaimRef {
+        uid: "uid-new".into(),
+        ..claim.clone()
+    };
+    assert!(service.prepare_claims(vec![other]).await["uid-new"].is_err());
+    assert!(!service.prepared().await.contains_key("uid-new"));
+
+    // Writable again: the retry records the unprepare.
+    std::fs::remove_file(&state).unwrap();
+    std::fs::create_dir_all(&state).unwrap();
+    assert!(service.unprepare_claims(vec![claim]).await["uid-store"].is_ok());
+    assert!(service.prepared().await.is_empty());
+    let recorded: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(state.join("checkpoint.json")).unwrap()).unwrap();
+    assert!(recorded["claims"].as_object().unwrap().is_empty());
+}

@@ -280,9 +280,14 @@ async fn reconcile(
         .into_iter()
         .filter(|i| i.spec.configuration_name == name)
         .collect();
-    if ctx.forget_gone_nodes(&config, &instances).await? {
+    match ctx.forget_gone_nodes(&config, &instances).await {
         // The Instance and configuration watches bring the result, and another pass.
-        return Ok(Action::requeue(Duration::from_secs(5)));
+        Ok(true) => return Ok(Action::requeue(Duration::from_secs(5))),
+        Ok(false) => {}
+        // Cleaning up after deleted nodes must not hold back the live ones' devices.
+        Err(error) => {
+            tracing::warn!(configuration = %name, %error, "forgetting deleted nodes failed; retrying on the next pass")
+        }
     }
     let shared = ctx
         .publish_shared(&config, &driver, owner, &instances)

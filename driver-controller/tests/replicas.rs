@@ -324,7 +324,7 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     );
     // It gives up a renew deadline after the start of its last renewal, which was before the cut.
     assert!(
-        stopped <= lease.renew_deadline + Duration::from_millis(500),
+        stopped <= lease.renew_deadline + SLACK,
         "stopped {stopped:?} after the cut, renew deadline {:?}",
         lease.renew_deadline
     );

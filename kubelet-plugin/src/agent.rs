@@ -26,7 +26,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -160,6 +160,12 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     }
     // Before anything on the node is touched: one agent per state directory.
     let lock = StateLock::acquire(&config.state_dir).await?;
+    if let Some(old) = config.discovery_socket.parent() {
+        move_legacy_state(old, &config.state_dir).map_err(|source| Error::StateDir {
+            path: old.to_path_buf(),
+            source,
+        })?;
+    }
     let registry = Registry::serve(
         &config.discovery_socket,
         &config.state_dir.join("discovery-handlers.json"),
@@ -214,6 +220,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
 /// A discovery stream of one configuration, with what it was started for.
 struct RunningStream {
     key: String,
+    /// The discovery properties it runs with: the last ones read.
+    properties: BTreeMap<String, Vec<u8>>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -292,6 +300,8 @@ impl AgentState {
         let mut dirty: BTreeSet<String> = BTreeSet::new();
         let startup_deadline = tokio::time::sleep(self.startup.remaining());
         tokio::pin!(startup_deadline);
+        // A finished sleep is ready again at once: poll it only until it has fired.
+        let mut waited = false;
         loop {
             tokio::select! {
                 // A failing watch retries by itself, with backoff; a pass now would only fail
@@ -301,7 +311,7 @@ impl AgentState {
                     Some(WatchEvent::Failed) => continue,
                     _ => {}
                 },
-                _ = &mut startup_deadline, if !self.startup.is_open() => {}
+                _ = &mut startup_deadline, if !self.startup.is_open() && !waited => waited = true,
                 changed = handlers.changed() => if changed.is_err() { return },
                 Some(event) = events.recv() => {
                     if let Some(driver) = self.on_stream_event(event) {
@@ -403,11 +413,11 @@ impl AgentState {
                 }
                 Err(error) if error.is_transient() && self.streams.contains_key(&name) => {
                     // An outage or a refusal is not a change: discovery goes on with the
-                    // values it has, and the status says why they may be stale.
+                    // values it has (other edits of the configuration still apply), and the
+                    // status says why they may be stale.
                     tracing::warn!(configuration = %name, %error, "reading discovery properties failed; discovery goes on with the last values read");
                     self.property_errors.insert(name.clone(), error.to_string());
-                    wanted.insert(name.clone());
-                    continue;
+                    self.streams[&name].properties.clone()
                 }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "discovery not started");
@@ -429,7 +439,7 @@ impl AgentState {
             }
             let request = DiscoveryRequest {
                 details: spec.discovery_handler.discovery_details.clone(),
-                properties,
+                properties: properties.clone(),
             };
             let mut stream =
                 DiscoveryStream::start(handler.clone(), request, StreamConfig::default());
@@ -455,7 +465,14 @@ impl AgentState {
                 }
             });
             tracing::info!(configuration = %name, handler = %spec.discovery_handler.name, "discovery started");
-            self.streams.insert(name, RunningStream { key, task });
+            self.streams.insert(
+                name,
+                RunningStream {
+                    key,
+                    properties,
+                    task,
+                },
+            );
         }
         let mut changed = Vec::new();
         let stale: Vec<String> = self
@@ -681,6 +698,34 @@ impl AgentState {
     }
 }
 
+/// Earlier versions kept their state next to the registration socket, where handler pods can
+/// read it. Moves the handler registrations and checkpoints found there into `state_dir`
+/// (unless it has its own already), so an upgraded node keeps its handlers and prepared
+/// claims. Copied, not renamed: the two directories are usually different mounts.
+fn move_legacy_state(old: &Path, state_dir: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(old) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let state = name == "discovery-handlers.json" || name.ends_with("-checkpoint.json");
+        let target = state_dir.join(name);
+        if !state || !path.is_file() || target.exists() {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        dra_plugin::checkpoint::write_atomically(&target, &bytes, 0o600)?;
+        std::fs::remove_file(&path)?;
+        tracing::info!(from = %path.display(), to = %target.display(), "moved state out of the directory discovery handlers mount");
+    }
+    Ok(())
+}
+
 /// A Warning Event on this node (`kubectl describe node` shows it), for what an operator must
 /// hear of even if nobody reads the plugin's log.
 async fn warn_on_node(client: kube::Client, node: String, uid: String, note: String) {
@@ -719,9 +764,11 @@ async fn warn_on_node(client: kube::Client, node: String, uid: String, note: Str
 /// recreated, allocations failing meanwhile). So nothing is written until the configurations
 /// are listed and each one whose handler is registered has reported its devices once, or until
 /// the start-up wait is over (a handler that never answers must not freeze the node forever).
+/// The configurations being listed is never waived: without them every device would go.
 struct StartupGate {
     deadline: tokio::time::Instant,
     listed: bool,
+    said_unlisted: bool,
     answered: BTreeSet<String>,
     open: bool,
 }
@@ -731,6 +778,7 @@ impl StartupGate {
         StartupGate {
             deadline: tokio::time::Instant::now() + wait,
             listed: false,
+            said_unlisted: false,
             answered: BTreeSet::new(),
             open: false,
         }
@@ -772,6 +820,16 @@ impl StartupGate {
             .collect();
         if self.listed && waiting.is_empty() {
             tracing::info!("discovery answered for every configuration; publishing");
+        } else if !self.listed {
+            // Without the configurations, publishing would withdraw every device of the node:
+            // the wait for them has no end.
+            if self.remaining().is_zero() && !self.said_unlisted {
+                tracing::warn!(
+                    "the DiscoveryConfigurations are not listed yet; the node's devices stay as published until they are"
+                );
+                self.said_unlisted = true;
+            }
+            return false;
         } else if self.remaining().is_zero() {
             tracing::warn!(
                 configurations_listed = self.listed,

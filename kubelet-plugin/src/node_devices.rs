@@ -33,7 +33,15 @@ pub struct KnownDevice {
 pub struct NodeDevices {
     node: Arc<str>,
     consumable_capacity: bool,
-    drivers: Arc<RwLock<BTreeMap<String, BTreeMap<String, ConfigDevices>>>>,
+    drivers: Arc<RwLock<BTreeMap<String, BTreeMap<String, Named>>>>,
+}
+
+/// A configuration's devices with their Instance names (by device id), which stick to their
+/// devices across reports ([`akri_devices::instance_names`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Named {
+    devices: ConfigDevices,
+    names: BTreeMap<String, String>,
 }
 
 impl NodeDevices {
@@ -60,10 +68,21 @@ impl NodeDevices {
     pub fn set(&self, driver: &str, devices: ConfigDevices) -> bool {
         let mut drivers = self.drivers.write().expect("lock");
         let configs = drivers.entry(driver.to_string()).or_default();
-        if configs.get(&devices.configuration) == Some(&devices) {
+        let previous = configs.get(&devices.configuration);
+        if previous.is_some_and(|p| p.devices == devices) {
             return false;
         }
-        configs.insert(devices.configuration.clone(), devices);
+        let empty = BTreeMap::new();
+        let ids: Vec<&str> = devices.devices.iter().map(|d| d.id.as_str()).collect();
+        let names = akri_devices::instance_names(
+            &devices.configuration,
+            &ids,
+            devices.shared,
+            &self.node,
+            previous.map_or(&empty, |p| &p.names),
+        );
+        let names = ids.iter().map(|id| id.to_string()).zip(names).collect();
+        configs.insert(devices.configuration.clone(), Named { devices, names });
         true
     }
 
@@ -80,31 +99,24 @@ impl NodeDevices {
         let drivers = self.drivers.read().expect("lock");
         drivers
             .get(driver)
-            .map(|c| c.values().cloned().collect())
+            .map(|c| c.values().map(|named| named.devices.clone()).collect())
             .unwrap_or_default()
     }
 
     /// Every device of a driver with its Instance name.
     pub fn known(&self, driver: &str) -> Vec<KnownDevice> {
-        self.configurations(driver)
-            .into_iter()
-            .flat_map(|config| {
-                let ids: Vec<&str> = config.devices.iter().map(|d| d.id.as_str()).collect();
-                let names = akri_devices::instance_names(
-                    &config.configuration,
-                    &ids,
-                    config.shared,
-                    &self.node,
-                );
-                names
-                    .into_iter()
-                    .zip(config.devices.clone())
-                    .map(|(instance, device)| KnownDevice {
-                        instance,
-                        configuration: config.configuration.clone(),
-                        device,
-                    })
-                    .collect::<Vec<_>>()
+        let drivers = self.drivers.read().expect("lock");
+        let Some(configs) = drivers.get(driver) else {
+            return Vec::new();
+        };
+        configs
+            .values()
+            .flat_map(|named| {
+                named.devices.devices.iter().map(|device| KnownDevice {
+                    instance: named.names[&device.id].clone(),
+                    configuration: named.devices.configuration.clone(),
+                    device: device.clone(),
+                })
             })
             .collect()
     }
@@ -148,5 +160,54 @@ impl NodeDevices {
                     .and_then(|rest| rest.strip_prefix('-'))
                     .is_some_and(|slot| slot.parse::<u32>().is_ok())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn echo(ids: &[&str]) -> ConfigDevices {
+        ConfigDevices {
+            configuration: "echo".into(),
+            capacity: 1,
+            unique_devices: true,
+            shared: false,
+            devices: ids
+                .iter()
+                .map(|id| DiscoveredDevice {
+                    id: id.to_string(),
+                    ..DiscoveredDevice::default()
+                })
+                .collect(),
+        }
+    }
+
+    fn names(devices: &NodeDevices) -> BTreeMap<String, String> {
+        devices
+            .known("d")
+            .into_iter()
+            .map(|k| (k.device.id, k.instance))
+            .collect()
+    }
+
+    /// `cam2839` and `cam3489` share Akri's name on node-a. The one seen first keeps it; the
+    /// other keeps its own name after the first one goes, so a claim allocated to a name
+    /// never gets another device.
+    #[test]
+    fn instance_names_stick_to_their_devices() {
+        let devices = NodeDevices::new("node-a", true);
+        devices.set("d", echo(&["cam3489"]));
+        let akri = names(&devices)["cam3489"].clone();
+        devices.set("d", echo(&["cam2839", "cam3489"]));
+        let both = names(&devices);
+        assert_eq!(both["cam3489"], akri);
+        assert_ne!(both["cam2839"], akri);
+        devices.set("d", echo(&["cam2839"]));
+        assert_eq!(names(&devices)["cam2839"], both["cam2839"]);
+        assert!(
+            devices.lookup("d", &akri).is_none(),
+            "the old name finds no device"
+        );
     }
 }

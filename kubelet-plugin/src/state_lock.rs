@@ -5,8 +5,8 @@
 //! same socket paths, taking them from the first silently, and the two would overwrite each
 //! other's checkpoints. So the agent takes an exclusive lock on `<state dir>/kubelet-plugin.lock`
 //! before it touches anything, and a second process waits, saying so, until the first exits
-//! (the kernel releases the lock with the process, however it ends). The chart's rolling
-//! update therefore uses `maxSurge: 0`: the old pod goes first, then the new one starts.
+//! (the kernel releases the lock with the process, however it ends). A DaemonSet running it
+//! must therefore roll with `maxSurge: 0`: the old pod goes first, then the new one starts.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};

@@ -869,14 +869,21 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
         &[],
     );
 
-    echo_config(&admin, "outage", "o0").await;
-    let before = eventually("both nodes publish", async || {
-        let down = publication(&admin, &down_node, &ns).await.0;
-        let denied = publication(&admin, &denied_node, &ns).await.0;
-        let has = |slices: &Vec<(String, String, i64, usize)>| {
-            slices.iter().map(|s| s.3).sum::<usize>() >= 1
-        };
-        (has(&down) && has(&denied)).then_some((down, denied))
+    let config = echo_config(&admin, "outage", "o0").await;
+    // Only this configuration's devices: other tests' configurations come and go meanwhile.
+    let down_device = akri_devices::instance_name(&config, "o0", false, &down_node);
+    let denied_device = akri_devices::instance_name(&config, "o0", false, &denied_node);
+    let published = async |node: &str, device: &str| {
+        pool_size(&admin, node, &config).await == 1
+            && publication(&admin, node, &ns)
+                .await
+                .1
+                .iter()
+                .any(|i| i.0 == device)
+    };
+    eventually("both nodes publish", async || {
+        (published(&down_node, &down_device).await && published(&denied_node, &denied_device).await)
+            .then_some(())
     })
     .await;
 
@@ -924,8 +931,14 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
     );
 
     // Nothing was lost, and both come back by themselves.
-    assert_eq!(publication(&admin, &down_node, &ns).await.0, before.0);
-    assert_eq!(publication(&admin, &denied_node, &ns).await.0, before.1);
+    assert!(
+        published(&down_node, &down_device).await,
+        "the outage cost no device"
+    );
+    assert!(
+        published(&denied_node, &denied_device).await,
+        "the 403s cost no device"
+    );
     proxy.resume();
     akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &format!("{binding}-again"))
         .await
@@ -995,5 +1008,33 @@ async fn a_silently_dead_connection_does_not_stall_the_node() {
         async || (!published().await.contains(&device)).then_some(()),
     )
     .await;
+    plugin.kill().await.unwrap();
+}
+
+/// State an earlier version kept next to the registration socket (where handler pods can read
+/// it) moves into the state directory on upgrade, and is used from there.
+#[tokio::test]
+async fn state_left_next_to_the_socket_moves_into_the_state_dir() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let (node, ns, peer, dir) = node_with_peer("upgrade").await;
+    let old = dir.path().join("handlers");
+    std::fs::create_dir_all(&old).unwrap();
+    // A valid, empty checkpoint of the old layout (CRC-32 of `{}`).
+    let checkpoint = format!("{DRIVER}-checkpoint.json");
+    let content = "{\"version\":1,\"checksum\":2745614147,\"claims\":{}}\n";
+    std::fs::write(old.join(&checkpoint), content).unwrap();
+    let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        !old.join(&checkpoint).exists(),
+        "gone from the handlers' directory"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("state").join(&checkpoint)).unwrap(),
+        content,
+        "moved as it was (not set aside as corrupt)"
+    );
     plugin.kill().await.unwrap();
 }
