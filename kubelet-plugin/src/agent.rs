@@ -10,10 +10,12 @@ use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
 use crate::discovery::{
     DiscoveryEvent, DiscoveryRequest, DiscoveryStream, RegisteredHandler, Registry, StreamConfig,
 };
+use crate::discovery_errors::DiscoveryErrors;
 use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
 use crate::node_devices::{ConfigDevices, NodeDevices};
-use crate::state_lock::StateLock;
+use crate::startup::StartupGate;
+use crate::state_dir::StateDir;
 use akri_api::v1::DiscoveryConfiguration;
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::health::HealthReporter;
@@ -23,10 +25,10 @@ use dra_plugin::slices::{PoolScope, SlicePublisher};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -67,18 +69,7 @@ pub enum Error {
     #[error("discovery registry: {0}")]
     Registry(#[from] crate::discovery::registry::Error),
     #[error(transparent)]
-    StateLock(#[from] crate::state_lock::Error),
-    #[error(
-        "state directory {} is inside {}, which discovery-handler pods mount: choose a --state-dir outside it",
-        state.display(), shared.display()
-    )]
-    StateVisibleToHandlers { state: PathBuf, shared: PathBuf },
-    #[error("state directory {}: {source}", path.display())]
-    StateDir {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    StateDir(#[from] crate::state_dir::Error),
     #[error("embedded debugEcho: {0}")]
     DebugEcho(#[from] crate::discovery::debug_echo::Error),
     #[error("reading node {node}: {source}")]
@@ -109,7 +100,7 @@ pub enum Error {
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
     devices: NodeDevices,
-    _lock: StateLock,
+    _state_dir: StateDir,
 }
 
 impl Drop for Agent {
@@ -137,35 +128,9 @@ struct ServedDriver {
 
 /// Starts the agent.
 pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, Error> {
-    // Checkpoints (which hold CDI specs, and so properties that may come from Secrets) must
-    // not be readable by discovery-handler pods, which mount the registration socket's
-    // directory.
-    if let Some(shared) = config.discovery_socket.parent()
-        && config.state_dir.starts_with(shared)
-    {
-        return Err(Error::StateVisibleToHandlers {
-            state: config.state_dir.clone(),
-            shared: shared.to_path_buf(),
-        });
-    }
-    {
-        use std::os::unix::fs::PermissionsExt;
-        let state_error = |source| Error::StateDir {
-            path: config.state_dir.clone(),
-            source,
-        };
-        std::fs::create_dir_all(&config.state_dir).map_err(state_error)?;
-        std::fs::set_permissions(&config.state_dir, std::fs::Permissions::from_mode(0o700))
-            .map_err(state_error)?;
-    }
-    // Before anything on the node is touched: one agent per state directory.
-    let lock = StateLock::acquire(&config.state_dir).await?;
-    if let Some(old) = config.discovery_socket.parent() {
-        move_legacy_state(old, &config.state_dir).map_err(|source| Error::StateDir {
-            path: old.to_path_buf(),
-            source,
-        })?;
-    }
+    // Before anything on the node is touched: one agent per state directory, out of the
+    // handlers' reach.
+    let state_dir = StateDir::open(&config.state_dir, config.discovery_socket.parent()).await?;
     let registry = Registry::serve(
         &config.discovery_socket,
         &config.state_dir.join("discovery-handlers.json"),
@@ -204,16 +169,14 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             &config.node_name,
             config.instance_grace,
         ),
-        errors: BTreeMap::new(),
-        property_errors: BTreeMap::new(),
-        reported: BTreeMap::new(),
+        errors: DiscoveryErrors::default(),
         startup: StartupGate::new(config.startup_wait),
     };
     let task = tokio::spawn(state.run(registry, debug_echo));
     Ok(Agent {
         task,
         devices,
-        _lock: lock,
+        _state_dir: state_dir,
     })
 }
 
@@ -239,12 +202,7 @@ struct AgentState {
     drivers: BTreeMap<String, ServedDriver>,
     streams: BTreeMap<String, RunningStream>,
     instances: InstanceWriter,
-    /// Configurations whose discovery fails on this node now, with why.
-    errors: BTreeMap<String, String>,
-    /// Configurations whose discovery properties cannot be read now, with why.
-    property_errors: BTreeMap<String, String>,
-    /// What this node last wrote into each configuration's `status.discoveryErrors`.
-    reported: BTreeMap<String, String>,
+    errors: DiscoveryErrors,
     startup: StartupGate,
 }
 
@@ -335,7 +293,9 @@ impl AgentState {
             let registered = handlers.borrow().clone();
             dirty.extend(self.sync_streams(&configs, &registered, &events_tx).await);
             dirty.extend(self.sync_drivers(&registered));
-            self.report_errors().await;
+            self.errors
+                .report(&self.client, &self.config.node_name)
+                .await;
             if !self.startup.open(&configs, &registered) {
                 // Keep what the previous process published until discovery has answered.
                 continue;
@@ -357,7 +317,7 @@ impl AgentState {
         let driver = akri_devices::driver_name(&event.handler.name);
         match event.event {
             DiscoveryEvent::Devices(devices) => {
-                self.errors.remove(&event.configuration);
+                self.errors.discovery.remove(&event.configuration);
                 self.startup.answered(&event.configuration);
                 let changed = self.devices.set(
                     &driver,
@@ -374,7 +334,7 @@ impl AgentState {
             DiscoveryEvent::Error(error) => {
                 // The stream reconnects by itself; the devices stay as last reported.
                 tracing::warn!(configuration = %event.configuration, handler = %event.handler.name, %error, "discovery failed");
-                self.errors.insert(
+                self.errors.discovery.insert(
                     event.configuration,
                     format!("handler {}: {error}", event.handler.name),
                 );
@@ -408,7 +368,7 @@ impl AgentState {
             .await
             {
                 Ok(properties) => {
-                    self.property_errors.remove(&name);
+                    self.errors.properties.remove(&name);
                     properties
                 }
                 Err(error) if error.is_transient() && self.streams.contains_key(&name) => {
@@ -416,12 +376,16 @@ impl AgentState {
                     // values it has (other edits of the configuration still apply), and the
                     // status says why they may be stale.
                     tracing::warn!(configuration = %name, %error, "reading discovery properties failed; discovery goes on with the last values read");
-                    self.property_errors.insert(name.clone(), error.to_string());
+                    self.errors
+                        .properties
+                        .insert(name.clone(), error.to_string());
                     self.streams[&name].properties.clone()
                 }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "discovery not started");
-                    self.property_errors.insert(name.clone(), error.to_string());
+                    self.errors
+                        .properties
+                        .insert(name.clone(), error.to_string());
                     continue;
                 }
             };
@@ -483,12 +447,12 @@ impl AgentState {
             .collect();
         for name in stale {
             self.streams.remove(&name);
-            self.errors.remove(&name);
+            self.errors.discovery.remove(&name);
             if !configs
                 .iter()
                 .any(|c| c.metadata.name.as_deref() == Some(name.as_str()))
             {
-                self.property_errors.remove(&name);
+                self.errors.properties.remove(&name);
             }
             for driver in self.drivers.keys() {
                 if self.devices.remove(driver, &name) {
@@ -543,10 +507,11 @@ impl AgentState {
                 set_aside.reason,
                 set_aside.moved_to.display()
             );
-            tokio::spawn(warn_on_node(
+            tokio::spawn(crate::node_events::warn(
                 self.client.clone(),
                 self.config.node_name.clone(),
                 self.node_uid.clone(),
+                "CheckpointSetAside",
                 note,
             ));
         }
@@ -622,63 +587,6 @@ impl AgentState {
         served.ever_published.extend(now);
     }
 
-    /// Writes this node's entry of `status.discoveryErrors` where it changed: present while
-    /// a configuration's discovery fails here, gone once it works. Each node applies only its
-    /// own entry (server-side apply, one field manager per node), so nodes never collide.
-    async fn report_errors(&mut self) {
-        let api = Api::<DiscoveryConfiguration>::all(self.client.clone());
-        let params =
-            PatchParams::apply(&akri_devices::node_field_manager(&self.config.node_name)).force();
-        let names: BTreeSet<String> = self
-            .errors
-            .keys()
-            .chain(self.property_errors.keys())
-            .chain(self.reported.keys())
-            .cloned()
-            .collect();
-        for name in names {
-            let now = self
-                .property_errors
-                .get(&name)
-                .or_else(|| self.errors.get(&name))
-                .cloned();
-            let now = now.as_ref();
-            if self.reported.get(&name) == now {
-                continue;
-            }
-            let entries = match now {
-                Some(message) => {
-                    serde_json::json!([{ "node": self.config.node_name, "message": message }])
-                }
-                None => serde_json::json!([]),
-            };
-            let patch = serde_json::json!({
-                "apiVersion": "akri.sh/v1",
-                "kind": "DiscoveryConfiguration",
-                "metadata": { "name": name },
-                "status": { "discoveryErrors": entries },
-            });
-            match crate::api_call(api.patch_status(&name, &params, &Patch::Apply(&patch))).await {
-                Ok(_) => match now {
-                    Some(message) => {
-                        self.reported.insert(name, message.clone());
-                    }
-                    None => {
-                        self.reported.remove(&name);
-                    }
-                },
-                Err(kube::Error::Api(status)) if status.code == 404 => {
-                    self.reported.remove(&name);
-                    self.errors.remove(&name);
-                    self.property_errors.remove(&name);
-                }
-                Err(error) => {
-                    tracing::warn!(configuration = %name, %error, "reporting the discovery error failed")
-                }
-            }
-        }
-    }
-
     /// Writes the Instances of every driver's devices on this node.
     async fn sync_instances(&mut self) {
         let mut known = Vec::new();
@@ -695,152 +603,5 @@ impl AgentState {
         if let Err(error) = self.instances.sync(&known).await {
             tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
         }
-    }
-}
-
-/// Earlier versions kept their state next to the registration socket, where handler pods can
-/// read it. Moves the handler registrations and checkpoints found there into `state_dir`
-/// (unless it has its own already), so an upgraded node keeps its handlers and prepared
-/// claims. Copied, not renamed: the two directories are usually different mounts.
-fn move_legacy_state(old: &Path, state_dir: &Path) -> std::io::Result<()> {
-    let entries = match std::fs::read_dir(old) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for entry in entries {
-        let path = entry?.path();
-        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
-            continue;
-        };
-        let state = name == "discovery-handlers.json" || name.ends_with("-checkpoint.json");
-        let target = state_dir.join(name);
-        if !state || !path.is_file() || target.exists() {
-            continue;
-        }
-        let bytes = std::fs::read(&path)?;
-        dra_plugin::checkpoint::write_atomically(&target, &bytes, 0o600)?;
-        std::fs::remove_file(&path)?;
-        tracing::info!(from = %path.display(), to = %target.display(), "moved state out of the directory discovery handlers mount");
-    }
-    Ok(())
-}
-
-/// A Warning Event on this node (`kubectl describe node` shows it), for what an operator must
-/// hear of even if nobody reads the plugin's log.
-async fn warn_on_node(client: kube::Client, node: String, uid: String, note: String) {
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: "akri-kubelet-plugin".into(),
-            instance: Some(node.clone()),
-        },
-    );
-    let reference = k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node),
-        uid: Some(uid),
-        ..Default::default()
-    };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: "CheckpointSetAside".into(),
-        note: Some(note.chars().take(1024).collect()),
-        action: "Start".into(),
-        secondary: None,
-    };
-    if let Err(error) = recorder.publish(&event, &reference).await {
-        tracing::warn!(%error, "recording the Event on the node failed");
-    }
-}
-
-/// Holds back a (re)started agent's first publication.
-///
-/// The slices, Instances and health of a node describe what its discovery handlers reported
-/// to the previous process. Publishing before this process heard the same again would
-/// withdraw every device for a moment (a new slice generation, Instances deleted and
-/// recreated, allocations failing meanwhile). So nothing is written until the configurations
-/// are listed and each one whose handler is registered has reported its devices once, or until
-/// the start-up wait is over (a handler that never answers must not freeze the node forever).
-/// The configurations being listed is never waived: without them every device would go.
-struct StartupGate {
-    deadline: tokio::time::Instant,
-    listed: bool,
-    said_unlisted: bool,
-    answered: BTreeSet<String>,
-    open: bool,
-}
-
-impl StartupGate {
-    fn new(wait: Duration) -> Self {
-        StartupGate {
-            deadline: tokio::time::Instant::now() + wait,
-            listed: false,
-            said_unlisted: false,
-            answered: BTreeSet::new(),
-            open: false,
-        }
-    }
-
-    fn remaining(&self) -> Duration {
-        self.deadline
-            .saturating_duration_since(tokio::time::Instant::now())
-    }
-
-    fn is_open(&self) -> bool {
-        self.open
-    }
-
-    fn configs_listed(&mut self) {
-        self.listed = true;
-    }
-
-    fn answered(&mut self, configuration: &str) {
-        if !self.open {
-            self.answered.insert(configuration.to_string());
-        }
-    }
-
-    /// Whether publishing may start (once open, it stays open).
-    fn open(
-        &mut self,
-        configs: &[DiscoveryConfiguration],
-        handlers: &BTreeMap<String, RegisteredHandler>,
-    ) -> bool {
-        if self.open {
-            return true;
-        }
-        let waiting: Vec<&str> = configs
-            .iter()
-            .filter(|c| handlers.contains_key(&c.spec.discovery_handler.name))
-            .filter_map(|c| c.metadata.name.as_deref())
-            .filter(|name| !self.answered.contains(*name))
-            .collect();
-        if self.listed && waiting.is_empty() {
-            tracing::info!("discovery answered for every configuration; publishing");
-        } else if !self.listed {
-            // Without the configurations, publishing would withdraw every device of the node:
-            // the wait for them has no end.
-            if self.remaining().is_zero() && !self.said_unlisted {
-                tracing::warn!(
-                    "the DiscoveryConfigurations are not listed yet; the node's devices stay as published until they are"
-                );
-                self.said_unlisted = true;
-            }
-            return false;
-        } else if self.remaining().is_zero() {
-            tracing::warn!(
-                configurations_listed = self.listed,
-                ?waiting,
-                "start-up wait over before discovery answered; publishing what is known"
-            );
-        } else {
-            return false;
-        }
-        self.open = true;
-        self.answered.clear();
-        true
     }
 }

@@ -3,11 +3,14 @@
 pub mod discovery;
 
 pub mod agent;
+pub mod discovery_errors;
 pub mod driver;
 pub mod instances;
 pub mod node_devices;
+pub mod node_events;
 pub mod properties;
-pub mod state_lock;
+pub mod startup;
+pub mod state_dir;
 
 use std::time::Duration;
 

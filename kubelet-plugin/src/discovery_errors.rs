@@ -1,0 +1,74 @@
+//! This node's entries of `status.discoveryErrors`: why a configuration's discovery fails here.
+
+use akri_api::v1::DiscoveryConfiguration;
+use kube::api::{Api, Patch, PatchParams};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// What fails on this node now, and what it last wrote.
+#[derive(Default)]
+pub struct DiscoveryErrors {
+    /// Configurations whose discovery (the handler's stream) fails here, with why.
+    pub discovery: BTreeMap<String, String>,
+    /// Configurations whose discovery properties cannot be read now, with why (shown first).
+    pub properties: BTreeMap<String, String>,
+    /// What this node last wrote into each configuration's `status.discoveryErrors`.
+    reported: BTreeMap<String, String>,
+}
+
+impl DiscoveryErrors {
+    /// Writes this node's entry of `status.discoveryErrors` where it changed: present while
+    /// a configuration's discovery fails here, gone once it works. Each node applies only its
+    /// own entry (server-side apply, one field manager per node), so nodes never collide.
+    pub async fn report(&mut self, client: &kube::Client, node: &str) {
+        let api = Api::<DiscoveryConfiguration>::all(client.clone());
+        let params = PatchParams::apply(&akri_devices::node_field_manager(node)).force();
+        let names: BTreeSet<String> = self
+            .discovery
+            .keys()
+            .chain(self.properties.keys())
+            .chain(self.reported.keys())
+            .cloned()
+            .collect();
+        for name in names {
+            let now = self
+                .properties
+                .get(&name)
+                .or_else(|| self.discovery.get(&name))
+                .cloned();
+            let now = now.as_ref();
+            if self.reported.get(&name) == now {
+                continue;
+            }
+            let entries = match now {
+                Some(message) => {
+                    serde_json::json!([{ "node": node, "message": message }])
+                }
+                None => serde_json::json!([]),
+            };
+            let patch = serde_json::json!({
+                "apiVersion": "akri.sh/v1",
+                "kind": "DiscoveryConfiguration",
+                "metadata": { "name": name },
+                "status": { "discoveryErrors": entries },
+            });
+            match crate::api_call(api.patch_status(&name, &params, &Patch::Apply(&patch))).await {
+                Ok(_) => match now {
+                    Some(message) => {
+                        self.reported.insert(name, message.clone());
+                    }
+                    None => {
+                        self.reported.remove(&name);
+                    }
+                },
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    self.reported.remove(&name);
+                    self.discovery.remove(&name);
+                    self.properties.remove(&name);
+                }
+                Err(error) => {
+                    tracing::warn!(configuration = %name, %error, "reporting the discovery error failed")
+                }
+            }
+        }
+    }
+}

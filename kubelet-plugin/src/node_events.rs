@@ -1,0 +1,37 @@
+//! Events on this node's Node object: what an operator must hear of even if nobody reads the
+//! plugin's log (`kubectl describe node` shows them).
+
+/// A Warning Event on the node: `note` says what happened and what was done.
+pub async fn warn(
+    client: kube::Client,
+    node: String,
+    uid: String,
+    reason: &'static str,
+    note: String,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let recorder = Recorder::new(
+        client,
+        Reporter {
+            controller: "akri-kubelet-plugin".into(),
+            instance: Some(node.clone()),
+        },
+    );
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node),
+        uid: Some(uid),
+        ..Default::default()
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(note.chars().take(1024).collect()),
+        action: "Start".into(),
+        secondary: None,
+    };
+    if let Err(error) = recorder.publish(&event, &reference).await {
+        tracing::warn!(%error, "recording the Event on the node failed");
+    }
+}

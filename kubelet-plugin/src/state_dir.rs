@@ -1,0 +1,158 @@
+//! The agent's state directory: checkpoints and handler registrations, out of the handlers'
+//! reach, for one kubelet-plugin per node.
+//!
+//! Checkpoints hold CDI specs, and so properties that may come from Secrets: the directory is
+//! 0700 and may not lie inside the registration socket's directory, which discovery-handler
+//! pods mount. State an earlier version kept next to that socket is moved in.
+//!
+//! The checkpoints, the handler registrations and the sockets of a node belong to one process.
+//! A second one (a DaemonSet rolling update with surge, a copy started by hand) would bind the
+//! same socket paths, taking them from the first silently, and the two would overwrite each
+//! other's checkpoints. So the agent takes an exclusive lock on `<state dir>/kubelet-plugin.lock`
+//! before it touches anything, and a second process waits, saying so, until the first exits
+//! (the kernel releases the lock with the process, however it ends). A DaemonSet running it
+//! must therefore roll with `maxSurge: 0`: the old pod goes first, then the new one starts.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How often a waiting process tries the lock again.
+const RETRY: Duration = Duration::from_millis(500);
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "state directory {} is inside {}, which discovery-handler pods mount: choose a --state-dir outside it",
+        state.display(), shared.display()
+    )]
+    VisibleToHandlers { state: PathBuf, shared: PathBuf },
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Held for the life of the agent; dropping it releases the node.
+#[derive(Debug)]
+pub struct StateDir {
+    _lock: File,
+}
+
+impl StateDir {
+    /// Checks and creates `state_dir` (0700), takes its lock (waiting for another process to
+    /// release it), then moves in what an earlier version left in `handlers_dir`.
+    pub async fn open(state_dir: &Path, handlers_dir: Option<&Path>) -> Result<StateDir, Error> {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(shared) = handlers_dir
+            && state_dir.starts_with(shared)
+        {
+            return Err(Error::VisibleToHandlers {
+                state: state_dir.to_path_buf(),
+                shared: shared.to_path_buf(),
+            });
+        }
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| Error::Io { path, source }
+        };
+        std::fs::create_dir_all(state_dir).map_err(io(state_dir))?;
+        std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(io(state_dir))?;
+        let lock = lock(state_dir).await?;
+        if let Some(old) = handlers_dir {
+            move_legacy_state(old, state_dir).map_err(io(old))?;
+        }
+        Ok(StateDir { _lock: lock })
+    }
+}
+
+/// Takes the exclusive lock on `<state_dir>/kubelet-plugin.lock`, waiting while another
+/// process holds it.
+async fn lock(state_dir: &Path) -> Result<File, Error> {
+    let path = state_dir.join("kubelet-plugin.lock");
+    let error = |source| Error::Io {
+        path: path.clone(),
+        source,
+    };
+    let file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(error)?;
+    let mut told = false;
+    loop {
+        match file.try_lock() {
+            Ok(()) => {
+                if told {
+                    tracing::info!(lock = %path.display(), "the other kubelet-plugin exited; taking over");
+                }
+                return Ok(file);
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                if !told {
+                    tracing::warn!(lock = %path.display(), "another kubelet-plugin runs on this node with the same state directory; waiting for it to exit");
+                    told = true;
+                }
+                tokio::time::sleep(RETRY).await;
+            }
+            Err(std::fs::TryLockError::Error(source)) => return Err(error(source)),
+        }
+    }
+}
+
+/// Earlier versions kept their state next to the registration socket, where handler pods can
+/// read it. Moves the handler registrations and checkpoints found there into `state_dir`
+/// (unless it has its own already), so an upgraded node keeps its handlers and prepared
+/// claims. Copied, not renamed: the two directories are usually different mounts.
+fn move_legacy_state(old: &Path, state_dir: &Path) -> std::io::Result<()> {
+    let entries = match std::fs::read_dir(old) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let path = entry?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let state = name == "discovery-handlers.json" || name.ends_with("-checkpoint.json");
+        let target = state_dir.join(name);
+        if !state || !path.is_file() || target.exists() {
+            continue;
+        }
+        let bytes = std::fs::read(&path)?;
+        dra_plugin::checkpoint::write_atomically(&target, &bytes, 0o600)?;
+        std::fs::remove_file(&path)?;
+        tracing::info!(from = %path.display(), to = %target.display(), "moved state out of the directory discovery handlers mount");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_second_holder_waits_until_the_first_lets_go() {
+        let dir = tempfile::tempdir().unwrap();
+        let first = StateDir::open(dir.path(), None).await.unwrap();
+        let second = tokio::spawn({
+            let dir = dir.path().to_path_buf();
+            async move { StateDir::open(&dir, None).await.unwrap() }
+        });
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        assert!(
+            !second.is_finished(),
+            "the second waits while the first holds the lock"
+        );
+        drop(first);
+        tokio::time::timeout(Duration::from_secs(5), second)
+            .await
+            .expect("the second takes over")
+            .unwrap();
+    }
+}
