@@ -257,12 +257,7 @@ async fn holder(client: &kube::Client, namespace: &str) -> Option<String> {
 async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over() {
     let (cp, client, namespace) = support::control_plane().await;
     let config = cp.client_config().await.unwrap();
-    let upstream = format!(
-        "{}:{}",
-        config.cluster_url.host().unwrap(),
-        config.cluster_url.port_u16().unwrap()
-    );
-    let proxy = TcpProxy::start(upstream.parse().unwrap()).await.unwrap();
+    let proxy = TcpProxy::start(cp.api_server_address()).await.unwrap();
     let cut_off = kube::Client::try_from(proxy.client_config(&config).unwrap()).unwrap();
 
     let mut first = replica(&cut_off, &namespace, "first").await;

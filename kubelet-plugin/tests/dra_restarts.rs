@@ -807,6 +807,22 @@ async fn a_state_dir_visible_to_handlers_is_refused() {
     );
 }
 
+/// A proxy in front of the API server, and a kubeconfig in `dir` that reaches it through the
+/// proxy (as `user`, if given).
+async fn through_proxy(
+    cp: &ControlPlane,
+    dir: &Path,
+    user: Option<&str>,
+) -> (akri_testing::TcpProxy, std::path::PathBuf) {
+    let proxy = akri_testing::TcpProxy::start(cp.api_server_address())
+        .await
+        .unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    cp.write_kubeconfig(&kubeconfig, Some(proxy.address()), user)
+        .unwrap();
+    (proxy, kubeconfig)
+}
+
 /// CPU seconds (user + system) a process has used so far.
 fn cpu_seconds(pid: u32) -> f64 {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
@@ -829,12 +845,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
 
     // One plugin reaches the API server through a proxy that will go down; the other runs as
     // a user whose permissions will be taken away.
-    let proxy = akri_testing::TcpProxy::start(cp.api_server_address())
-        .await
-        .unwrap();
-    let down_kubeconfig = down_dir.path().join("kubeconfig");
-    cp.write_kubeconfig(&down_kubeconfig, Some(proxy.address()), None)
-        .unwrap();
+    let (proxy, down_kubeconfig) = through_proxy(cp, down_dir.path(), None).await;
     let user = format!("system:serviceaccount:akri:{denied_node}");
     let binding = ControlPlane::unique_name("akri-kubelet-plugin");
     akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &binding)
@@ -842,16 +853,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
         .unwrap();
     // Open watches are not authorised again: its connections are closed when its rights go,
     // so that every request after that meets the 403.
-    let denied_proxy = akri_testing::TcpProxy::start(cp.api_server_address())
-        .await
-        .unwrap();
-    let denied_kubeconfig = denied_dir.path().join("kubeconfig");
-    cp.write_kubeconfig(
-        &denied_kubeconfig,
-        Some(denied_proxy.address()),
-        Some(&user),
-    )
-    .unwrap();
+    let (denied_proxy, denied_kubeconfig) = through_proxy(cp, denied_dir.path(), Some(&user)).await;
     let mut down_plugin = spawn_plugin_through(
         &down_kubeconfig,
         &down_peer,
@@ -973,12 +975,7 @@ async fn a_silently_dead_connection_does_not_stall_the_node() {
     let cp = ControlPlane::shared().await.expect("control plane");
     let admin = cp.client().await.unwrap();
     let (node, ns, peer, dir) = node_with_peer("blackhole").await;
-    let proxy = akri_testing::TcpProxy::start(cp.api_server_address())
-        .await
-        .unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    cp.write_kubeconfig(&kubeconfig, Some(proxy.address()), None)
-        .unwrap();
+    let (proxy, kubeconfig) = through_proxy(cp, dir.path(), None).await;
     let mut plugin = spawn_plugin_through(&kubeconfig, &peer, &node, &ns, dir.path(), &[]);
     let config = echo_config(&admin, "blackhole", "h0").await;
     let device = akri_devices::instance_name(&config, "h0", false, &node);

@@ -12,12 +12,7 @@ async fn a_stalled_proxy_holds_requests_until_it_resumes() {
         .await
         .expect("control plane starts");
     let config = cp.client_config().await.unwrap();
-    let upstream = format!(
-        "{}:{}",
-        config.cluster_url.host().unwrap(),
-        config.cluster_url.port_u16().unwrap()
-    );
-    let proxy = TcpProxy::start(upstream.parse().unwrap()).await.unwrap();
+    let proxy = TcpProxy::start(cp.api_server_address()).await.unwrap();
     let client = kube::Client::try_from(proxy.client_config(&config).unwrap()).unwrap();
     let namespaces = Api::<Namespace>::all(client);
     namespaces.get("default").await.expect("through the proxy");
