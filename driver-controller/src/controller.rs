@@ -212,6 +212,9 @@ pub async fn run(
     Ok(())
 }
 
+/// How soon a reconcile that came before the stores were listed looks again.
+const STORES_POLL: Duration = Duration::from_millis(200);
+
 /// A spawned task that ends with its owner.
 struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
@@ -259,8 +262,10 @@ async fn reconcile(
     config: Arc<DiscoveryConfiguration>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    if !ctx.stores_ready().await {
-        return Ok(Action::await_change());
+    if !ctx.stores_ready() {
+        // Never act on a partial picture (slices or filters not yet listed would look
+        // deleted); look again shortly.
+        return Ok(Action::requeue(STORES_POLL));
     }
     let name = config.name_any();
     let driver = akri_devices::driver_name(&config.spec.discovery_handler.name);
@@ -322,8 +327,8 @@ async fn reconcile(
 /// Filters whose DiscoveryConfiguration does not exist are never reached by a configuration's
 /// reconciliation: look for them now and then.
 async fn orphan_filters(ctx: Arc<Context>) {
-    if !ctx.stores_ready().await {
-        return;
+    while !ctx.stores_ready() {
+        tokio::time::sleep(STORES_POLL).await;
     }
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     loop {
@@ -340,21 +345,23 @@ async fn orphan_filters(ctx: Arc<Context>) {
 }
 
 impl Context {
-    /// Waits until every store has been listed once; `false` if one never will be (its
-    /// watch was dropped: the controller is stopping).
-    async fn stores_ready(&self) -> bool {
-        let (instances, slices, filters, configurations, nodes) = tokio::join!(
-            self.instances.wait_until_ready(),
-            self.slices.wait_until_ready(),
-            self.filters.wait_until_ready(),
-            self.configurations.wait_until_ready(),
-            self.nodes.wait_until_ready(),
-        );
-        instances.is_ok()
-            && slices.is_ok()
-            && filters.is_ok()
-            && configurations.is_ok()
-            && nodes.is_ok()
+    /// Whether every store has been listed once. Asked without waiting: with one waiter per
+    /// pending reconcile, some of 10 reconciles waiting on `Store::wait_until_ready` were
+    /// never woken (seen with 10 configurations and 10,000 Instances), so a reconcile that
+    /// comes too early is requeued instead.
+    fn stores_ready(&self) -> bool {
+        use futures::FutureExt;
+        let ready = [
+            self.instances.wait_until_ready().boxed().now_or_never(),
+            self.slices.wait_until_ready().boxed().now_or_never(),
+            self.filters.wait_until_ready().boxed().now_or_never(),
+            self.configurations
+                .wait_until_ready()
+                .boxed()
+                .now_or_never(),
+            self.nodes.wait_until_ready().boxed().now_or_never(),
+        ];
+        ready.iter().all(|r| matches!(r, Some(Ok(()))))
     }
 
     fn params(&self) -> PatchParams {
