@@ -146,12 +146,8 @@ async fn prepare(
     claims: Vec<v1::Claim>,
 ) -> std::collections::HashMap<String, v1::NodePrepareResourceResponse> {
     let mut client = served.client.clone();
-    let call = client.node_prepare_resources(v1::NodePrepareResourcesRequest { claims });
-    tokio::time::timeout(ANSWER_WITHIN, call)
+    answered(client.node_prepare_resources(v1::NodePrepareResourcesRequest { claims }))
         .await
-        .expect("the call answers (a hang is a failure, not a stuck test)")
-        .unwrap()
-        .into_inner()
         .claims
 }
 
@@ -160,13 +156,20 @@ async fn unprepare(
     claims: Vec<v1::Claim>,
 ) -> std::collections::HashMap<String, v1::NodeUnprepareResourceResponse> {
     let mut client = served.client.clone();
-    let call = client.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims });
+    answered(client.node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims }))
+        .await
+        .claims
+}
+
+/// The call's answer, within `ANSWER_WITHIN` (a hang is a failure, not a stuck test).
+async fn answered<T>(
+    call: impl std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+) -> T {
     tokio::time::timeout(ANSWER_WITHIN, call)
         .await
         .expect("the call answers (a hang is a failure, not a stuck test)")
         .unwrap()
         .into_inner()
-        .claims
 }
 
 #[tokio::test]
