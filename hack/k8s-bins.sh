@@ -35,7 +35,7 @@ stamp_inputs() {
   fi
 }
 stamp=$(stamp_inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ]; then
+if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ]; then
   log "v$version is up to date in $bin"
   echo "$bin"
   exit 0
@@ -91,11 +91,12 @@ for var in "gitVersion=v$version" "gitMajor=${version%%.*}" "gitMinor=$(echo "$v
 done
 
 start=$(date +%s)
-log "building kube-apiserver, kube-scheduler, kube-controller-manager for v$version"
+log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl for v$version"
 (cd "$src" && go build -ldflags "$ldflags" -o "$bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kube-controller-manager)
+  k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kubectl)
 log "building etcd (the version Kubernetes v$version pins)"
 (cd "$src" && go build -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
 if $with_peer; then

@@ -1,6 +1,7 @@
 //go:build tools
 
-// Package tools pins the Kubernetes and etcd commands that the test harness builds.
+// Package tools pins the Kubernetes and etcd commands that the test harness (and the demo's
+// kubectl) builds.
 // The build tag keeps it out of every real build; `go mod tidy` still sees the imports,
 // so the generated go.mod requires exactly the versions Kubernetes itself pins.
 package tools
@@ -10,4 +11,5 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubectl"
 )

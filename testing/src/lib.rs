@@ -33,6 +33,7 @@ pub use bins::BinDir;
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use error::Error;
 pub use kubelet_peer::KubeletPeer;
+pub use process::Component;
 pub use proxy::TcpProxy;
 pub use slow_lists::SlowLists;
 

@@ -38,9 +38,9 @@ fn spawner() -> &'static Mutex<mpsc::Sender<SpawnRequest>> {
 
 /// A running component with its log file. Dropping it kills the process.
 #[derive(Debug)]
-pub(crate) struct Component {
-    pub name: String,
-    pub log: PathBuf,
+pub struct Component {
+    pub(crate) name: String,
+    pub(crate) log: PathBuf,
     child: Child,
 }
 
@@ -57,7 +57,39 @@ impl Component {
         let err = out
             .try_clone()
             .map_err(Error::io("clone a log file handle"))?;
-        Self::spawn(name, binary, args, Stdio::from(out), Stdio::from(err), log)
+        Self::spawn(
+            name,
+            binary,
+            args,
+            &[],
+            Stdio::from(out),
+            Stdio::from(err),
+            log,
+        )
+    }
+
+    /// Like [`start`](Self::start), with `env` added to the inherited environment.
+    pub fn start_with_env(
+        name: &str,
+        binary: &Path,
+        args: &[String],
+        env: &[(&str, &std::ffi::OsStr)],
+        log_dir: &Path,
+    ) -> Result<Self, Error> {
+        let log = log_dir.join(format!("{name}.log"));
+        let out = File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
+        let err = out
+            .try_clone()
+            .map_err(Error::io("clone a log file handle"))?;
+        Self::spawn(
+            name,
+            binary,
+            args,
+            env,
+            Stdio::from(out),
+            Stdio::from(err),
+            log,
+        )
     }
 
     /// Like [`start`](Self::start), but with stdout piped to the caller (stderr to the log).
@@ -69,13 +101,22 @@ impl Component {
     ) -> Result<Self, Error> {
         let log = log_dir.join(format!("{name}.log"));
         let err = File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
-        Self::spawn(name, binary, args, Stdio::piped(), Stdio::from(err), log)
+        Self::spawn(
+            name,
+            binary,
+            args,
+            &[],
+            Stdio::piped(),
+            Stdio::from(err),
+            log,
+        )
     }
 
     fn spawn(
         name: &str,
         binary: &Path,
         args: &[String],
+        env: &[(&str, &std::ffi::OsStr)],
         stdout: Stdio,
         stderr: Stdio,
         log: PathBuf,
@@ -85,6 +126,7 @@ impl Component {
             .args(["--pdeathsig", "KILL", "--"])
             .arg(binary)
             .args(args)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(stdout)
             .stderr(stderr);
@@ -103,6 +145,11 @@ impl Component {
             log,
             child,
         })
+    }
+
+    /// The file its stdout and stderr go to (stderr only, when stdout is piped).
+    pub fn log(&self) -> &Path {
+        &self.log
     }
 
     /// The piped stdout, once (see [`start_piped`](Self::start_piped)).

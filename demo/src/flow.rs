@@ -1,0 +1,207 @@
+//! The user's side of the demo: apply the debugEcho examples with kubectl, wait for each
+//! component to do its part, and gather what a person wants to see.
+
+use crate::cluster::{Cluster, DRIVER, NAMESPACE};
+use crate::progress::wait_for;
+use crate::report::{Allocation, InstanceRow, Report, SliceDevice, SliceRow};
+use akri_api::v0::Instance;
+use k8s_openapi::api::core::v1::{NodeSelector, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The examples the demo applies (and the docs' quickstart uses).
+fn examples() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../examples/debug-echo")
+}
+
+const WAIT: Duration = Duration::from_secs(90);
+const CLAIM: &str = "lobby-camera";
+const POD: &str = "lobby-broker";
+const USER_NAMESPACE: &str = "default";
+
+pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
+    let examples = examples();
+    let file = |name: &str| examples.join(name).display().to_string();
+    cluster.kubectl(&["apply", "-f", &file("01-discovery-configuration.yaml")])?;
+    cluster.kubectl(&["apply", "-f", &file("02-property-filter.yaml")])?;
+    println!(
+        "  applied examples/debug-echo/01-discovery-configuration.yaml, 02-property-filter.yaml"
+    );
+
+    let client = &cluster.client;
+    let instances_api = Api::<Instance>::namespaced(client.clone(), NAMESPACE);
+    let instances = wait_for(
+        "Instances: lobby seen by both nodes, dock by node-a",
+        WAIT,
+        async || {
+            let rows = instance_rows(&instances_api).await?;
+            let seen: Vec<usize> = rows.iter().map(|r| r.nodes.len()).collect();
+            Ok((rows.len() == 2 && seen.iter().sum::<usize>() == 3).then_some(rows))
+        },
+    )
+    .await?;
+    let classes_api = Api::<DeviceClass>::all(client.clone());
+    let classes = wait_for("DeviceClasses echo and echo-lobby", WAIT, async || {
+        let names: Vec<String> = classes_api
+            .list(&ListParams::default())
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|c| c.metadata.name)
+            .collect();
+        Ok(
+            (names.iter().any(|n| n == "echo") && names.iter().any(|n| n == "echo-lobby"))
+                .then_some(names),
+        )
+    })
+    .await?;
+    let slices_api = Api::<ResourceSlice>::all(client.clone());
+    let slices = wait_for("ResourceSlices with both devices", WAIT, async || {
+        let rows = slice_rows(&slices_api).await?;
+        let published = rows.iter().flat_map(|s| &s.devices).count();
+        Ok((published >= 2).then_some(rows))
+    })
+    .await?;
+
+    cluster.kubectl(&["apply", "-f", &file("03-claim-and-pod.yaml")])?;
+    println!("  applied examples/debug-echo/03-claim-and-pod.yaml");
+    let pods = Api::<Pod>::namespaced(client.clone(), USER_NAMESPACE);
+    let node = wait_for("the scheduler binds the pod", WAIT, async || {
+        Ok(pods.get(POD).await?.spec.and_then(|s| s.node_name))
+    })
+    .await?;
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), USER_NAMESPACE);
+    let allocation = wait_for("the claim is allocated", WAIT, async || {
+        let claim = claims.get(CLAIM).await?;
+        let result = claim
+            .status
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
+            .and_then(|r| r.into_iter().next());
+        Ok(result.map(|r| Allocation {
+            instance: slices
+                .iter()
+                .filter(|s| s.pool == r.pool)
+                .flat_map(|s| &s.devices)
+                .find(|d| d.name == r.device)
+                .map(|d| d.instance.clone())
+                .unwrap_or_default(),
+            driver: r.driver,
+            pool: r.pool,
+            device: r.device,
+        }))
+    })
+    .await?;
+
+    // What the node's kubelet does before starting the container: NodePrepareResources on
+    // the plugin, then the runtime resolves the CDI ids.
+    let peer = &cluster
+        .node(&node)
+        .ok_or_else(|| anyhow::anyhow!("the pod was bound to {node}, not a demo node"))?
+        .peer;
+    let prepared = wait_for(
+        &format!("{node}'s kubelet prepares the claim"),
+        WAIT,
+        async || Ok(Some(peer.prepare(USER_NAMESPACE, POD).await?)),
+    )
+    .await?;
+    let cdi_ids = prepared.get("broker").cloned().unwrap_or_default();
+    let edits = peer.cdi_inject(&cdi_ids).await?;
+    let env = serde_json::from_value(edits["env"].clone()).unwrap_or_default();
+
+    let kubectl = cluster.kubectl(&["get", "dc,pf,akrii,resourceslices,resourceclaims", "-A"])?;
+    Ok(Report {
+        instances,
+        classes,
+        slices,
+        pod: (POD.to_string(), node),
+        claim: (CLAIM.to_string(), allocation),
+        cdi_ids,
+        env,
+        kubectl,
+    })
+}
+
+async fn instance_rows(api: &Api<Instance>) -> anyhow::Result<Vec<InstanceRow>> {
+    let mut rows: Vec<InstanceRow> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|i| {
+            let mut nodes = i.spec.nodes.clone();
+            nodes.sort();
+            InstanceRow {
+                name: i.metadata.name.unwrap_or_default(),
+                configuration: i.spec.configuration_name,
+                shared: i.spec.shared,
+                nodes,
+                description: i
+                    .spec
+                    .broker_properties
+                    .get("DEBUG_ECHO_DESCRIPTION")
+                    .cloned()
+                    .unwrap_or_default(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(rows)
+}
+
+async fn slice_rows(api: &Api<ResourceSlice>) -> anyhow::Result<Vec<SliceRow>> {
+    let mut rows: Vec<SliceRow> = api
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .map(|s| {
+            let spec = s.spec;
+            SliceRow {
+                name: s.metadata.name.unwrap_or_default(),
+                pool: spec.pool.name,
+                nodes: spec
+                    .node_name
+                    .clone()
+                    .or_else(|| spec.node_selector.as_ref().map(selector_nodes))
+                    .or_else(|| spec.all_nodes.unwrap_or(false).then(|| "all nodes".into()))
+                    .unwrap_or_else(|| "per device".into()),
+                devices: spec
+                    .devices
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|d| SliceDevice {
+                        instance: d
+                            .attributes
+                            .as_ref()
+                            .and_then(|a| a.get(akri_devices::ATTR_INSTANCE))
+                            .and_then(|a| a.string.clone())
+                            .unwrap_or_default(),
+                        nodes: d
+                            .node_name
+                            .clone()
+                            .or_else(|| d.node_selector.as_ref().map(selector_nodes)),
+                        name: d.name,
+                    })
+                    .collect(),
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(rows)
+}
+
+/// The values a node selector names (our writers select on `kubernetes.io/hostname`).
+fn selector_nodes(selector: &NodeSelector) -> String {
+    let values: Vec<String> = selector
+        .node_selector_terms
+        .iter()
+        .flat_map(|t| t.match_expressions.iter().flatten())
+        .flat_map(|e| e.values.iter().flatten().cloned())
+        .collect();
+    values.join(", ")
+}

@@ -1,0 +1,85 @@
+//! akri-demo: the whole flow on this machine (`hack/demo.sh` builds what is missing and runs
+//! it). A local control plane, two simulated nodes, each with the kubelet's own DRA code and
+//! the real kubelet-plugin binary discovering debugEcho devices, the real driver-controller,
+//! then the examples in `examples/debug-echo/` applied with kubectl, and what each component
+//! did printed. The cluster stays up until Ctrl-C; `--check` exits instead, non-zero when
+//! what it saw is wrong.
+
+#![allow(clippy::print_stdout)]
+
+mod cluster;
+mod flow;
+mod progress;
+mod report;
+
+use clap::Parser;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Check what the demo shows and exit (non-zero when it is wrong) instead of leaving the
+    /// cluster running.
+    #[arg(long)]
+    check: bool,
+    /// Where akri-kubelet-plugin and akri-driver-controller are; default: beside this binary.
+    #[arg(long)]
+    bin_dir: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let bin_dir = match args.bin_dir {
+        Some(dir) => dir,
+        None => std::env::current_exe()?
+            .parent()
+            .expect("a binary lives in a directory")
+            .to_path_buf(),
+    };
+    let binaries = cluster::Binaries::beside(&bin_dir)?;
+
+    println!("Starting (Ctrl-C stops and removes everything):");
+    let cluster = cluster::Cluster::start(&binaries).await?;
+    println!("Applying the debugEcho examples:");
+    let report = flow::run(&cluster).await?;
+    report.print();
+
+    if args.check {
+        let problems = report.problems();
+        if problems.is_empty() {
+            println!("\ncheck: everything above is as the examples should make it");
+            return Ok(());
+        }
+        for problem in &problems {
+            println!("check failed: {problem}");
+        }
+        print_logs(&cluster.logs);
+        anyhow::bail!("{} of the demo's checks failed", problems.len());
+    }
+
+    println!(
+        "\nThe cluster keeps running. In another shell:\n  export KUBECONFIG={}\n  {} get dc,akrii,resourceslices -A\nLogs: {}\nCtrl-C stops it.",
+        cluster.cp.kubeconfig().display(),
+        cluster.kubectl.display(),
+        cluster.logs.display(),
+    );
+    tokio::signal::ctrl_c().await?;
+    println!("stopping");
+    Ok(())
+}
+
+/// The end of each component's log (they go with the cluster's directory).
+fn print_logs(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        println!("--- {} (last 20 lines)", entry.path().display());
+        for line in &lines[lines.len().saturating_sub(20)..] {
+            println!("{line}");
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! What the demo shows, and (`--check`) whether it is what the examples should produce.
+
+use crate::cluster::NODES;
+
+pub struct InstanceRow {
+    pub name: String,
+    pub configuration: String,
+    pub shared: bool,
+    pub nodes: Vec<String>,
+    pub description: String,
+}
+
+pub struct SliceRow {
+    pub name: String,
+    pub pool: String,
+    /// The slice's node, node selector values, "all nodes" or "per device".
+    pub nodes: String,
+    pub devices: Vec<SliceDevice>,
+}
+
+pub struct SliceDevice {
+    pub name: String,
+    /// Its `akri.sh/instance` attribute.
+    pub instance: String,
+    /// Per-device node selection, where the slice has it.
+    pub nodes: Option<String>,
+}
+
+pub struct Allocation {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    pub instance: String,
+}
+
+pub struct Report {
+    pub instances: Vec<InstanceRow>,
+    pub classes: Vec<String>,
+    pub slices: Vec<SliceRow>,
+    /// (pod, node it is bound to)
+    pub pod: (String, String),
+    /// (claim, its allocation)
+    pub claim: (String, Allocation),
+    pub cdi_ids: Vec<String>,
+    pub env: Vec<String>,
+    pub kubectl: String,
+}
+
+impl Report {
+    pub fn print(&self) {
+        println!("\nInstances (one per discovered device; kubelet-plugins write them):");
+        for i in &self.instances {
+            println!(
+                "  {:<16} configuration={} shared={} nodes=[{}] DEBUG_ECHO_DESCRIPTION={}",
+                i.name,
+                i.configuration,
+                i.shared,
+                i.nodes.join(", "),
+                i.description
+            );
+        }
+        println!("\nDeviceClasses (the driver-controller's, one per configuration and filter):");
+        for c in &self.classes {
+            println!("  {c}");
+        }
+        println!("\nResourceSlices of {}:", crate::cluster::DRIVER);
+        for s in &self.slices {
+            println!("  {}  pool={}  nodes: {}", s.name, s.pool, s.nodes);
+            for d in &s.devices {
+                let nodes = d.nodes.as_deref().map(|n| format!("  nodes: {n}"));
+                println!(
+                    "    device {}  instance={}{}",
+                    d.name,
+                    d.instance,
+                    nodes.unwrap_or_default()
+                );
+            }
+        }
+        let (claim, a) = &self.claim;
+        println!(
+            "\nResourceClaim default/{claim}: allocated {}/{}/{} (Instance {})",
+            a.driver, a.pool, a.device, a.instance
+        );
+        let (pod, node) = &self.pod;
+        println!("Pod default/{pod}: bound to {node}");
+        println!("CDI devices for its container: {}", self.cdi_ids.join(", "));
+        println!("Environment the container gets from CDI:");
+        for e in &self.env {
+            println!("  {e}");
+        }
+        println!("\n$ kubectl get dc,pf,akrii,resourceslices,resourceclaims -A");
+        print!("{}", self.kubectl);
+    }
+
+    /// What is wrong with the report, against the examples and the demo's two nodes.
+    pub fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut expect = |ok: bool, what: String| {
+            if !ok {
+                problems.push(what);
+            }
+        };
+        let lobby = akri_devices::instance_name("echo", "lobby", true, "");
+        let dock = akri_devices::instance_name("echo", "dock", true, "");
+        let all_nodes: Vec<String> = NODES.iter().map(|(n, _)| n.to_string()).collect();
+        let nodes_of = |name: &str| {
+            self.instances
+                .iter()
+                .find(|i| i.name == name)
+                .map(|i| i.nodes.clone())
+        };
+        expect(
+            self.instances.len() == 2,
+            format!("2 Instances expected, got {}", self.instances.len()),
+        );
+        expect(
+            nodes_of(&lobby) == Some(all_nodes.clone()),
+            format!(
+                "Instance {lobby} (lobby) should be seen by {all_nodes:?}: {:?}",
+                nodes_of(&lobby)
+            ),
+        );
+        expect(
+            nodes_of(&dock) == Some(vec!["node-a".to_string()]),
+            format!(
+                "Instance {dock} (dock) should be seen by node-a only: {:?}",
+                nodes_of(&dock)
+            ),
+        );
+        for class in ["echo", "echo-lobby"] {
+            expect(
+                self.classes.iter().any(|c| c == class),
+                format!("DeviceClass {class} missing: {:?}", self.classes),
+            );
+        }
+        for instance in [&lobby, &dock] {
+            expect(
+                self.slices
+                    .iter()
+                    .flat_map(|s| &s.devices)
+                    .any(|d| &d.instance == instance),
+                format!("no published device of Instance {instance}"),
+            );
+        }
+        let (_, allocation) = &self.claim;
+        expect(
+            allocation.instance == lobby,
+            format!(
+                "the claim should hold a lobby device ({lobby}), got {} ({})",
+                allocation.device, allocation.instance
+            ),
+        );
+        expect(
+            all_nodes.contains(&self.pod.1),
+            format!("the pod is bound to {}, not a demo node", self.pod.1),
+        );
+        expect(
+            self.cdi_ids.len() == 1,
+            format!("one CDI device expected: {:?}", self.cdi_ids),
+        );
+        expect(
+            self.env.iter().any(|e| e == "DEBUG_ECHO_DESCRIPTION=lobby"),
+            format!("DEBUG_ECHO_DESCRIPTION=lobby missing from {:?}", self.env),
+        );
+        for name in ["echo", "echo-lobby", &lobby, &dock, "lobby-camera"] {
+            expect(
+                self.kubectl.contains(name),
+                format!("`kubectl get` does not list {name}"),
+            );
+        }
+        problems
+    }
+}

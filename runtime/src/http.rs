@@ -1,0 +1,134 @@
+//! `/metrics`, `/healthz` (`/livez`) and `/readyz` on one plain-HTTP port.
+//!
+//! `/healthz` answers as long as the process serves; `/readyz` says 503 with the reason the
+//! component gave while it is not ready.
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+/// Whether the component is ready, and if not why; shared with the code that knows. Starts
+/// not ready ("starting").
+#[derive(Clone, Debug)]
+pub struct Readiness(Arc<Mutex<Option<String>>>);
+
+impl Default for Readiness {
+    fn default() -> Self {
+        Readiness(Arc::new(Mutex::new(Some("starting".into()))))
+    }
+}
+
+impl Readiness {
+    pub fn ready(&self) {
+        *self.0.lock().expect("readiness lock") = None;
+    }
+
+    pub fn not_ready(&self, reason: impl Into<String>) {
+        *self.0.lock().expect("readiness lock") = Some(reason.into());
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.0.lock().expect("readiness lock").is_none()
+    }
+
+    /// Why it is not ready; `None` when it is.
+    pub fn reason(&self) -> Option<String> {
+        self.0.lock().expect("readiness lock").clone()
+    }
+}
+
+/// Binds `address` and serves until the returned task is aborted; `metrics` renders the
+/// Prometheus text exposition format.
+pub async fn serve(
+    address: SocketAddr,
+    metrics: impl Fn() -> String + Clone + Send + Sync + 'static,
+    readiness: Readiness,
+) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
+    let listener = tokio::net::TcpListener::bind(address).await?;
+    let bound = listener.local_addr()?;
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let (metrics, readiness) = (metrics.clone(), readiness.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<_>| {
+                    let response = respond(request.uri().path(), &metrics, &readiness);
+                    async move { Ok::<_, std::convert::Infallible>(response) }
+                });
+                if let Err(error) = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(%error, "metrics connection");
+                }
+            });
+        }
+    });
+    tracing::info!(address = %bound, "serving /metrics, /healthz, /readyz");
+    Ok((bound, task))
+}
+
+fn respond(
+    path: &str,
+    metrics: &impl Fn() -> String,
+    readiness: &Readiness,
+) -> Response<Full<Bytes>> {
+    let (status, body) = match path {
+        "/metrics" => (StatusCode::OK, metrics()),
+        "/healthz" | "/livez" => (StatusCode::OK, "ok".to_string()),
+        "/readyz" => match readiness.reason() {
+            None => (StatusCode::OK, "ok".to_string()),
+            Some(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}"),
+            ),
+        },
+        _ => (StatusCode::NOT_FOUND, "not found".to_string()),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn get(address: SocketAddr, path: &str) -> (u16, String) {
+        let response = reqwest::get(format!("http://{address}{path}"))
+            .await
+            .unwrap();
+        (response.status().as_u16(), response.text().await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn readiness_and_metrics_are_served() {
+        let readiness = Readiness::default();
+        let (address, _server) = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            || "up 1\n".to_string(),
+            readiness.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(get(address, "/healthz").await, (200, "ok".into()));
+        assert_eq!(
+            get(address, "/readyz").await,
+            (503, "not ready: starting".into())
+        );
+        readiness.ready();
+        assert_eq!(get(address, "/readyz").await, (200, "ok".into()));
+        readiness.not_ready("the API server is unreachable");
+        assert_eq!(
+            get(address, "/readyz").await,
+            (503, "not ready: the API server is unreachable".into())
+        );
+        assert_eq!(get(address, "/metrics").await, (200, "up 1\n".into()));
+        assert_eq!(get(address, "/nothing").await.0, 404);
+    }
+}
