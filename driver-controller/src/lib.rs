@@ -45,8 +45,15 @@ pub async fn run_as_leader(
     readiness: Readiness,
 ) -> Result<(), Error> {
     lease.validate()?;
-    let mut leadership =
-        leader::acquire(client.clone(), lease, move |reached| readiness.set(reached)).await;
+    let mut leadership = leader::acquire(client.clone(), lease, move |reached| {
+        if reached {
+            readiness.ready();
+        } else {
+            readiness
+                .not_ready("the last leader-election call did not reach the API server in time");
+        }
+    })
+    .await;
     metrics.set_leader(true);
     let result = tokio::select! {
         result = controller::run(client, config, metrics.clone()) => result.map_err(Error::from),

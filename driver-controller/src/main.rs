@@ -50,22 +50,12 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    if args.log_json {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .json()
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
+    akri_runtime::init_logging(args.log_json);
     let client = kube::Client::try_default().await?;
     let metrics = Metrics::default();
     let readiness = Readiness::default();
-    let (address, _server) =
+    let (_, _server) =
         http::serve(args.metrics_address, metrics.clone(), readiness.clone()).await?;
-    tracing::info!(%address, "serving /metrics, /healthz, /readyz");
 
     let replica = args
         .identity
@@ -77,13 +67,11 @@ async fn main() -> anyhow::Result<()> {
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
 
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         result = akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness) => {
             result?;
         }
-        _ = tokio::signal::ctrl_c() => tracing::info!("stopping"),
-        _ = terminate.recv() => tracing::info!("stopping"),
+        stopped = akri_runtime::stopped() => stopped?,
     }
     Ok(())
 }

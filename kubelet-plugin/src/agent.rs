@@ -13,10 +13,12 @@ use crate::discovery::{
 use crate::discovery_errors::DiscoveryErrors;
 use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
+use crate::metrics::{Metrics, Timed};
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use crate::startup::StartupGate;
 use crate::state_dir::StateDir;
 use akri_api::v1::DiscoveryConfiguration;
+use akri_runtime::http::Readiness;
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::health::HealthReporter;
 use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
@@ -100,6 +102,8 @@ pub enum Error {
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
     devices: NodeDevices,
+    metrics: Metrics,
+    readiness: Readiness,
     _state_dir: StateDir,
 }
 
@@ -114,11 +118,22 @@ impl Agent {
     pub fn devices(&self) -> &NodeDevices {
         &self.devices
     }
+
+    /// What `/metrics` serves.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Ready once the start-up gate has opened (discovery answered, or its wait ran out),
+    /// while the configurations can be watched.
+    pub fn readiness(&self) -> &Readiness {
+        &self.readiness
+    }
 }
 
 /// One served DRA driver (one discovery handler).
 struct ServedDriver {
-    _service: DraService<AkriDriver>,
+    _service: DraService<Timed<AkriDriver>>,
     health: HealthReporter,
     publisher: SlicePublisher,
     /// Every device name this driver published on this node since it started.
@@ -156,7 +171,10 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     };
     tracing::info!(consumable_capacity, "device sharing model");
     let devices = NodeDevices::new(&config.node_name, consumable_capacity);
+    let (metrics, readiness) = (Metrics::default(), Readiness::default());
     let state = AgentState {
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
         client: client.clone(),
         config: config.clone(),
         node_uid,
@@ -176,6 +194,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     Ok(Agent {
         task,
         devices,
+        metrics,
+        readiness,
         _state_dir: state_dir,
     })
 }
@@ -204,6 +224,8 @@ struct AgentState {
     instances: InstanceWriter,
     errors: DiscoveryErrors,
     startup: StartupGate,
+    metrics: Metrics,
+    readiness: Readiness,
 }
 
 /// What a watch of the agent said, as far as the loop cares.
@@ -260,14 +282,24 @@ impl AgentState {
         tokio::pin!(startup_deadline);
         // A finished sleep is ready again at once: poll it only until it has fired.
         let mut waited = false;
+        let mut watch_failing = false;
         loop {
             tokio::select! {
                 // A failing watch retries by itself, with backoff; a pass now would only fail
                 // its writes too (the resync retries them), so the outage costs no work.
                 event = config_changes.next() => match event {
-                    Some(WatchEvent::Listed) => self.startup.configs_listed(),
-                    Some(WatchEvent::Failed) => continue,
-                    _ => {}
+                    Some(WatchEvent::Listed) => {
+                        watch_failing = false;
+                        self.startup.configs_listed();
+                    }
+                    Some(WatchEvent::Failed) => {
+                        watch_failing = true;
+                        self.readiness.not_ready(
+                            "cannot watch DiscoveryConfigurations (the API server is unreachable or refuses)",
+                        );
+                        continue;
+                    }
+                    _ => watch_failing = false,
                 },
                 _ = &mut startup_deadline, if !self.startup.is_open() && !waited => waited = true,
                 changed = handlers.changed() => if changed.is_err() { return },
@@ -296,9 +328,15 @@ impl AgentState {
             self.errors
                 .report(&self.client, &self.config.node_name)
                 .await;
+            self.metrics.set_discovery_errors(self.errors.failing());
             if !self.startup.open(&configs, &registered) {
                 // Keep what the previous process published until discovery has answered.
+                self.readiness
+                    .not_ready("starting: waiting for the discovery handlers to report");
                 continue;
+            }
+            if !watch_failing {
+                self.readiness.ready();
             }
             if !dirty.is_empty() {
                 for driver in std::mem::take(&mut dirty) {
@@ -496,11 +534,15 @@ impl AgentState {
             .config
             .state_dir
             .join(format!("{driver}-checkpoint.json"));
-        let service =
-            DraService::new(akri_driver, &checkpoint).map_err(|source| Error::Service {
-                driver: driver.to_string(),
-                source,
-            })?;
+        let timed = Timed {
+            inner: akri_driver,
+            driver: driver.to_string(),
+            metrics: self.metrics.clone(),
+        };
+        let service = DraService::new(timed, &checkpoint).map_err(|source| Error::Service {
+            driver: driver.to_string(),
+            source,
+        })?;
         if let Some(set_aside) = service.set_aside() {
             let note = format!(
                 "The prepared-claims checkpoint of {driver} was unusable ({}); it was moved to {} and the plugin started without it. Claims are prepared again as the kubelet asks.",
@@ -561,10 +603,13 @@ impl AgentState {
         .await
         .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
         match published {
-            Ok(published) if published.written + published.deleted > 0 => {
-                tracing::info!(%driver, devices = slice_devices.len(), generation = published.generation, "published node pool");
+            Ok(published) => {
+                self.metrics
+                    .set_devices_published(driver, slice_devices.len());
+                if published.written + published.deleted > 0 {
+                    tracing::info!(%driver, devices = slice_devices.len(), generation = published.generation, "published node pool");
+                }
             }
-            Ok(_) => {}
             Err(error) => {
                 tracing::warn!(%driver, %error, "publishing the node pool failed; retrying on the next change or resync")
             }

@@ -16,6 +16,15 @@ pub struct DiscoveryErrors {
 }
 
 impl DiscoveryErrors {
+    /// How many configurations fail on this node now.
+    pub fn failing(&self) -> usize {
+        self.discovery
+            .keys()
+            .chain(self.properties.keys())
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+
     /// Writes this node's entry of `status.discoveryErrors` where it changed: present while
     /// a configuration's discovery fails here, gone once it works. Each node applies only its
     /// own entry (server-side apply, one field manager per node), so nodes never collide.

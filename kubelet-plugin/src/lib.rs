@@ -6,6 +6,7 @@ pub mod agent;
 pub mod discovery_errors;
 pub mod driver;
 pub mod instances;
+pub mod metrics;
 pub mod node_devices;
 pub mod node_events;
 pub mod properties;

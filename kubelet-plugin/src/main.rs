@@ -4,6 +4,7 @@
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use clap::Parser;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -41,6 +42,10 @@ struct Args {
     /// description per line).
     #[arg(long, default_value = "/tmp/debug-echo-availability.txt")]
     debug_echo_availability_file: PathBuf,
+    /// Register the embedded debugEcho handler as shared: a description seen from several
+    /// nodes is one device that each of them reaches.
+    #[arg(long)]
+    debug_echo_shared: bool,
     /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks
     /// it with a dry-run probe at start.
     #[arg(long, value_enum, default_value_t = ConsumableCapacity::Auto)]
@@ -56,6 +61,9 @@ struct Args {
     /// separated); empty: any. Match the RoleBindings that grant the reads.
     #[arg(long, value_delimiter = ',')]
     property_namespaces: Vec<String>,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_address: SocketAddr,
     /// Log as JSON.
     #[arg(long)]
     log_json: bool,
@@ -71,19 +79,11 @@ enum ConsumableCapacity {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
-    if args.log_json {
-        tracing_subscriber::fmt()
-            .with_env_filter(filter)
-            .json()
-            .init();
-    } else {
-        tracing_subscriber::fmt().with_env_filter(filter).init();
-    }
+    akri_runtime::init_logging(args.log_json);
     let client = kube::Client::try_default().await?;
     let debug_echo = args.debug_echo_socket.map(|socket| DebugEchoConfig {
         availability_file: args.debug_echo_availability_file,
+        shared: args.debug_echo_shared,
         ..DebugEchoConfig::new(socket)
     });
     let config = AgentConfig {
@@ -105,13 +105,15 @@ async fn main() -> anyhow::Result<()> {
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
     };
-    let _agent = agent::start(client, config).await?;
+    let agent = agent::start(client, config).await?;
+    let metrics = agent.metrics().clone();
+    let (_, _server) = akri_runtime::http::serve(
+        args.metrics_address,
+        move || metrics.encode(),
+        agent.readiness().clone(),
+    )
+    .await?;
     tracing::info!("running");
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = terminate.recv() => {}
-    }
-    tracing::info!("stopping");
+    akri_runtime::stopped().await?;
     Ok(())
 }
