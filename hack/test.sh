@@ -12,6 +12,8 @@ echo "== Kubernetes binaries (built from the Go module proxy, reused when up to 
 hack/k8s-bins.sh >/dev/null
 echo "== cargo test"
 cargo test --workspace
+echo "== the README's run command, checked (hack/demo.sh --check)"
+hack/demo.sh --check
 echo "== Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
 hack/k8s-bins.sh 1.34.4 >/dev/null
 echo "== cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"

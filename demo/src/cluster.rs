@@ -45,6 +45,8 @@ impl Binaries {
 pub struct Node {
     pub name: String,
     pub peer: KubeletPeer,
+    /// The plugin's `/metrics`, `/healthz`, `/readyz`.
+    pub metrics: String,
     _plugin: Component,
 }
 
@@ -114,7 +116,7 @@ impl Cluster {
                         ),
                         ("--debug-echo-socket", home.join("handlers/debug-echo.sock")),
                         ("--debug-echo-availability-file", availability),
-                        ("--metrics-address", metrics.into()),
+                        ("--metrics-address", metrics.clone().into()),
                     ]
                     .into_iter()
                     .flat_map(|(flag, value): (&str, PathBuf)| {
@@ -140,6 +142,7 @@ impl Cluster {
                     anyhow::Ok(Node {
                         name: name.to_string(),
                         peer,
+                        metrics,
                         _plugin: plugin,
                     })
                 },
@@ -199,5 +202,13 @@ impl Cluster {
 
     pub fn node(&self, name: &str) -> Option<&Node> {
         self.nodes.iter().find(|n| n.name == name)
+    }
+}
+
+impl Node {
+    /// GET one of the plugin's HTTP endpoints: (status, body).
+    pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
+        let response = reqwest::get(format!("http://{}{path}", self.metrics)).await?;
+        Ok((response.status().as_u16(), response.text().await?))
     }
 }

@@ -112,12 +112,27 @@ pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
     let edits = peer.cdi_inject(&cdi_ids).await?;
     let env = serde_json::from_value(edits["env"].clone()).unwrap_or_default();
 
+    // The plugin that prepared it counts the preparation, and is ready.
+    let plugin = cluster.node(&node).expect("checked above");
+    let (ready, _) = plugin.http_get("/readyz").await?;
+    let metrics = plugin.http_get("/metrics").await?.1;
+    let metric_lines = metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("akri_kubelet_plugin_prepare_seconds_count")
+                || l.starts_with("akri_kubelet_plugin_devices_published")
+        })
+        .map(str::to_string)
+        .collect();
+
     let kubectl = cluster.kubectl(&["get", "dc,pf,akrii,resourceslices,resourceclaims", "-A"])?;
     Ok(Report {
         instances,
         classes,
         slices,
         pod: (POD.to_string(), node),
+        plugin_ready: ready == 200,
+        plugin_metrics: metric_lines,
         claim: (CLAIM.to_string(), allocation),
         cdi_ids,
         env,

@@ -43,6 +43,10 @@ pub struct Report {
     pub claim: (String, Allocation),
     pub cdi_ids: Vec<String>,
     pub env: Vec<String>,
+    /// `/readyz` of the preparing node's plugin answered 200.
+    pub plugin_ready: bool,
+    /// Its prepare and published-devices metrics.
+    pub plugin_metrics: Vec<String>,
     pub kubectl: String,
 }
 
@@ -87,6 +91,13 @@ impl Report {
         println!("Environment the container gets from CDI:");
         for e in &self.env {
             println!("  {e}");
+        }
+        println!(
+            "\nThe preparing node's kubelet-plugin: /readyz {}, /metrics:",
+            if self.plugin_ready { "ok" } else { "NOT READY" }
+        );
+        for line in &self.plugin_metrics {
+            println!("  {line}");
         }
         println!("\n$ kubectl get dc,pf,akrii,resourceslices,resourceclaims -A");
         print!("{}", self.kubectl);
@@ -161,6 +172,15 @@ impl Report {
         expect(
             self.env.iter().any(|e| e == "DEBUG_ECHO_DESCRIPTION=lobby"),
             format!("DEBUG_ECHO_DESCRIPTION=lobby missing from {:?}", self.env),
+        );
+        expect(self.plugin_ready, "the plugin's /readyz is not 200".into());
+        let prepared = format!(
+            "akri_kubelet_plugin_prepare_seconds_count{{driver=\"{}\",result=\"ok\"}} 1",
+            crate::cluster::DRIVER
+        );
+        expect(
+            self.plugin_metrics.contains(&prepared),
+            format!("/metrics lacks `{prepared}`: {:?}", self.plugin_metrics),
         );
         for name in ["echo", "echo-lobby", &lobby, &dock, "lobby-camera"] {
             expect(
