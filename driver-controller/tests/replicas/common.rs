@@ -1,0 +1,61 @@
+//! Helpers the tests of this binary share (besides `tests/support`, which `allocation` shares
+//! too).
+
+use crate::support::from_json;
+use akri_api::v1::DiscoveryConfiguration;
+use akri_driver_controller::controller::ControllerConfig;
+use akri_driver_controller::metrics::Metrics;
+use akri_testing::ControlPlane;
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use std::time::Duration;
+
+pub(crate) async fn configuration(client: &kube::Client, prefix: &str) -> String {
+    let name = ControlPlane::unique_name(prefix);
+    Api::<DiscoveryConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": name },
+                "spec": { "discoveryHandler": { "name": "onvif" }, "capacity": 2 },
+            })),
+        )
+        .await
+        .unwrap();
+    name
+}
+
+pub(crate) async fn unique_node(cp: &ControlPlane) -> String {
+    let name = ControlPlane::unique_name("edge");
+    cp.create_node(&name).await.unwrap();
+    name
+}
+
+/// A controller (no leader election) for `namespace`'s Instances.
+pub(crate) fn controller_for(
+    client: kube::Client,
+    namespace: &str,
+    metrics: Metrics,
+) -> tokio::task::JoinHandle<()> {
+    let mut config = ControllerConfig::new(namespace);
+    config.debounce = Duration::from_millis(100);
+    tokio::spawn(async move {
+        akri_driver_controller::controller::run(client, config, metrics)
+            .await
+            .unwrap();
+    })
+}
+
+/// The shared devices an Instance of a uniqueDevices configuration with `capacity` becomes:
+/// one, or one per slot where the API server lacks consumable capacity (1.34).
+pub(crate) async fn devices_per_instance(client: &kube::Client, capacity: i32) -> i32 {
+    let support = dra_plugin::api_support::ApiSupport::detect(client)
+        .await
+        .unwrap();
+    if support.consumable_capacity {
+        1
+    } else {
+        capacity
+    }
+}

@@ -1,0 +1,382 @@
+//! Leader election: takeover when the leader dies or is cut off, and one name twice.
+
+use crate::common::{configuration, unique_node};
+use crate::support::{self, eventually};
+use akri_api::v1::{CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration};
+use akri_driver_controller::controller::ControllerConfig;
+use akri_driver_controller::http::{self, Readiness};
+use akri_driver_controller::leader::LeaseConfig;
+use akri_driver_controller::metrics::Metrics;
+use akri_testing::TcpProxy;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::resource::v1::DeviceClass;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use serde_json::json;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// Scheduling and API latency on a loaded test machine, on top of the bounds that follow from
+/// the Lease timing.
+const SLACK: Duration = Duration::from_millis(1500);
+
+struct Replica {
+    task: tokio::task::JoinHandle<Result<(), akri_driver_controller::Error>>,
+    metrics: Metrics,
+    address: SocketAddr,
+    /// The holder identity it writes into the Lease.
+    identity: String,
+    _server: tokio::task::JoinHandle<()>,
+}
+
+/// The Lease timing of every replica here: short, so that takeovers are quick.
+fn lease_config(namespace: &str, name: &str) -> LeaseConfig {
+    let mut lease = LeaseConfig::new(namespace, "akri-driver-controller", name);
+    lease.lease_duration = Duration::from_secs(3);
+    lease.renew_deadline = Duration::from_secs(2);
+    lease.retry_period = Duration::from_millis(500);
+    lease
+}
+
+async fn replica(client: &kube::Client, namespace: &str, name: &str) -> Replica {
+    let metrics = Metrics::default();
+    let readiness = Readiness::default();
+    let (address, server) = http::serve(
+        "127.0.0.1:0".parse().unwrap(),
+        metrics.clone(),
+        readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let lease = lease_config(namespace, name);
+    let identity = lease.identity.clone();
+    let mut config = ControllerConfig::new(namespace);
+    config.debounce = Duration::from_millis(100);
+    let task = tokio::spawn({
+        let (client, metrics) = (client.clone(), metrics.clone());
+        akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness)
+    });
+    Replica {
+        task,
+        metrics,
+        address,
+        identity,
+        _server: server,
+    }
+}
+
+/// GET `path`: status code and body.
+async fn get(address: SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let code = response[9..12].parse().unwrap();
+    let body = response
+        .split("\r\n\r\n")
+        .nth(1)
+        .unwrap_or_default()
+        .to_string();
+    (code, body)
+}
+
+fn is_leader(replica: &Replica) -> bool {
+    replica
+        .metrics
+        .encode()
+        .lines()
+        .any(|l| l == "akri_driver_controller_leader 1")
+}
+
+#[tokio::test]
+async fn a_standby_replica_takes_over_when_the_leader_dies() {
+    let (cp, client, namespace) = support::control_plane().await;
+    let classes = Api::<DeviceClass>::all(client.clone());
+    let configs = Api::<DiscoveryConfiguration>::all(client.clone());
+
+    let first = replica(&client, &namespace, "first").await;
+    eventually("the first replica leads", async || {
+        is_leader(&first).then_some(())
+    })
+    .await;
+    let second = replica(&client, &namespace, "second").await;
+    assert_eq!(get(second.address, "/healthz").await.0, 200);
+    eventually("the standby is ready", async || {
+        (get(second.address, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+
+    // The leader acts: a DeviceClass per configuration, owned by it, with its extended resource.
+    let kept = configuration(&client, "kept").await;
+    let class = eventually("the leader's DeviceClass", async || {
+        classes.get_opt(&kept).await.ok()?
+    })
+    .await;
+    let owner = &class.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str()),
+        ("DiscoveryConfiguration", kept.as_str())
+    );
+    let selector = &class.spec.selectors.as_ref().unwrap()[0]
+        .cel
+        .as_ref()
+        .unwrap()
+        .expression;
+    assert!(selector.contains("\"onvif.akri.sh\"") && selector.contains(&format!("\"{kept}\"")));
+    let status = eventually("status written", async || {
+        let status = configs.get(&kept).await.ok()?.status?;
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_READY)
+            .then_some(status)
+    })
+    .await;
+    assert_eq!(status.device_class_name.as_deref(), Some(kept.as_str()));
+    assert_eq!((status.instances, status.devices_published), (0, 0));
+    assert!(!is_leader(&second), "one active replica");
+    let (code, body) = get(first.address, "/metrics").await;
+    assert_eq!(code, 200);
+    assert!(
+        body.contains(
+            "akri_driver_controller_api_writes_total{resource=\"deviceclass\",verb=\"apply\"} 1"
+        ),
+        "{body}"
+    );
+
+    // A node reporting a discovery error (as the kubelet-plugin writes it) degrades it.
+    let node = unique_node(&cp).await;
+    let node_entry = json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration", "metadata": { "name": kept },
+        "status": { "discoveryErrors": [{ "node": node, "message": "handler onvif: connection refused" }] },
+    });
+    configs
+        .patch_status(
+            &kept,
+            &PatchParams::apply(&akri_devices::node_field_manager(&node)),
+            &Patch::Apply(&node_entry),
+        )
+        .await
+        .unwrap();
+    let degraded = eventually("Degraded", async || {
+        let status = configs.get(&kept).await.ok()?.status?;
+        status
+            .conditions
+            .into_iter()
+            .find(|c| c.type_ == CONDITION_DEGRADED && c.status == "True")
+    })
+    .await;
+    assert!(
+        degraded
+            .message
+            .contains(&format!("{node}: handler onvif: connection refused")),
+        "{degraded:?}"
+    );
+    let status = configs.get(&kept).await.unwrap().status.unwrap();
+    assert_eq!(
+        status.discovery_errors.len(),
+        1,
+        "the node's entry is kept: {status:?}"
+    );
+
+    // The leader dies without a word; the standby takes over once the Lease expires.
+    first.task.abort();
+    let died = Instant::now();
+    let later = configuration(&client, "later").await;
+    eventually("the standby's DeviceClass", async || {
+        classes.get_opt(&later).await.ok()?
+    })
+    .await;
+    let takeover = died.elapsed();
+    // The standby sees the last renewal within a retry period, waits a lease duration from
+    // then and takes the Lease at its next attempt; one more retry period covers the reconcile.
+    let lease = lease_config(&namespace, "bound");
+    let bound = lease.lease_duration + 3 * lease.retry_period + SLACK;
+    assert!(
+        takeover < bound,
+        "took over in {takeover:?}, bound {bound:?}"
+    );
+    assert!(is_leader(&second));
+    let lease = Api::<Lease>::namespaced(client.clone(), &namespace)
+        .get("akri-driver-controller")
+        .await
+        .unwrap();
+    let spec = lease.spec.unwrap();
+    assert_eq!(spec.holder_identity, Some(second.identity.clone()));
+    assert_eq!(spec.lease_transitions, Some(1));
+
+    // Deleting a configuration takes its DeviceClass with it (garbage collector).
+    configs
+        .delete(&kept, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the DeviceClass garbage-collected", async || {
+        classes.get_opt(&kept).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    second.task.abort();
+}
+
+async fn holder(client: &kube::Client, namespace: &str) -> Option<String> {
+    Api::<Lease>::namespaced(client.clone(), namespace)
+        .get_opt("akri-driver-controller")
+        .await
+        .ok()??
+        .spec?
+        .holder_identity
+}
+
+/// A partition between the leader and the API server: the leader stops acting before its
+/// Lease can expire, the standby takes over only after that, never are both acting, and the
+/// old leader does not come back when the network does.
+#[tokio::test]
+async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over() {
+    let (cp, client, namespace) = support::control_plane().await;
+    let config = cp.client_config().await.unwrap();
+    let proxy = TcpProxy::start(cp.api_server_address()).await.unwrap();
+    let cut_off = kube::Client::try_from(proxy.client_config(&config).unwrap()).unwrap();
+
+    let mut first = replica(&cut_off, &namespace, "first").await;
+    eventually("the first replica leads", async || {
+        is_leader(&first).then_some(())
+    })
+    .await;
+    let second = replica(&client, &namespace, "second").await;
+    eventually("the standby is ready", async || {
+        (get(second.address, "/readyz").await.0 == 200).then_some(())
+    })
+    .await;
+    assert_eq!(get(first.address, "/readyz").await.0, 200);
+    assert_eq!(
+        holder(&client, &namespace).await,
+        Some(first.identity.clone())
+    );
+    let kept = configuration(&client, "kept").await;
+    eventually("the leader acts", async || {
+        Api::<DeviceClass>::all(client.clone())
+            .get_opt(&kept)
+            .await
+            .ok()?
+    })
+    .await;
+
+    let lease = lease_config(&namespace, "bound");
+    proxy.stall();
+    let cut = Instant::now();
+    let mut stopped = None;
+    let mut unready = None;
+    let took_over = loop {
+        let (a, b) = (is_leader(&first), is_leader(&second));
+        assert!(
+            !(a && b),
+            "both replicas act {:?} after the cut",
+            cut.elapsed()
+        );
+        if !a && stopped.is_none() {
+            stopped = Some(cut.elapsed());
+        }
+        if unready.is_none() && get(first.address, "/readyz").await.0 == 503 {
+            unready = Some(cut.elapsed());
+        }
+        if b {
+            break cut.elapsed();
+        }
+        assert!(
+            cut.elapsed() < 4 * lease.lease_duration,
+            "nobody took over (first acting: {a})"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let stopped = stopped.expect("the old leader stopped");
+    assert!(
+        stopped < lease.lease_duration,
+        "the old leader still acted {stopped:?} after the cut, past a lease duration ({:?})",
+        lease.lease_duration
+    );
+    // It gives up a renew deadline after the start of its last renewal, which was before the cut.
+    assert!(
+        stopped <= lease.renew_deadline + SLACK,
+        "stopped {stopped:?} after the cut, renew deadline {:?}",
+        lease.renew_deadline
+    );
+    assert!(
+        stopped < took_over,
+        "stopped {stopped:?}, taken over {took_over:?}"
+    );
+    // Its last renewal was at most a retry period before the cut; the standby saw it within a
+    // retry period, waits a lease duration, and takes the Lease at its next attempt.
+    let bound = lease.lease_duration + 2 * lease.retry_period + SLACK;
+    assert!(
+        took_over < bound,
+        "took over {took_over:?} after the cut, bound {bound:?}"
+    );
+    let unready = unready.expect("the cut-off replica reported not ready");
+    assert!(unready <= stopped + SLACK, "unready after {unready:?}");
+    let outcome = (&mut first.task).await.unwrap();
+    assert!(
+        matches!(outcome, Err(akri_driver_controller::Error::LostLeadership)),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        holder(&client, &namespace).await,
+        Some(second.identity.clone())
+    );
+
+    // The network comes back: what waited in it does not make the old leader act again, and
+    // the Lease stays with the new one.
+    proxy.resume();
+    tokio::time::sleep(4 * lease.retry_period).await;
+    assert!(!is_leader(&first) && is_leader(&second));
+    assert_eq!(
+        holder(&client, &namespace).await,
+        Some(second.identity.clone())
+    );
+    let later = configuration(&client, "later").await;
+    eventually("the new leader acts", async || {
+        Api::<DeviceClass>::all(client.clone())
+            .get_opt(&later)
+            .await
+            .ok()?
+    })
+    .await;
+    second.task.abort();
+}
+
+/// Two processes started with the same name (two pods of one name in different clusters'
+/// pasts, a copy-pasted flag, no POD_NAME at all) still take turns.
+#[tokio::test]
+async fn two_replicas_of_one_name_never_both_act() {
+    let (_cp, client, namespace) = support::control_plane().await;
+    let one = replica(&client, &namespace, "same").await;
+    let two = replica(&client, &namespace, "same").await;
+    eventually("one of them leads", async || {
+        (is_leader(&one) || is_leader(&two)).then_some(())
+    })
+    .await;
+    let lease = lease_config(&namespace, "same");
+    let watch = Instant::now();
+    while watch.elapsed() < lease.lease_duration + 2 * lease.retry_period {
+        assert!(
+            is_leader(&one) != is_leader(&two),
+            "exactly one acts ({:?})",
+            watch.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_ne!(
+        one.identity, two.identity,
+        "holder identities are per process"
+    );
+    let leader = if is_leader(&one) { &one } else { &two };
+    assert_eq!(
+        holder(&client, &namespace).await,
+        Some(leader.identity.clone())
+    );
+    one.task.abort();
+    two.task.abort();
+}

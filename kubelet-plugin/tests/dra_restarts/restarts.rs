@@ -1,0 +1,372 @@
+//! Restarts, reboots, checkpoints, the per-node lock and the state directory.
+
+use crate::support::{
+    DRIVER, echo_config, eventually, from_json, node_on, node_with_peer, pool_size, publication,
+    spawn_plugin, spawn_plugin_with,
+};
+use akri_testing::ControlPlane;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use std::path::Path;
+use std::time::Duration;
+
+#[tokio::test]
+async fn survives_sigkill_and_kubelet_restart() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let (node, ns, peer, dir) = node_on(cp, "akri").await;
+    let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let config = echo_config(&client, "echo", "bar0, bar1").await;
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &from_json(json!({
+            "metadata": { "name": config },
+            "spec": { "selectors": [{ "cel": { "expression": format!(
+                "device.driver == '{DRIVER}' && device.attributes['akri.sh'].configuration == '{config}'") } }] },
+        })))
+        .await
+        .unwrap();
+    eventually("two devices published", async || {
+        (pool_size(&client, &node, &config).await == 2).then_some(())
+    })
+    .await;
+
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &from_json(json!({
+            "metadata": { "name": "echo" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "echo", "exactly": { "deviceClassName": config } }] } } },
+        })))
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &from_json(json!({
+        "metadata": { "name": "broker" },
+        "spec": {
+            // Other tests' plugins share this cluster and publish this configuration too.
+            "nodeSelector": { "kubernetes.io/hostname": node },
+            "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
+            "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
+        },
+    })))
+    .await
+    .unwrap();
+    eventually("pod bound", async || {
+        pods.get("broker").await.ok()?.spec?.node_name
+    })
+    .await;
+    let ids = peer.prepare(&ns, "broker").await.expect("prepared");
+    let ids = ids["broker"].clone();
+    assert!(peer.cdi_inject(&ids).await.is_ok());
+
+    // SIGKILL between prepare and unprepare; then a "reboot": the CDI directory (a tmpfs on
+    // real nodes) is emptied and the kubelet restarts, forgetting that the claim was prepared
+    // (its checkpoint keeps the claim, not that it is prepared), so the plugin's own checkpoint
+    // is what answers the next prepare.
+    plugin.kill().await.unwrap();
+    let checkpoint: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.path().join(format!("state/{DRIVER}-checkpoint.json"))).unwrap(),
+    )
+    .unwrap();
+    let recorded = checkpoint["claims"].as_object().unwrap();
+    assert_eq!(recorded.len(), 1, "{checkpoint}");
+    let (_, record) = recorded.iter().next().unwrap();
+    assert_eq!(record["namespace"], ns.as_str());
+    assert_eq!(record["devices"][0]["cdi_device_ids"], json!(ids));
+    for spec in std::fs::read_dir(peer.cdi_dir()).unwrap() {
+        std::fs::remove_file(spec.unwrap().path()).unwrap();
+    }
+    let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.restart().await.unwrap();
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // The kubelet adds the ids of a claim prepared again after its restart to those it
+    // restored from its checkpoint, so a container lists each twice; the set is what counts.
+    let mut again = peer.prepare(&ns, "broker").await.unwrap()["broker"].clone();
+    again.sort();
+    again.dedup();
+    assert_eq!(again, ids, "same CDI ids after the restart");
+    assert!(
+        peer.cdi_inject(&ids).await.is_ok(),
+        "the CDI spec the reboot wiped is back"
+    );
+    // The kubelet retries a failed unprepare until the plugin answers; so does this test.
+    eventually("unprepared by the restarted plugin", async || {
+        peer.unprepare(&ns, "broker").await.ok()
+    })
+    .await;
+    assert!(
+        peer.cdi_inject(&ids).await.is_err(),
+        "the CDI spec of the claim is gone"
+    );
+
+    // The kubelet restarts (its DRA manager deletes the node's slices): the plugin registers
+    // again and republishes, without being restarted itself.
+    peer.restart().await.unwrap();
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .expect("registered again");
+    eventually("pool republished", async || {
+        (pool_size(&client, &node, &config).await == 2).then_some(())
+    })
+    .await;
+    assert!(
+        plugin.try_wait().unwrap().is_none(),
+        "the plugin kept running"
+    );
+    plugin.kill().await.unwrap();
+}
+
+/// A restarted plugin must not withdraw what the previous process published: it writes
+/// nothing until discovery has answered, and then finds nothing to change.
+#[tokio::test]
+async fn restart_leaves_slices_and_instances_untouched() {
+    // Its own API server: the agent discovers every configuration of its handlers, and another
+    // test's configuration coming or going would change this node's pool.
+    let cp = &ControlPlane::start(akri_testing::ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    let (node, ns, peer, dir) = node_on(cp, "restart").await;
+    // `AKRI_TEST_STARTUP_WAIT` lets the old behaviour (no wait) be shown on demand.
+    let wait = std::env::var("AKRI_TEST_STARTUP_WAIT").unwrap_or_else(|_| "30".into());
+    let extra = ["--startup-wait-seconds", wait.as_str()];
+    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    echo_config(&client, "echo", "baz0, baz1").await;
+    let before = eventually("two devices and two Instances published", async || {
+        let now = publication(&client, &node, &ns).await;
+        let devices: usize = now.0.iter().map(|s| s.3).sum();
+        (devices == 2 && now.1.len() == 2).then_some(now)
+    })
+    .await;
+
+    plugin.kill().await.unwrap();
+    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    // Watch every 50 ms from the restart until two seconds after the new process published.
+    let log = dir.path().join("plugin.log");
+    let log_offset = std::fs::metadata(&log).unwrap().len() as usize;
+    let published = || {
+        std::fs::read_to_string(&log).unwrap()[log_offset..]
+            .contains("discovery answered for every configuration")
+    };
+    let started = std::time::Instant::now();
+    let mut published_at = None;
+    while published_at.is_none_or(|at: std::time::Instant| at.elapsed() < Duration::from_secs(2)) {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the restarted plugin never finished its start-up wait"
+        );
+        let now = publication(&client, &node, &ns).await;
+        assert_eq!(
+            now,
+            before,
+            "{:?} after the restart: slices or Instances (name, UID, generation, devices) changed",
+            started.elapsed()
+        );
+        if published_at.is_none() && published() {
+            published_at = Some(std::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    plugin.kill().await.unwrap();
+}
+
+/// A corrupt checkpoint is set aside (kept for inspection), the plugin serves anyway, and the
+/// node carries a Warning Event saying what happened and where the file went.
+#[tokio::test]
+async fn a_corrupt_checkpoint_is_set_aside_loudly() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let (node, ns, peer, dir) = node_with_peer("corrupt").await;
+    let state = dir.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let checkpoint = state.join(format!("{DRIVER}-checkpoint.json"));
+    std::fs::write(
+        &checkpoint,
+        b"{\"version\": 1, \"checksum\": 7, \"claims\": {}",
+    )
+    .unwrap();
+
+    let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .expect("the driver is served despite the corrupt checkpoint");
+    let moved: Vec<_> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().contains("-checkpoint.json.corrupt-"))
+        .collect();
+    assert_eq!(moved.len(), 1, "the corrupt file is kept aside");
+    assert_eq!(
+        std::fs::read(&moved[0]).unwrap(),
+        b"{\"version\": 1, \"checksum\": 7, \"claims\": {}"
+    );
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone());
+    let event = eventually("a Warning Event on the node", async || {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
+                    && e.reason.as_deref() == Some("CheckpointSetAside")
+            })
+    })
+    .await;
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let note = event.note.unwrap_or_default();
+    assert!(
+        note.contains(&moved[0].display().to_string()),
+        "the Event names where the file went: {note}"
+    );
+    assert!(
+        plugin.try_wait().unwrap().is_none(),
+        "the plugin keeps running"
+    );
+
+    // Who may read and connect to what the plugin keeps on the node.
+    let mode = |path: &Path| {
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(path).unwrap().permissions())
+            & 0o777
+    };
+    assert_eq!(mode(&state), 0o700, "state directory");
+    assert_eq!(
+        mode(&peer.plugins_dir().join(DRIVER).join("dra.sock")),
+        0o600
+    );
+    let registration = peer.registry_dir().join(format!("{DRIVER}-reg.sock"));
+    assert_eq!(mode(&registration), 0o600);
+    assert_eq!(mode(&dir.path().join("handlers/registration.sock")), 0o660);
+    plugin.kill().await.unwrap();
+}
+
+/// A second plugin process on the same node waits for the first instead of taking its
+/// sockets and overwriting its checkpoint; it takes over when the first exits.
+#[tokio::test]
+async fn a_second_plugin_waits_for_the_first() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let (node, ns, peer, dir) = node_with_peer("second").await;
+    let mut first = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let socket = peer.plugins_dir().join(DRIVER).join("dra.sock");
+    let inode =
+        |path: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap());
+    let (dra_socket, discovery_socket) = (
+        inode(&socket),
+        inode(&dir.path().join("handlers/registration.sock")),
+    );
+
+    let mut second = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    let log = dir.path().join("plugin.log");
+    eventually("the second plugin says it waits", async || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("another kubelet-plugin runs on this node")
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        inode(&socket),
+        dra_socket,
+        "the first plugin's DRA socket is untouched"
+    );
+    assert_eq!(
+        inode(&dir.path().join("handlers/registration.sock")),
+        discovery_socket,
+        "the first plugin's discovery socket is untouched"
+    );
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the second waits, it does not exit"
+    );
+
+    let serving = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("serving DRA plugin")
+            .count()
+    };
+    assert_eq!(serving(), 1, "only the first plugin serves");
+
+    first.kill().await.unwrap();
+    eventually("the second takes over and serves", async || {
+        let taken = std::fs::read_to_string(&log)
+            .unwrap()
+            .contains("taking over");
+        (taken && serving() == 2).then_some(())
+    })
+    .await;
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    second.kill().await.unwrap();
+}
+
+/// Checkpoints must not be where discovery-handler pods can read them: a state directory
+/// inside the registration socket's directory is refused at start, with what to do.
+#[tokio::test]
+async fn a_state_dir_visible_to_handlers_is_refused() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let dir = tempfile::tempdir().unwrap();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
+        .env("KUBECONFIG", cp.kubeconfig())
+        .args(["--node-name", "node-x"])
+        .arg("--state-dir")
+        .arg(dir.path().join("akri/state"))
+        .arg("--discovery-socket")
+        .arg(dir.path().join("akri/agent-registration.sock"))
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("which discovery-handler pods mount"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("akri/state").exists(),
+        "nothing was written there"
+    );
+}
+
+/// State an earlier version kept next to the registration socket (where handler pods can read
+/// it) moves into the state directory on upgrade, and is used from there.
+#[tokio::test]
+async fn state_left_next_to_the_socket_moves_into_the_state_dir() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let (node, ns, peer, dir) = node_with_peer("upgrade").await;
+    let old = dir.path().join("handlers");
+    std::fs::create_dir_all(&old).unwrap();
+    // A valid, empty checkpoint of the old layout (CRC-32 of `{}`).
+    let checkpoint = format!("{DRIVER}-checkpoint.json");
+    let content = "{\"version\":1,\"checksum\":2745614147,\"claims\":{}}\n";
+    std::fs::write(old.join(&checkpoint), content).unwrap();
+    let mut plugin = spawn_plugin(cp, &peer, &node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        !old.join(&checkpoint).exists(),
+        "gone from the handlers' directory"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("state").join(&checkpoint)).unwrap(),
+        content,
+        "moved as it was (not set aside as corrupt)"
+    );
+    plugin.kill().await.unwrap();
+}
