@@ -8,6 +8,7 @@
 #![allow(clippy::print_stdout)]
 
 mod cluster;
+mod docs;
 mod flow;
 mod progress;
 mod report;
@@ -44,9 +45,28 @@ async fn main() -> anyhow::Result<()> {
     println!("Applying the debugEcho examples:");
     let report = flow::run(&cluster).await?;
     report.print();
+    let documented = docs::commands()?;
+    let doc_run = docs::run(&cluster, documented);
+    println!(
+        "\nThe docs' kubectl commands: {} ran against this cluster, {} failed",
+        doc_run.ran,
+        doc_run.failed.len()
+    );
+    for (command, why) in &doc_run.failed {
+        println!(
+            "  {}:{}: {}\n    {why}",
+            command.file, command.line, command.command
+        );
+    }
 
     if args.check {
-        let problems = report.problems();
+        let mut problems = report.problems();
+        if !doc_run.failed.is_empty() {
+            problems.push(format!(
+                "{} documented kubectl commands failed",
+                doc_run.failed.len()
+            ));
+        }
         if problems.is_empty() {
             println!("\ncheck: everything above is as the examples should make it");
             return Ok(());
