@@ -28,6 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .env("KUBECONFIG", cp.kubeconfig())
         .env("RUST_LOG", "warn")
         .args(["--node-name", node, "--instance-namespace", &ns])
+        .args(["--metrics-address", "127.0.0.1:0"])
         .arg("--registry-dir")
         .arg(dir.path().join("registry"))
         .arg("--plugins-dir")

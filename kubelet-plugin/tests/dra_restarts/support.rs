@@ -69,6 +69,9 @@ pub(crate) fn spawn_plugin_through(
             namespace,
             "--instance-grace-seconds",
             "0",
+            // Several plugins run at once here: each on its own free port.
+            "--metrics-address",
+            "127.0.0.1:0",
         ])
         .arg("--registry-dir")
         .arg(peer.registry_dir())
