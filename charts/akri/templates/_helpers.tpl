@@ -1,0 +1,103 @@
+{{/*
+The prefix of every object's name: <release>-akri, or the release name when it already
+contains the chart name. Cluster-scoped objects carry it too, so two releases never collide.
+*/}}
+{{- define "akri.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 35 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 35 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 35 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's name: <fullname>-<component>. Call with (list $ "kubelet-plugin"). */}}
+{{- define "akri.componentName" -}}
+{{- printf "%s-%s" (include "akri.fullname" (index . 0)) (index . 1) -}}
+{{- end -}}
+
+{{- define "akri.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels of every object. */}}
+{{- define "akri.labels" -}}
+helm.sh/chart: {{ include "akri.chart" . }}
+app.kubernetes.io/name: {{ default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: akri
+{{- end -}}
+
+{{/* Selector labels of a component. Call with (list $ "kubelet-plugin"). */}}
+{{- define "akri.selectorLabels" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: {{ default $root.Chart.Name $root.Values.nameOverride | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* Labels of a component's objects. Call with (list $ "kubelet-plugin"). */}}
+{{- define "akri.componentLabels" -}}
+{{ include "akri.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{/* A component's image reference. Call with (list $ .Values.kubeletPlugin.image). */}}
+{{- define "akri.image" -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- $name := printf "%s/%s" (trimSuffix "/" $image.registry) $image.repository -}}
+{{- if not $image.registry -}}
+{{- $name = $image.repository -}}
+{{- end -}}
+{{- if $image.digest -}}
+{{- printf "%s@%s" $name $image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $name (default $root.Chart.AppVersion $image.tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* RUST_LOG of a component. Call with (list $ .Values.kubeletPlugin). */}}
+{{- define "akri.logLevel" -}}
+{{- default (index . 0).Values.logLevel (index . 1).logLevel -}}
+{{- end -}}
+
+{{/* --metrics-address of every component. */}}
+{{- define "akri.metricsAddress" -}}
+{{- printf "%s:%d" .Values.metrics.bindAddress (int .Values.metrics.port) -}}
+{{- end -}}
+
+{{/* The ServiceAccount user name of a component. Call with (list $ "kubelet-plugin"). */}}
+{{- define "akri.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" (index . 0).Release.Namespace (include "akri.componentName" .) -}}
+{{- end -}}
+
+{{/* The driver-controller's Lease name. */}}
+{{- define "akri.leaseName" -}}
+{{- default (include "akri.componentName" (list . "driver-controller")) .Values.driverController.leaseName -}}
+{{- end -}}
+
+{{/* Liveness and readiness probes on the metrics port (shared by the components). */}}
+{{- define "akri.probes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: metrics
+  initialDelaySeconds: 10
+  periodSeconds: 10
+  timeoutSeconds: 3
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: metrics
+  periodSeconds: 5
+  timeoutSeconds: 3
+  failureThreshold: 3
+{{- end -}}

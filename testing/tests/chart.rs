@@ -1,0 +1,1192 @@
+//! The Helm chart (`charts/akri`) with a real Helm (built by `hack/helm.sh`) and a real API
+//! server: lint and render with the default and the full values, the schema refusing typos,
+//! installs, the RBAC each component's ServiceAccount gets (SubjectAccessReviews), and the
+//! admission policies that keep a kubelet-plugin to its own node (a token bound to a pod on
+//! that node, as the plugin's own token is).
+
+use akri_testing::ControlPlane;
+use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use tokio::sync::OnceCell;
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testing/ is in the repository")
+        .to_path_buf()
+}
+
+fn chart() -> String {
+    repo().join("charts/akri").display().to_string()
+}
+
+fn full_values() -> String {
+    repo()
+        .join("charts/akri/ci/full-values.yaml")
+        .display()
+        .to_string()
+}
+
+fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
+    serde_json::from_value(value).expect("valid object")
+}
+
+/// Helm as a process, with its own config, cache and data directories.
+struct Helm {
+    bin: PathBuf,
+    home: tempfile::TempDir,
+}
+
+/// What a Helm run printed.
+struct Run {
+    success: bool,
+    stdout: String,
+    stderr: String,
+}
+
+impl Helm {
+    /// The binary `hack/helm.sh` builds; a test fails (never skips) without it.
+    fn new() -> Helm {
+        let bin = repo().join("_output/tools/bin/helm");
+        assert!(
+            bin.is_file(),
+            "Helm is missing at {}: run `hack/helm.sh` first (it builds Helm from the Go module proxy)",
+            bin.display()
+        );
+        Helm {
+            bin,
+            home: tempfile::tempdir().expect("a temporary directory"),
+        }
+    }
+
+    async fn run(&self, args: &[&str]) -> Run {
+        let output = tokio::process::Command::new(&self.bin)
+            .args(args)
+            .env("HELM_CACHE_HOME", self.home.path().join("cache"))
+            .env("HELM_CONFIG_HOME", self.home.path().join("config"))
+            .env("HELM_DATA_HOME", self.home.path().join("data"))
+            .env_remove("KUBECONFIG")
+            .output()
+            .await
+            .expect("helm runs");
+        Run {
+            success: output.status.success(),
+            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+        }
+    }
+
+    /// Runs Helm and returns its stdout, failing the test with its output if it fails.
+    async fn ok(&self, args: &[&str]) -> String {
+        let run = self.run(args).await;
+        assert!(
+            run.success,
+            "helm {} failed:\n{}\n{}",
+            args.join(" "),
+            run.stdout,
+            run.stderr
+        );
+        run.stdout
+    }
+
+    /// `helm template` as objects.
+    async fn template(&self, release: &str, namespace: &str, extra: &[&str]) -> Vec<Value> {
+        let chart = chart();
+        let mut args = vec!["template", release, &chart, "--namespace", namespace];
+        args.extend_from_slice(extra);
+        parse_manifest(&self.ok(&args).await)
+    }
+}
+
+/// The objects of a multi-document YAML stream (empty documents left out).
+fn parse_manifest(yaml: &str) -> Vec<Value> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|document| {
+            let value: serde_yaml::Value =
+                serde::Deserialize::deserialize(document).expect("Helm renders YAML");
+            serde_json::to_value(value).expect("YAML is JSON")
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in {:#?}", names(objects)))
+}
+
+fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    objects.iter().filter(|o| o["kind"] == kind).collect()
+}
+
+fn names(objects: &[Value]) -> Vec<String> {
+    objects
+        .iter()
+        .map(|o| format!("{} {}", o["kind"], o["metadata"]["name"]))
+        .collect()
+}
+
+fn strings(value: &Value) -> Vec<String> {
+    value
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn host_paths(pod: &Value) -> Vec<String> {
+    pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["hostPath"]["path"].as_str().map(str::to_string))
+        .collect()
+}
+
+#[tokio::test]
+async fn lint_passes_with_default_and_full_values() {
+    let helm = Helm::new();
+    let chart = chart();
+    let full = full_values();
+    for args in [
+        vec!["lint", "--strict", chart.as_str()],
+        vec!["lint", "--strict", chart.as_str(), "-f", full.as_str()],
+    ] {
+        let out = helm.ok(&args).await;
+        assert!(out.contains("0 chart(s) failed"), "{out}");
+    }
+}
+
+#[tokio::test]
+async fn template_renders_the_components_with_default_values() {
+    let helm = Helm::new();
+    let objects = helm.template("akri", "akri-system", &[]).await;
+
+    let daemon_set = find(&objects, "DaemonSet", "akri-kubelet-plugin");
+    assert_eq!(
+        daemon_set["spec"]["updateStrategy"],
+        json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1, "maxSurge": 0 } }),
+        "one plugin per node at a time: the state directory is locked"
+    );
+    let pod = &daemon_set["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], "akri-kubelet-plugin");
+    assert_eq!(pod["priorityClassName"], "system-node-critical");
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        "ghcr.io/akri-dra/akri-kubelet-plugin:0.1.0"
+    );
+    assert_eq!(container["command"], json!(["akri-kubelet-plugin"]));
+    let args = strings(&container["args"]);
+    for flag in [
+        "--registry-dir=/var/lib/kubelet/plugins_registry",
+        "--plugins-dir=/var/lib/kubelet/plugins",
+        "--cdi-dir=/var/run/cdi",
+        "--state-dir=/var/lib/akri-kubelet-plugin",
+        "--discovery-socket=/var/lib/akri/agent-registration.sock",
+        "--consumable-capacity=auto",
+        "--instance-grace-seconds=30",
+        "--startup-wait-seconds=30",
+        "--metrics-address=0.0.0.0:8080",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+    }
+    for absent in ["--debug-echo-socket", "--property-namespaces", "--log-json"] {
+        assert!(
+            !args.iter().any(|a| a.starts_with(absent)),
+            "{absent} is opt-in: {args:?}"
+        );
+    }
+    let env = container["env"].as_array().unwrap();
+    let node_name = env.iter().find(|e| e["name"] == "NODE_NAME").unwrap();
+    assert_eq!(
+        node_name["valueFrom"]["fieldRef"]["fieldPath"],
+        "spec.nodeName"
+    );
+    let rust_log = env.iter().find(|e| e["name"] == "RUST_LOG").unwrap();
+    assert_eq!(rust_log["value"], "info");
+    assert_eq!(container["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(
+        container["securityContext"],
+        json!({
+            "runAsUser": 0, "runAsNonRoot": false, "privileged": false,
+            "allowPrivilegeEscalation": false, "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"] }, "seccompProfile": { "type": "RuntimeDefault" },
+        })
+    );
+    let mut paths = host_paths(pod);
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "/var/lib/akri",
+            "/var/lib/akri-kubelet-plugin",
+            "/var/lib/kubelet/plugins",
+            "/var/lib/kubelet/plugins_registry",
+            "/var/run/cdi",
+        ],
+        "no udev, device-plugins or pod-resources mounts by default"
+    );
+    // Each host path is mounted where the flags (and the kubelet) expect it.
+    for mount in container["volumeMounts"].as_array().unwrap() {
+        let volume = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == mount["name"])
+            .unwrap();
+        assert_eq!(volume["hostPath"]["path"], mount["mountPath"]);
+    }
+
+    let deployment = find(&objects, "Deployment", "akri-driver-controller");
+    assert_eq!(deployment["spec"]["replicas"], 2);
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(pod["securityContext"]["runAsUser"], 65532);
+    let container = &pod["containers"][0];
+    assert_eq!(
+        container["image"],
+        "ghcr.io/akri-dra/akri-driver-controller:0.1.0"
+    );
+    assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
+    let args = strings(&container["args"]);
+    for flag in [
+        "--instance-namespace=akri-system",
+        "--lease-name=akri-driver-controller",
+        "--metrics-address=0.0.0.0:8080",
+        "--debounce-ms=500",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+    }
+    let env = strings(
+        &container["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].clone())
+            .collect(),
+    );
+    assert!(env.contains(&"POD_NAME".into()) && env.contains(&"POD_NAMESPACE".into()));
+    assert_eq!(container["readinessProbe"]["httpGet"]["path"], "/readyz");
+
+    for service in [
+        "akri-kubelet-plugin-metrics",
+        "akri-driver-controller-metrics",
+    ] {
+        find(&objects, "Service", service);
+    }
+    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 3);
+    assert_eq!(
+        of_kind(&objects, "ValidatingAdmissionPolicyBinding").len(),
+        3
+    );
+    // Secret and ConfigMap reads are cluster-wide when no propertyNamespaces are listed.
+    find(
+        &objects,
+        "ClusterRoleBinding",
+        "akri-kubelet-plugin-properties",
+    );
+    assert!(
+        of_kind(&objects, "RoleBinding")
+            .iter()
+            .all(|b| b["metadata"]["name"] != "akri-kubelet-plugin-properties")
+    );
+    for off in ["ServiceMonitor", "DiscoveryConfiguration"] {
+        assert!(of_kind(&objects, off).is_empty(), "{off} is opt-in");
+    }
+    assert!(
+        !names(&objects)
+            .iter()
+            .any(|n| n.contains("broker-controller")),
+        "the broker-controller is off by default"
+    );
+    // Nothing lands in a namespace other than the release's (RoleBindings excepted).
+    for object in &objects {
+        if let Some(ns) = object["metadata"]["namespace"].as_str() {
+            assert_eq!(ns, "akri-system", "{}", object["metadata"]["name"]);
+        }
+    }
+
+    let without = helm
+        .template(
+            "akri",
+            "akri-system",
+            &["--set", "admissionPolicy.enabled=false"],
+        )
+        .await;
+    assert!(of_kind(&without, "ValidatingAdmissionPolicy").is_empty());
+    assert!(of_kind(&without, "ValidatingAdmissionPolicyBinding").is_empty());
+}
+
+#[tokio::test]
+async fn template_renders_every_option_of_the_full_values() {
+    let helm = Helm::new();
+    let full = full_values();
+    let objects = helm.template("edge", "edge-system", &["-f", &full]).await;
+
+    let daemon_set = find(&objects, "DaemonSet", "edge-akri-kubelet-plugin");
+    assert_eq!(
+        daemon_set["spec"]["updateStrategy"]["rollingUpdate"],
+        json!({ "maxUnavailable": "10%", "maxSurge": 0 })
+    );
+    let pod = &daemon_set["spec"]["template"]["spec"];
+    let container = &pod["containers"][0];
+    let args = strings(&container["args"]);
+    for flag in [
+        "--cdi-dir=/etc/cdi",
+        "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
+        "--consumable-capacity=on",
+        "--property-namespaces=akri-credentials,cameras",
+        "--metrics-address=[::]:9090",
+        "--log-json",
+        "--instance-grace-seconds=60",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+    }
+    assert_eq!(
+        container["image"],
+        "ghcr.io/akri-dra/akri-kubelet-plugin:0.1.0-rc.1"
+    );
+    let rust_log = container["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["name"] == "RUST_LOG")
+        .unwrap();
+    assert_eq!(rust_log["value"], "debug");
+    let paths = host_paths(pod);
+    for path in [
+        "/etc/cdi",
+        "/run/udev",
+        "/var/lib/kubelet/device-plugins",
+        "/var/lib/kubelet/pod-resources",
+    ] {
+        assert!(paths.iter().any(|p| p == path), "{path} missing: {paths:?}");
+    }
+    let udev = container["volumeMounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["mountPath"] == "/run/udev")
+        .unwrap();
+    assert_eq!(udev["readOnly"], true);
+    assert_eq!(
+        pod["imagePullSecrets"],
+        json!([{ "name": "registry-credentials" }])
+    );
+
+    let controller = find(&objects, "Deployment", "edge-akri-driver-controller");
+    let container = &controller["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["image"],
+        format!(
+            "ghcr.io/akri-dra/akri-driver-controller@sha256:{}",
+            "0".repeat(64)
+        )
+    );
+    assert!(strings(&container["args"]).contains(&"--lease-name=akri-leader".to_string()));
+    let lease_rule = find(&objects, "Role", "edge-akri-driver-controller")["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resourceNames"].is_array())
+        .unwrap()
+        .clone();
+    assert_eq!(lease_rule["resourceNames"], json!(["akri-leader"]));
+
+    let broker = find(&objects, "Deployment", "edge-akri-broker-controller");
+    assert_eq!(
+        broker["spec"]["template"]["spec"]["containers"][0]["image"],
+        "registry.example.com/akri/broker-controller:0.1.0"
+    );
+    find(&objects, "ServiceAccount", "edge-akri-broker-controller");
+    assert_eq!(of_kind(&objects, "ServiceMonitor").len(), 2);
+
+    // Secret and ConfigMap reads only in the listed namespaces.
+    let bindings: Vec<_> = of_kind(&objects, "RoleBinding")
+        .into_iter()
+        .filter(|b| b["metadata"]["name"] == "edge-akri-kubelet-plugin-properties")
+        .map(|b| b["metadata"]["namespace"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(bindings, ["akri-credentials", "cameras"]);
+    assert!(
+        of_kind(&objects, "ClusterRoleBinding")
+            .iter()
+            .all(|b| b["metadata"]["name"] != "edge-akri-kubelet-plugin-properties")
+    );
+
+    let configurations = of_kind(&objects, "DiscoveryConfiguration");
+    let handlers: Vec<_> = configurations
+        .iter()
+        .map(|c| c["spec"]["discoveryHandler"]["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(handlers, ["debugEcho", "udev", "opcua", "onvif"]);
+    let debug_echo = find(&objects, "DiscoveryConfiguration", "akri-debug-echo");
+    let details: Value = serde_yaml::from_str(
+        debug_echo["spec"]["discoveryHandler"]["discoveryDetails"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(details, json!({ "descriptions": ["lobby", "dock"] }));
+    assert_eq!(debug_echo["spec"]["capacity"], 2);
+    assert_eq!(
+        debug_echo["spec"]["discoveryHandler"]["discoveryProperties"][1]["valueFrom"]["secretKeyRef"]
+            ["namespace"],
+        "akri-credentials"
+    );
+    assert_eq!(
+        find(&objects, "DiscoveryConfiguration", "akri-opcua")["spec"]["uniqueDevices"],
+        false
+    );
+}
+
+#[tokio::test]
+async fn the_schema_refuses_typos_and_bad_values() {
+    let helm = Helm::new();
+    let chart = chart();
+    for (set, named) in [
+        ("kubeletPlugin.imag=x", "imag"),
+        ("kubeletPlugin.image.tags=x", "tags"),
+        ("driverController.replica=3", "replica"),
+        ("metrics.serviceMonitor.enable=true", "enable"),
+        (
+            "discoveryConfigurations.debugEcho.description[0]=x",
+            "description",
+        ),
+        ("discoveryConfigurations.zeroconf.enabled=true", "zeroconf"),
+        ("kubeletPlugin.resources.request.cpu=1", "request"),
+        ("consumableCapacity=maybe", "consumableCapacity"),
+        ("logFormat=xml", "logFormat"),
+        ("driverController.image.pullPolicy=Sometimes", "pullPolicy"),
+        ("discoveryConfigurations.onvif.name=Not_A_Label", "name"),
+        ("discoveryConfigurations.debugEcho.capacity=0", "capacity"),
+        ("propertyNamespaces[0]=Bad_Namespace", "propertyNamespaces"),
+    ] {
+        let run = helm.run(&["template", "akri", &chart, "--set", set]).await;
+        assert!(!run.success, "--set {set} was accepted:\n{}", run.stdout);
+        assert!(
+            run.stderr.contains("schema") && run.stderr.contains(named),
+            "--set {set}: the schema error should name {named}:\n{}",
+            run.stderr
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Installed into a real API server.
+
+/// Two releases in one control plane: `akri` with the default values, and `edge` with the
+/// full values (ServiceMonitors off: the control plane has no prometheus-operator CRDs).
+struct Installed {
+    default_ns: String,
+    full_ns: String,
+    /// The full values' propertyNamespaces.
+    property_ns: [&'static str; 2],
+    /// A namespace with nothing of ours in it.
+    other_ns: String,
+}
+
+async fn installed() -> &'static Installed {
+    static INSTALLED: OnceCell<Installed> = OnceCell::const_new();
+    INSTALLED
+        .get_or_init(|| async {
+            let cp = ControlPlane::shared_api_server()
+                .await
+                .expect("control plane starts");
+            let client = cp.client().await.unwrap();
+            let property_ns = ["akri-credentials", "cameras"];
+            for ns in property_ns {
+                Api::<Namespace>::all(client.clone())
+                    .create(
+                        &PostParams::default(),
+                        &from_json(json!({ "metadata": { "name": ns } })),
+                    )
+                    .await
+                    .unwrap();
+            }
+            let other_ns = cp.create_namespace("elsewhere").await.unwrap();
+            let default_ns = ControlPlane::unique_name("akri-system");
+            let full_ns = ControlPlane::unique_name("edge-system");
+            let helm = Helm::new();
+            let kubeconfig = cp.kubeconfig().display().to_string();
+            let chart = chart();
+            let full = full_values();
+            let start = std::time::Instant::now();
+            helm.ok(&[
+                "install",
+                "akri",
+                &chart,
+                "--namespace",
+                &default_ns,
+                "--create-namespace",
+                "--kubeconfig",
+                &kubeconfig,
+            ])
+            .await;
+            helm.ok(&[
+                "install",
+                "edge",
+                &chart,
+                "--namespace",
+                &full_ns,
+                "--create-namespace",
+                "--kubeconfig",
+                &kubeconfig,
+                "-f",
+                &full,
+                "--set",
+                "metrics.serviceMonitor.enabled=false",
+            ])
+            .await;
+            eprintln!(
+                "two helm installs on Kubernetes {} in {:?}",
+                cp.bins().version(),
+                start.elapsed()
+            );
+            Installed {
+                default_ns,
+                full_ns,
+                property_ns,
+                other_ns,
+            }
+        })
+        .await
+}
+
+#[tokio::test]
+async fn install_creates_every_object_of_both_releases() {
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let helm = Helm::new();
+    let kubeconfig = cp.kubeconfig().display().to_string();
+    // akri: 2 ServiceAccounts, 3 ClusterRoles and their bindings, a Role and its binding,
+    // 2 Services, the DaemonSet, the Deployment, 3 admission policies and their bindings.
+    // edge: the broker-controller's 6 objects more, the Secret reads bound by 2 RoleBindings
+    // instead of a ClusterRoleBinding, and 4 DiscoveryConfigurations.
+    for (release, ns, expected) in [
+        ("akri", &installed.default_ns, 20),
+        ("edge", &installed.full_ns, 31),
+    ] {
+        let status: Value = serde_json::from_str(
+            &helm
+                .ok(&[
+                    "status",
+                    release,
+                    "-n",
+                    ns,
+                    "--kubeconfig",
+                    &kubeconfig,
+                    "-o",
+                    "json",
+                ])
+                .await,
+        )
+        .unwrap();
+        assert_eq!(status["info"]["status"], "deployed", "{status:#}");
+        let manifest = parse_manifest(
+            &helm
+                .ok(&[
+                    "get",
+                    "manifest",
+                    release,
+                    "-n",
+                    ns,
+                    "--kubeconfig",
+                    &kubeconfig,
+                ])
+                .await,
+        );
+        assert_eq!(
+            manifest.len(),
+            expected,
+            "objects of {release}: {:#?}",
+            names(&manifest)
+        );
+        for object in &manifest {
+            let (group, version) = match object["apiVersion"].as_str().unwrap().split_once('/') {
+                Some((group, version)) => (group, version),
+                None => ("", object["apiVersion"].as_str().unwrap()),
+            };
+            let gvk = GroupVersionKind::gvk(group, version, object["kind"].as_str().unwrap());
+            let (resource, capabilities) = kube::discovery::pinned_kind(&client, &gvk)
+                .await
+                .unwrap_or_else(|e| panic!("{gvk:?} is not served: {e}"));
+            let name = object["metadata"]["name"].as_str().unwrap();
+            let api: Api<DynamicObject> =
+                if capabilities.scope == kube::discovery::Scope::Namespaced {
+                    let object_ns = object["metadata"]["namespace"].as_str().unwrap_or(ns);
+                    Api::namespaced_with(client.clone(), object_ns, &resource)
+                } else {
+                    Api::all_with(client.clone(), &resource)
+                };
+            api.get(name)
+                .await
+                .unwrap_or_else(|e| panic!("{} {name} of {release}: {e}", object["kind"]));
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
+    installed().await;
+    let client = ControlPlane::shared_api_server()
+        .await
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    for role in ["akri-kubelet-plugin", "edge-akri-kubelet-plugin"] {
+        let role = Api::<ClusterRole>::all(client.clone())
+            .get(role)
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::to_value(role.rules.unwrap()).unwrap(),
+            akri_testing::rbac::kubelet_plugin_rules(),
+            "the chart and akri_testing::rbac (which the plugin's tests run under) must agree"
+        );
+    }
+}
+
+/// What each component needs (read from its code and the README), and a selection of what
+/// it must not have, checked in the `edge` release (full values: propertyNamespaces listed,
+/// broker-controller on, Lease `akri-leader`). One row: component, verb,
+/// `group/resource[/subresource]` (`core` for the core group), where (`cluster`: cluster-scoped
+/// or every namespace; `release`: the release namespace; `property`: a listed
+/// propertyNamespace; `other`: any other namespace), object name or `-`, and `yes` or `no`.
+const RBAC: &str = "
+kubelet-plugin     get     core/nodes                                cluster   -             yes
+kubelet-plugin     list    core/nodes                                cluster   -             no
+kubelet-plugin     update  core/nodes                                cluster   -             no
+kubelet-plugin     list    akri.sh/discoveryconfigurations           cluster   -             yes
+kubelet-plugin     watch   akri.sh/discoveryconfigurations           cluster   -             yes
+kubelet-plugin     patch   akri.sh/discoveryconfigurations/status    cluster   -             yes
+kubelet-plugin     patch   akri.sh/discoveryconfigurations           cluster   -             no
+kubelet-plugin     delete  akri.sh/discoveryconfigurations           cluster   -             no
+kubelet-plugin     create  akri.sh/instances                         release   -             yes
+kubelet-plugin     patch   akri.sh/instances                         release   -             yes
+kubelet-plugin     delete  akri.sh/instances                         release   -             yes
+kubelet-plugin     list    akri.sh/instances                         release   -             yes
+kubelet-plugin     update  akri.sh/instances                         release   -             no
+kubelet-plugin     list    akri.sh/propertyfilters                   cluster   -             no
+kubelet-plugin     create  resource.k8s.io/resourceslices            cluster   -             yes
+kubelet-plugin     patch   resource.k8s.io/resourceslices            cluster   -             yes
+kubelet-plugin     delete  resource.k8s.io/resourceslices            cluster   -             yes
+kubelet-plugin     watch   resource.k8s.io/resourceslices            cluster   -             yes
+kubelet-plugin     get     resource.k8s.io/resourceclaims            other     -             yes
+kubelet-plugin     list    resource.k8s.io/resourceclaims            other     -             no
+kubelet-plugin     update  resource.k8s.io/resourceclaims/status     other     -             no
+kubelet-plugin     create  resource.k8s.io/deviceclasses             cluster   -             no
+kubelet-plugin     delete  resource.k8s.io/deviceclasses             cluster   -             no
+kubelet-plugin     create  events.k8s.io/events                      other     -             yes
+kubelet-plugin     patch   events.k8s.io/events                      other     -             yes
+kubelet-plugin     get     core/pods                                 other     -             no
+kubelet-plugin     update  core/pods                                 other     -             no
+kubelet-plugin     get     core/secrets                              property  -             yes
+kubelet-plugin     get     core/configmaps                           property  -             yes
+kubelet-plugin     list    core/secrets                              property  -             no
+kubelet-plugin     watch   core/secrets                              property  -             no
+kubelet-plugin     get     core/secrets                              other     -             no
+kubelet-plugin     get     core/configmaps                           other     -             no
+kubelet-plugin     create  core/serviceaccounts/token                release   -             no
+kubelet-plugin     get     coordination.k8s.io/leases                release   -             no
+driver-controller  watch   akri.sh/discoveryconfigurations           cluster   -             yes
+driver-controller  patch   akri.sh/discoveryconfigurations/status    cluster   -             yes
+driver-controller  patch   akri.sh/discoveryconfigurations           cluster   -             no
+driver-controller  delete  akri.sh/discoveryconfigurations           cluster   -             no
+driver-controller  list    akri.sh/propertyfilters                   cluster   -             yes
+driver-controller  patch   akri.sh/propertyfilters/status            cluster   -             yes
+driver-controller  update  akri.sh/propertyfilters                   cluster   -             no
+driver-controller  watch   akri.sh/instances                         release   -             yes
+driver-controller  patch   akri.sh/instances                         release   -             yes
+driver-controller  delete  akri.sh/instances                         release   -             yes
+driver-controller  create  akri.sh/instances                         release   -             no
+driver-controller  update  akri.sh/instances                         release   -             no
+driver-controller  list    akri.sh/instances                         other     -             no
+driver-controller  patch   akri.sh/instances                         other     -             no
+driver-controller  create  resource.k8s.io/deviceclasses             cluster   -             yes
+driver-controller  patch   resource.k8s.io/deviceclasses             cluster   -             yes
+driver-controller  delete  resource.k8s.io/deviceclasses             cluster   -             yes
+driver-controller  watch   resource.k8s.io/deviceclasses             cluster   -             yes
+driver-controller  create  resource.k8s.io/resourceslices            cluster   -             yes
+driver-controller  patch   resource.k8s.io/resourceslices            cluster   -             yes
+driver-controller  delete  resource.k8s.io/resourceslices            cluster   -             yes
+driver-controller  list    resource.k8s.io/resourceslices            cluster   -             yes
+driver-controller  get     resource.k8s.io/resourceclaims            other     -             no
+driver-controller  get     core/nodes                                cluster   -             yes
+driver-controller  watch   core/nodes                                cluster   -             yes
+driver-controller  update  core/nodes                                cluster   -             no
+driver-controller  delete  core/nodes                                cluster   -             no
+driver-controller  create  coordination.k8s.io/leases                release   -             yes
+driver-controller  get     coordination.k8s.io/leases                release   akri-leader   yes
+driver-controller  update  coordination.k8s.io/leases                release   akri-leader   yes
+driver-controller  update  coordination.k8s.io/leases                release   someone-else  no
+driver-controller  delete  coordination.k8s.io/leases                release   akri-leader   no
+driver-controller  create  coordination.k8s.io/leases                other     -             no
+driver-controller  update  coordination.k8s.io/leases                other     akri-leader   no
+driver-controller  get     core/secrets                              release   -             no
+driver-controller  get     core/secrets                              property  -             no
+driver-controller  get     core/configmaps                           other     -             no
+driver-controller  list    core/pods                                 cluster   -             no
+broker-controller  list    akri.sh/brokertemplates                   other     -             yes
+broker-controller  watch   akri.sh/discoveryconfigurations           cluster   -             yes
+broker-controller  list    akri.sh/instances                         release   -             yes
+broker-controller  list    akri.sh/instances                         other     -             no
+broker-controller  patch   akri.sh/instances                         release   -             no
+broker-controller  create  akri.sh/instances                         release   -             no
+broker-controller  update  akri.sh/brokertemplates                   other     -             no
+broker-controller  create  apps/deployments                          other     -             no
+broker-controller  create  resource.k8s.io/resourceclaims            other     -             no
+broker-controller  get     core/secrets                              release   -             no
+";
+
+/// The same for the `akri` release (default values): no propertyNamespaces, so Secret and
+/// ConfigMap reads (never lists) anywhere; the Lease under its default name; no
+/// broker-controller.
+const RBAC_DEFAULT_VALUES: &str = "
+kubelet-plugin     get     core/secrets                              other     -             yes
+kubelet-plugin     get     core/configmaps                           other     -             yes
+kubelet-plugin     list    core/secrets                              cluster   -             no
+kubelet-plugin     list    core/configmaps                           other     -             no
+driver-controller  update  coordination.k8s.io/leases                release   akri-driver-controller  yes
+broker-controller  list    akri.sh/brokertemplates                   cluster   -             no
+";
+
+/// Checks every row of `table` for the ServiceAccounts of `release` (installed in
+/// `release_ns`); returns the rows that do not hold.
+async fn check_rbac(
+    client: &kube::Client,
+    table: &str,
+    release: &str,
+    release_ns: &str,
+    installed: &Installed,
+) -> Vec<String> {
+    let mut wrong = Vec::new();
+    for row in table.lines().filter(|l| !l.trim().is_empty()) {
+        let [component, verb, resource, place, name, expected] = row
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap_or_else(|_| panic!("six columns: {row}"));
+        let (group, resource) = resource.split_once('/').expect("group/resource");
+        let group = if group == "core" { "" } else { group };
+        let (resource, subresource) = match resource.split_once('/') {
+            Some((resource, sub)) => (resource, Some(sub)),
+            None => (resource, None),
+        };
+        let namespace = match place {
+            "cluster" => None,
+            "release" => Some(release_ns),
+            "property" => Some(installed.property_ns[1]),
+            "other" => Some(installed.other_ns.as_str()),
+            _ => panic!("unknown place in {row}"),
+        };
+        let review: SubjectAccessReview = from_json(json!({
+            "spec": {
+                "user": format!("system:serviceaccount:{release_ns}:{release}-{component}"),
+                "groups": [
+                    "system:serviceaccounts",
+                    format!("system:serviceaccounts:{release_ns}"),
+                    "system:authenticated",
+                ],
+                "resourceAttributes": {
+                    "verb": verb,
+                    "group": group,
+                    "resource": resource,
+                    "subresource": subresource,
+                    "namespace": namespace,
+                    "name": (name != "-").then_some(name),
+                },
+            }
+        }));
+        let allowed = Api::<SubjectAccessReview>::all(client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .allowed;
+        if allowed != (expected == "yes") {
+            wrong.push(format!("{release}: {}", row.trim()));
+        }
+    }
+    wrong
+}
+
+#[tokio::test]
+async fn each_service_account_has_what_its_component_needs_and_no_more() {
+    let installed = installed().await;
+    let client = ControlPlane::shared_api_server()
+        .await
+        .unwrap()
+        .client()
+        .await
+        .unwrap();
+    let mut wrong = check_rbac(&client, RBAC, "edge-akri", &installed.full_ns, installed).await;
+    wrong.extend(
+        check_rbac(
+            &client,
+            RBAC_DEFAULT_VALUES,
+            "akri",
+            &installed.default_ns,
+            installed,
+        )
+        .await,
+    );
+    assert!(
+        wrong.is_empty(),
+        "these rows do not hold (component, verb, resource, where, name, expected):\n{}",
+        wrong.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The admission policies, with the token a kubelet-plugin pod on a node would have.
+
+/// A client holding the token of the release's kubelet-plugin ServiceAccount bound to a pod
+/// on `node` (the pod is only an object: nothing runs it).
+async fn plugin_client_on(cp: &ControlPlane, ns: &str, node: &str) -> kube::Client {
+    let admin = cp.client().await.unwrap();
+    let sa = "akri-kubelet-plugin";
+    let pod: Pod = Api::<Pod>::namespaced(admin.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "metadata": { "name": format!("kubelet-plugin-{node}") },
+                "spec": {
+                    "serviceAccountName": sa,
+                    "nodeName": node,
+                    "containers": [{ "name": "plugin", "image": "ghcr.io/akri-dra/akri-kubelet-plugin:0.1.0" }],
+                },
+            })),
+        )
+        .await
+        .unwrap();
+    let request: TokenRequest = from_json(json!({
+        "spec": {
+            "audiences": [],
+            "expirationSeconds": 600,
+            "boundObjectRef": {
+                "apiVersion": "v1", "kind": "Pod",
+                "name": pod.metadata.name, "uid": pod.metadata.uid,
+            },
+        }
+    }));
+    let token: TokenRequest = Api::<ServiceAccount>::namespaced(admin, ns)
+        .create_subresource("token", sa, &PostParams::default(), &request)
+        .await
+        .unwrap();
+    let mut config = cp.client_config().await.unwrap();
+    config.auth_info = from_json(json!({ "token": token.status.unwrap().token }));
+    kube::Client::try_from(config).unwrap()
+}
+
+fn slice(name: &str, node: Option<&str>) -> ResourceSlice {
+    let mut spec = json!({
+        "driver": "debugecho.akri.sh",
+        "pool": { "name": name, "generation": 1, "resourceSliceCount": 1 },
+        "devices": [],
+    });
+    match node {
+        Some(node) => spec["nodeName"] = json!(node),
+        None => spec["allNodes"] = json!(true),
+    }
+    from_json(json!({ "metadata": { "name": name }, "spec": spec }))
+}
+
+/// Asserts a refusal by a policy: 403 with `message` in it.
+#[track_caller]
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, message: &str) {
+    match result {
+        Err(kube::Error::Api(status)) => {
+            assert_eq!(status.code, 403, "{status:?}");
+            assert!(
+                status.message.contains("ValidatingAdmissionPolicy")
+                    && status.message.contains(message),
+                "expected a policy refusal with {message:?}, got: {}",
+                status.message
+            );
+        }
+        other => panic!("expected a refusal with {message:?}, got {other:?}"),
+    }
+}
+
+fn instances(client: &kube::Client, ns: &str) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("akri.sh", "v0", "Instance"),
+        "instances",
+    );
+    Api::namespaced_with(client.clone(), ns, &resource)
+}
+
+fn configurations(client: &kube::Client) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("akri.sh", "v1", "DiscoveryConfiguration"),
+        "discoveryconfigurations",
+    );
+    Api::all_with(client.clone(), &resource)
+}
+
+/// The kubelet-plugin's field manager on `node` (akri_devices::node_field_manager).
+fn node_manager(node: &str) -> PatchParams {
+    PatchParams::apply(&format!("akri-kubelet-plugin/{node}")).force()
+}
+
+#[tokio::test]
+async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let admin = cp.client().await.unwrap();
+    let ns = installed.default_ns.as_str();
+    let node_a = ControlPlane::unique_name("node-a");
+    let node_b = ControlPlane::unique_name("node-b");
+    cp.create_node(&node_a).await.unwrap();
+    cp.create_node(&node_b).await.unwrap();
+    let plugin = plugin_client_on(cp, ns, &node_a).await;
+
+    // The token carries the node, as a DaemonSet pod's token does.
+    let review: SelfSubjectReview = Api::all(plugin.clone())
+        .create(&PostParams::default(), &from_json(json!({})))
+        .await
+        .unwrap();
+    let user = review.status.unwrap().user_info.unwrap();
+    assert_eq!(
+        user.username.as_deref(),
+        Some(format!("system:serviceaccount:{ns}:akri-kubelet-plugin").as_str())
+    );
+    assert_eq!(
+        user.extra.unwrap()["authentication.kubernetes.io/node-name"],
+        [node_a.as_str()]
+    );
+
+    // ResourceSlices: its own node's only.
+    let slices = Api::<ResourceSlice>::all(plugin.clone());
+    let admin_slices = Api::<ResourceSlice>::all(admin.clone());
+    let own = format!("{node_a}-slice");
+    let foreign = format!("{node_b}-slice");
+    slices
+        .create(&PostParams::default(), &slice(&own, Some(&node_a)))
+        .await
+        .expect("a slice of its own node");
+    refused(
+        slices
+            .create(&PostParams::default(), &slice(&foreign, Some(&node_b)))
+            .await,
+        &format!("may not write ResourceSlices of node '{node_b}'"),
+    );
+    refused(
+        slices
+            .create(
+                &PostParams::default(),
+                &slice(&format!("{node_a}-all"), None),
+            )
+            .await,
+        "may not write ResourceSlices of no single node",
+    );
+    admin_slices
+        .create(&PostParams::default(), &slice(&foreign, Some(&node_b)))
+        .await
+        .unwrap();
+    let label = json!({ "metadata": { "labels": { "touched": "yes" } } });
+    refused(
+        slices
+            .patch(&foreign, &PatchParams::default(), &Patch::Merge(&label))
+            .await,
+        &format!("node '{node_b}'"),
+    );
+    refused(
+        slices.delete(&foreign, &DeleteParams::default()).await,
+        &format!("node '{node_b}'"),
+    );
+    slices
+        .patch(&own, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .expect("its own slice");
+    slices
+        .delete(&own, &DeleteParams::default())
+        .await
+        .expect("its own slice");
+    // The capability probe (a dry-run cluster-wide slice) passes, with the admin's answer.
+    assert_eq!(
+        dra_plugin::api_support::consumable_capacity(&plugin)
+            .await
+            .expect("the probe is not refused"),
+        dra_plugin::api_support::consumable_capacity(&admin)
+            .await
+            .unwrap()
+    );
+
+    // Instances: its own entry of spec.nodes only.
+    let plugin_instances = instances(&plugin, ns);
+    let admin_instances = instances(&admin, ns);
+    let instance = |name: &str, nodes: &[&str]| -> DynamicObject {
+        from_json(json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance",
+            "metadata": { "name": name },
+            "spec": {
+                "configurationName": "cameras", "cdiName": format!("akri.sh/debugecho={name}"),
+                "capacity": 1, "shared": true, "nodes": nodes,
+            },
+        }))
+    };
+    let shared = ControlPlane::unique_name("shared");
+    admin_instances
+        .create(&PostParams::default(), &instance(&shared, &[&node_b]))
+        .await
+        .unwrap();
+    let joined = plugin_instances
+        .patch(
+            &shared,
+            &node_manager(&node_a),
+            &Patch::Apply(instance(&shared, &[&node_a])),
+        )
+        .await
+        .expect("adding its own node");
+    assert_eq!(
+        strings(&joined.data["spec"]["nodes"]),
+        [node_b.as_str(), node_a.as_str()]
+    );
+    refused(
+        plugin_instances
+            .patch(
+                &shared,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "nodes": [node_a] } })),
+            )
+            .await,
+        &format!("other nodes before: [{node_b}], after: []"),
+    );
+    refused(
+        plugin_instances
+            .delete(&shared, &DeleteParams::default())
+            .await,
+        "may change only its own entry of an Instance's spec.nodes",
+    );
+    // Giving its entry up, as the plugin does when it stops seeing a shared device.
+    let nothing =
+        json!({ "apiVersion": "akri.sh/v0", "kind": "Instance", "metadata": { "name": shared } });
+    let left = plugin_instances
+        .patch(&shared, &node_manager(&node_a), &Patch::Apply(&nothing))
+        .await
+        .expect("removing its own node");
+    assert_eq!(strings(&left.data["spec"]["nodes"]), [node_b.as_str()]);
+    refused(
+        plugin_instances
+            .create(
+                &PostParams::default(),
+                &instance(&ControlPlane::unique_name("forged"), &[&node_b]),
+            )
+            .await,
+        &format!("after: [{node_b}]"),
+    );
+    let local = ControlPlane::unique_name("local");
+    plugin_instances
+        .patch(
+            &local,
+            &node_manager(&node_a),
+            &Patch::Apply(instance(&local, &[&node_a])),
+        )
+        .await
+        .expect("an Instance only it sees");
+    plugin_instances
+        .delete(&local, &DeleteParams::default())
+        .await
+        .expect("deleting an Instance only it sees");
+
+    // status.discoveryErrors: its own entry only, and nothing else of the status.
+    let plugin_configs = configurations(&plugin);
+    let admin_configs = configurations(&admin);
+    let config = ControlPlane::unique_name("policy");
+    admin_configs
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": config },
+                "spec": { "discoveryHandler": { "name": "debugEcho" } },
+            })),
+        )
+        .await
+        .unwrap();
+    let entry = |node: &str, message: &str| {
+        json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": config },
+            "status": { "discoveryErrors": [{ "node": node, "message": message }] },
+        })
+    };
+    // The first status anyone writes (its counts are defaulted on the way in).
+    plugin_configs
+        .patch_status(
+            &config,
+            &node_manager(&node_a),
+            &Patch::Apply(entry(&node_a, "a fails")),
+        )
+        .await
+        .expect("its own entry, first in the status");
+    admin_configs
+        .patch_status(
+            &config,
+            &node_manager(&node_b),
+            &Patch::Apply(entry(&node_b, "b fails")),
+        )
+        .await
+        .unwrap();
+    plugin_configs
+        .patch_status(
+            &config,
+            &node_manager(&node_a),
+            &Patch::Apply(entry(&node_a, "a still fails")),
+        )
+        .await
+        .expect("its own entry, next to another node's");
+    refused(
+        plugin_configs
+            .patch_status(
+                &config,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": { "discoveryErrors": [
+                    { "node": node_a, "message": "a still fails" },
+                    { "node": node_b, "message": "forged" },
+                ] } })),
+            )
+            .await,
+        "may write only its own entry of status.discoveryErrors",
+    );
+    refused(
+        plugin_configs
+            .patch_status(
+                &config,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": { "conditions": [{
+                    "type": "Ready", "status": "True", "reason": "Forged", "message": "",
+                    "lastTransitionTime": "2026-01-01T00:00:00Z",
+                }] } })),
+            )
+            .await,
+        "may write only status.discoveryErrors",
+    );
+    let status = admin_configs.get(&config).await.unwrap().data["status"].clone();
+    assert_eq!(
+        status["discoveryErrors"],
+        json!([
+            { "node": node_a, "message": "a still fails" },
+            { "node": node_b, "message": "b fails" },
+        ])
+    );
+}
