@@ -10,6 +10,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== Kubernetes binaries (built from the Go module proxy, reused when up to date)"
 hack/k8s-bins.sh >/dev/null
+echo "== Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
+hack/helm.sh >/dev/null
 echo "== cargo test"
 cargo test --workspace
 echo "== the README's run command, checked (hack/demo.sh --check)"
@@ -19,3 +21,5 @@ hack/k8s-bins.sh 1.34.4 >/dev/null
 echo "== cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-driver-controller --test allocation --test replicas
 AKRI_K8S_VERSION=1.34.4 cargo test -p dra-plugin --test slices_apiserver
+echo "== the Helm chart on Kubernetes 1.34, the oldest release it supports (kubeVersion)"
+AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test chart

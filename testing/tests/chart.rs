@@ -348,6 +348,7 @@ async fn template_renders_every_option_of_the_full_values() {
     for flag in [
         "--cdi-dir=/etc/cdi",
         "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
+        "--debug-echo-shared",
         "--consumable-capacity=on",
         "--property-namespaces=akri-credentials,cameras",
         "--metrics-address=[::]:9090",
