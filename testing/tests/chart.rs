@@ -459,29 +459,83 @@ async fn template_renders_every_option_of_the_full_values() {
 async fn the_schema_refuses_typos_and_bad_values() {
     let helm = Helm::new();
     let chart = chart();
-    for (set, named) in [
-        ("kubeletPlugin.imag=x", "imag"),
-        ("kubeletPlugin.image.tags=x", "tags"),
-        ("driverController.replica=3", "replica"),
-        ("metrics.serviceMonitor.enable=true", "enable"),
+    // (--set, where the schema says it fails, and the unknown key if it is one)
+    for (set, at, unknown) in [
+        ("kubeletPlugin.imag=x", "/kubeletPlugin", Some("imag")),
         (
-            "discoveryConfigurations.debugEcho.description[0]=x",
-            "description",
+            "kubeletPlugin.image.tags=x",
+            "/kubeletPlugin/image",
+            Some("tags"),
         ),
-        ("discoveryConfigurations.zeroconf.enabled=true", "zeroconf"),
-        ("kubeletPlugin.resources.request.cpu=1", "request"),
-        ("consumableCapacity=maybe", "consumableCapacity"),
-        ("logFormat=xml", "logFormat"),
-        ("driverController.image.pullPolicy=Sometimes", "pullPolicy"),
-        ("discoveryConfigurations.onvif.name=Not_A_Label", "name"),
-        ("discoveryConfigurations.debugEcho.capacity=0", "capacity"),
-        ("propertyNamespaces[0]=Bad_Namespace", "propertyNamespaces"),
+        (
+            "driverController.replica=3",
+            "/driverController",
+            Some("replica"),
+        ),
+        (
+            "metrics.serviceMonitor.enable=true",
+            "/metrics/serviceMonitor",
+            Some("enable"),
+        ),
+        (
+            "discoveryConfigurations.debugEcho.discoveryDetails.description[0]=x",
+            "/discoveryConfigurations/debugEcho/discoveryDetails",
+            Some("description"),
+        ),
+        (
+            "discoveryConfigurations.zeroconf.enabled=true",
+            "/discoveryConfigurations",
+            Some("zeroconf"),
+        ),
+        (
+            "kubeletPlugin.resources.request.cpu=1",
+            "/kubeletPlugin/resources",
+            Some("request"),
+        ),
+        (
+            "kubeletPlugin.securityContext.capabilities.ad[0]=NET_ADMIN",
+            "/kubeletPlugin/securityContext/capabilities",
+            Some("ad"),
+        ),
+        (
+            "driverController.affinity.nodeAfinity.x=y",
+            "/driverController/affinity",
+            Some("nodeAfinity"),
+        ),
+        ("consumableCapacity=maybe", "/consumableCapacity", None),
+        ("logFormat=xml", "/logFormat", None),
+        (
+            "driverController.image.pullPolicy=Sometimes",
+            "/driverController/image/pullPolicy",
+            None,
+        ),
+        (
+            "discoveryConfigurations.onvif.name=Not_A_Label",
+            "/discoveryConfigurations/onvif/name",
+            None,
+        ),
+        (
+            "discoveryConfigurations.debugEcho.capacity=0",
+            "/discoveryConfigurations/debugEcho/capacity",
+            None,
+        ),
+        (
+            "propertyNamespaces[0]=Bad_Namespace",
+            "/propertyNamespaces/0",
+            None,
+        ),
     ] {
         let run = helm.run(&["template", "akri", &chart, "--set", set]).await;
         assert!(!run.success, "--set {set} was accepted:\n{}", run.stdout);
+        let expected = match unknown {
+            Some(key) => format!("at '{at}': additional properties '{key}' not allowed"),
+            None => format!("at '{at}': "),
+        };
         assert!(
-            run.stderr.contains("schema") && run.stderr.contains(named),
-            "--set {set}: the schema error should name {named}:\n{}",
+            run.stderr
+                .contains("don't meet the specifications of the schema")
+                && run.stderr.contains(&expected),
+            "--set {set}: expected a schema error with {expected:?}:\n{}",
             run.stderr
         );
     }
