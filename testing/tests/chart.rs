@@ -913,37 +913,40 @@ async fn each_service_account_has_what_its_component_needs_and_no_more() {
 // ---------------------------------------------------------------------------------------
 // The admission policies, with the token a kubelet-plugin pod on a node would have.
 
-/// A client holding the token of the release's kubelet-plugin ServiceAccount bound to a pod
-/// on `node` (the pod is only an object: nothing runs it).
-async fn plugin_client_on(cp: &ControlPlane, ns: &str, node: &str) -> kube::Client {
+/// A client holding a token of the release's kubelet-plugin ServiceAccount: bound to a pod on
+/// `node` (the pod is only an object: nothing runs it), as a DaemonSet pod's token is, or
+/// bound to nothing when `node` is `None`.
+async fn plugin_client_on(cp: &ControlPlane, ns: &str, node: Option<&str>) -> kube::Client {
     let admin = cp.client().await.unwrap();
     let sa = "akri-kubelet-plugin";
-    let pod: Pod = Api::<Pod>::namespaced(admin.clone(), ns)
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "metadata": { "name": format!("kubelet-plugin-{node}") },
-                "spec": {
-                    "serviceAccountName": sa,
-                    "nodeName": node,
-                    "containers": [{ "name": "plugin", "image": "ghcr.io/akri-dra/akri-kubelet-plugin:0.1.0" }],
-                },
-            })),
-        )
-        .await
-        .unwrap();
-    let request: TokenRequest = from_json(json!({
-        "spec": {
-            "audiences": [],
-            "expirationSeconds": 600,
-            "boundObjectRef": {
-                "apiVersion": "v1", "kind": "Pod",
-                "name": pod.metadata.name, "uid": pod.metadata.uid,
-            },
-        }
-    }));
+    let mut spec = json!({ "audiences": [], "expirationSeconds": 600 });
+    if let Some(node) = node {
+        let pod: Pod = Api::<Pod>::namespaced(admin.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "metadata": { "name": format!("kubelet-plugin-{node}") },
+                    "spec": {
+                        "serviceAccountName": sa,
+                        "nodeName": node,
+                        "containers": [{ "name": "plugin", "image": "ghcr.io/akri-dra/akri-kubelet-plugin:0.1.0" }],
+                    },
+                })),
+            )
+            .await
+            .unwrap();
+        spec["boundObjectRef"] = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "name": pod.metadata.name, "uid": pod.metadata.uid,
+        });
+    }
     let token: TokenRequest = Api::<ServiceAccount>::namespaced(admin, ns)
-        .create_subresource("token", sa, &PostParams::default(), &request)
+        .create_subresource(
+            "token",
+            sa,
+            &PostParams::default(),
+            &from_json::<TokenRequest>(json!({ "spec": spec })),
+        )
         .await
         .unwrap();
     let mut config = cp.client_config().await.unwrap();
@@ -1012,7 +1015,7 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
     let node_b = ControlPlane::unique_name("node-b");
     cp.create_node(&node_a).await.unwrap();
     cp.create_node(&node_b).await.unwrap();
-    let plugin = plugin_client_on(cp, ns, &node_a).await;
+    let plugin = plugin_client_on(cp, ns, Some(&node_a)).await;
 
     // The token carries the node, as a DaemonSet pod's token does.
     let review: SelfSubjectReview = Api::all(plugin.clone())
@@ -1076,6 +1079,17 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
         .delete(&own, &DeleteParams::default())
         .await
         .expect("its own slice");
+    // A token bound to no pod (so to no node) writes nothing.
+    let unbound = plugin_client_on(cp, ns, None).await;
+    refused(
+        Api::<ResourceSlice>::all(unbound)
+            .create(
+                &PostParams::default(),
+                &slice(&format!("{node_a}-unbound"), Some(&node_a)),
+            )
+            .await,
+        "no node association found for this user",
+    );
     // The capability probe (a dry-run cluster-wide slice) passes, with the admin's answer.
     assert_eq!(
         dra_plugin::api_support::consumable_capacity(&plugin)
