@@ -9,6 +9,13 @@ use std::collections::{BTreeMap, BTreeSet};
 /// A property that could not be resolved; the configuration's discovery does not start.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    #[error("discovery property {property}: {kind} {namespace}/{name} does not exist")]
+    Missing {
+        property: String,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
     #[error("discovery property {property}: {kind} {namespace}/{name} has no key {key}")]
     MissingKey {
         property: String,
@@ -132,12 +139,11 @@ where
     match crate::api_call(api.get_opt(&reference.name)).await {
         Ok(Some(object)) => Ok(Some(object)),
         Ok(None) if reference.optional => Ok(None),
-        Ok(None) => Err(Error::MissingKey {
+        Ok(None) => Err(Error::Missing {
             property: property.to_string(),
             kind,
             namespace: reference.namespace.clone(),
             name: reference.name.clone(),
-            key: reference.key.clone(),
         }),
         Err(source) => Err(Error::Read {
             property: property.to_string(),

@@ -487,5 +487,8 @@ async fn an_unreadable_secret_keeps_discovery_running() {
     })
     .await;
     let message = eventually("the missing Secret is reported", error_of).await;
-    assert!(message.contains("camera-creds"), "{message}");
+    assert!(
+        message.contains("camera-creds") && message.contains("does not exist"),
+        "{message}"
+    );
 }
