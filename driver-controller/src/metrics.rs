@@ -100,9 +100,6 @@ impl Metrics {
 
     /// The text exposition format.
     pub fn encode(&self) -> String {
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
-        out
+        akri_runtime::http::encode(&self.registry)
     }
 }

@@ -73,6 +73,14 @@ pub async fn serve(
     Ok((bound, task))
 }
 
+/// A Prometheus registry in the text exposition format, what `/metrics` serves.
+pub fn encode(registry: &prometheus_client::registry::Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry)
+        .expect("writing to a String cannot fail");
+    out
+}
+
 fn respond(
     path: &str,
     metrics: &impl Fn() -> String,

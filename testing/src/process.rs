@@ -52,20 +52,7 @@ impl Component {
         args: &[String],
         log_dir: &Path,
     ) -> Result<Self, Error> {
-        let log = log_dir.join(format!("{name}.log"));
-        let out = File::create(&log).map_err(Error::io(format!("create {}", log.display())))?;
-        let err = out
-            .try_clone()
-            .map_err(Error::io("clone a log file handle"))?;
-        Self::spawn(
-            name,
-            binary,
-            args,
-            &[],
-            Stdio::from(out),
-            Stdio::from(err),
-            log,
-        )
+        Self::start_with_env(name, binary, args, &[], log_dir)
     }
 
     /// Like [`start`](Self::start), with `env` added to the inherited environment.
