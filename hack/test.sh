@@ -23,3 +23,5 @@ AKRI_K8S_VERSION=1.34.4 cargo test -p akri-driver-controller --test allocation -
 AKRI_K8S_VERSION=1.34.4 cargo test -p dra-plugin --test slices_apiserver
 echo "== the Helm chart on Kubernetes 1.34, the oldest release it supports (kubeVersion)"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test chart
+echo "== OCI images: static release binaries, packed without a Docker engine and checked"
+hack/images.sh
