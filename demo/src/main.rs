@@ -41,9 +41,17 @@ async fn main() -> anyhow::Result<()> {
     let binaries = cluster::Binaries::beside(&bin_dir)?;
 
     println!("Starting (Ctrl-C stops and removes everything):");
-    let cluster = cluster::Cluster::start(&binaries).await?;
+    // Ctrl-C while starting drops what has started so far, and with it the cluster's
+    // directory, as Ctrl-C does later.
+    let cluster = tokio::select! {
+        cluster = cluster::Cluster::start(&binaries) => cluster?,
+        _ = tokio::signal::ctrl_c() => return stopping(),
+    };
     println!("Applying the debugEcho examples:");
-    let report = flow::run(&cluster).await?;
+    let report = tokio::select! {
+        report = flow::run(&cluster) => report?,
+        _ = tokio::signal::ctrl_c() => return stopping(),
+    };
     report.print();
     let documented = docs::commands()?;
     let doc_run = docs::run(&cluster, documented);
@@ -61,6 +69,9 @@ async fn main() -> anyhow::Result<()> {
 
     if args.check {
         let mut problems = report.problems();
+        if doc_run.ran == 0 {
+            problems.push("no documented kubectl command was found to run".to_string());
+        }
         if !doc_run.failed.is_empty() {
             problems.push(format!(
                 "{} documented kubectl commands failed",
@@ -85,6 +96,10 @@ async fn main() -> anyhow::Result<()> {
         cluster.logs.display(),
     );
     tokio::signal::ctrl_c().await?;
+    stopping()
+}
+
+fn stopping() -> anyhow::Result<()> {
     println!("stopping");
     Ok(())
 }

@@ -100,6 +100,35 @@ pub fn validate_handler_name(name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest DiscoveryConfiguration name, as its CRD allows it: Instances are named
+/// `<name>-<6 hex digits>` and slot devices `<instance>-<slot>`, which must fit a DNS label.
+pub const MAX_CONFIGURATION_NAME: usize = 52;
+
+/// Whether a DiscoveryConfiguration's devices can be named after it: a DNS label (lower-case
+/// letters, digits and `-`, starting and ending with a letter or digit) of at most
+/// [`MAX_CONFIGURATION_NAME`] characters. The CRD refuses other names; this catches objects
+/// stored before it did, whose devices would make the node's whole pool fail.
+pub fn validate_configuration_name(name: &str) -> Result<(), String> {
+    if name.is_empty() || name.len() > MAX_CONFIGURATION_NAME {
+        return Err(format!(
+            "the name must be 1 to {MAX_CONFIGURATION_NAME} characters long (it has {})",
+            name.len()
+        ));
+    }
+    let label = name
+        .chars()
+        .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        && !name.starts_with('-')
+        && !name.ends_with('-');
+    if !label {
+        return Err(
+            "the name must be a DNS label (lower-case letters, digits and '-', no '.'): its devices are named after it"
+                .into(),
+        );
+    }
+    Ok(())
+}
+
 /// The Instance of a device, named as Akri names it: `<configuration>-<6 hex digits>`, a
 /// Blake2b digest of the device id, with the node name added for local (unshared) devices so
 /// that the same id on two nodes makes two Instances. Migrated clusters keep their names.
@@ -470,6 +499,19 @@ mod tests {
             instance_name("usb-cam", "/dev/video0", false, "node-a"),
             "stable"
         );
+    }
+
+    #[test]
+    fn configuration_names_must_make_device_names() {
+        assert!(validate_configuration_name("onvif-cams").is_ok());
+        assert!(validate_configuration_name(&"a".repeat(MAX_CONFIGURATION_NAME)).is_ok());
+        for bad in ["", "cams.example", "Cams", "-cams", "cams-", "a_b"] {
+            assert!(validate_configuration_name(bad).is_err(), "{bad:?}");
+        }
+        assert!(validate_configuration_name(&"a".repeat(MAX_CONFIGURATION_NAME + 1)).is_err());
+        // Every slot device of the longest name fits a DNS label.
+        let instance = instance_name(&"a".repeat(MAX_CONFIGURATION_NAME), "x", true, "n");
+        assert!(format!("{instance}-9999999999").len() <= 63);
     }
 
     #[test]

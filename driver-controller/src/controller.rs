@@ -77,6 +77,9 @@ pub struct ControllerConfig {
     pub field_manager: String,
     /// What the API server supports; `None` asks it (dry-run probes) at start.
     pub api_support: Option<ApiSupport>,
+    /// Forces whether devices use consumable capacity, whatever the API server supports
+    /// (`--consumable-capacity on|off`); `None` follows [`Self::api_support`].
+    pub consumable_capacity: Option<bool>,
     /// Changes arriving within this window are reconciled together.
     pub debounce: Duration,
 }
@@ -87,6 +90,7 @@ impl ControllerConfig {
             instance_namespace: instance_namespace.into(),
             field_manager: "akri-driver-controller".into(),
             api_support: None,
+            consumable_capacity: None,
             debounce: Duration::from_millis(500),
         }
     }
@@ -114,10 +118,13 @@ pub async fn run(
     config: ControllerConfig,
     metrics: Metrics,
 ) -> Result<(), Error> {
-    let support = match config.api_support {
+    let mut support = match config.api_support {
         Some(support) => support,
         None => ApiSupport::detect(&client).await?,
     };
+    if let Some(forced) = config.consumable_capacity {
+        support.consumable_capacity = forced;
+    }
     tracing::info!(
         consumable_capacity = support.consumable_capacity,
         per_device_node_selection = support.per_device_node_selection,

@@ -4,6 +4,7 @@ use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::http::{self, Readiness};
 use akri_driver_controller::leader::LeaseConfig;
 use akri_driver_controller::metrics::Metrics;
+use akri_runtime::Switch;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -42,6 +43,11 @@ struct Args {
     /// Milliseconds within which changes are reconciled together.
     #[arg(long, default_value_t = 500)]
     debounce_ms: u64,
+    /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks
+    /// it with a dry-run probe at start. Set it as the kubelet-plugins' flag of that name, so
+    /// shared and node-local devices follow one model.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    consumable_capacity: Switch,
     /// Log as JSON.
     #[arg(long)]
     log_json: bool,
@@ -66,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
     lease.retry_period = Duration::from_secs(args.lease_retry_seconds);
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
+    config.consumable_capacity = args.consumable_capacity.forced();
 
     tokio::select! {
         result = akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness) => {

@@ -170,7 +170,11 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         None => dra_plugin::api_support::consumable_capacity(&client).await?,
     };
     tracing::info!(consumable_capacity, "device sharing model");
-    let devices = NodeDevices::new(&config.node_name, consumable_capacity);
+    let devices = NodeDevices::with_names_file(
+        &config.node_name,
+        consumable_capacity,
+        &config.state_dir.join("instance-names.json"),
+    );
     let (metrics, readiness) = (Metrics::default(), Readiness::default());
     let state = AgentState {
         metrics: metrics.clone(),
@@ -398,6 +402,18 @@ impl AgentState {
             let Some(handler) = handlers.get(&spec.discovery_handler.name) else {
                 continue;
             };
+            // A name stored before the CRD refused it would name devices the API server
+            // refuses, failing the node pool that every configuration of the handler shares.
+            if let Err(why) = akri_devices::validate_configuration_name(&name) {
+                if !self.errors.refused.contains_key(&name) {
+                    tracing::warn!(configuration = %name, %why, "configuration not run");
+                }
+                self.errors.refused.insert(
+                    name.clone(),
+                    format!("not run on this node: {why}; recreate it under a valid name"),
+                );
+                continue;
+            }
             let properties = match crate::properties::resolve(
                 &self.client,
                 &spec.discovery_handler.discovery_properties,

@@ -11,6 +11,9 @@ pub struct DiscoveryErrors {
     pub discovery: BTreeMap<String, String>,
     /// Configurations whose discovery properties cannot be read now, with why (shown first).
     pub properties: BTreeMap<String, String>,
+    /// Configurations this node will not run at all, with why (shown before anything else):
+    /// names stored before the CRD refused them.
+    pub refused: BTreeMap<String, String>,
     /// What this node last wrote into each configuration's `status.discoveryErrors`.
     reported: BTreeMap<String, String>,
 }
@@ -21,6 +24,7 @@ impl DiscoveryErrors {
         self.discovery
             .keys()
             .chain(self.properties.keys())
+            .chain(self.refused.keys())
             .collect::<BTreeSet<_>>()
             .len()
     }
@@ -35,13 +39,15 @@ impl DiscoveryErrors {
             .discovery
             .keys()
             .chain(self.properties.keys())
+            .chain(self.refused.keys())
             .chain(self.reported.keys())
             .cloned()
             .collect();
         for name in names {
             let now = self
-                .properties
+                .refused
                 .get(&name)
+                .or_else(|| self.properties.get(&name))
                 .or_else(|| self.discovery.get(&name))
                 .cloned();
             let now = now.as_ref();
@@ -73,6 +79,7 @@ impl DiscoveryErrors {
                     self.reported.remove(&name);
                     self.discovery.remove(&name);
                     self.properties.remove(&name);
+                    self.refused.remove(&name);
                 }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "reporting the discovery error failed")

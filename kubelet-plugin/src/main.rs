@@ -3,6 +3,7 @@
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
+use akri_runtime::Switch;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,8 +49,8 @@ struct Args {
     debug_echo_shared: bool,
     /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks
     /// it with a dry-run probe at start.
-    #[arg(long, value_enum, default_value_t = ConsumableCapacity::Auto)]
-    consumable_capacity: ConsumableCapacity,
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    consumable_capacity: Switch,
     /// Seconds an Instance outlives its device's disappearance (flapping devices).
     #[arg(long, default_value_t = 30)]
     instance_grace_seconds: u64,
@@ -67,13 +68,6 @@ struct Args {
     /// Log as JSON.
     #[arg(long)]
     log_json: bool,
-}
-
-#[derive(Clone, Copy, Debug, clap::ValueEnum)]
-enum ConsumableCapacity {
-    Auto,
-    On,
-    Off,
 }
 
 #[tokio::main]
@@ -95,11 +89,7 @@ async fn main() -> anyhow::Result<()> {
         state_dir: args.state_dir,
         discovery_socket: args.discovery_socket,
         debug_echo,
-        consumable_capacity: match args.consumable_capacity {
-            ConsumableCapacity::Auto => None,
-            ConsumableCapacity::On => Some(true),
-            ConsumableCapacity::Off => Some(false),
-        },
+        consumable_capacity: args.consumable_capacity.forced(),
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
         startup_wait: Duration::from_secs(args.startup_wait_seconds),
         property_namespaces: (!args.property_namespaces.is_empty())

@@ -5,6 +5,7 @@ use crate::discovery::DiscoveredDevice;
 use akri_devices::{InstanceDevice, Sharing};
 use k8s_openapi::api::resource::v1::Device;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 /// The devices of one DiscoveryConfiguration on this node.
@@ -34,6 +35,72 @@ pub struct NodeDevices {
     node: Arc<str>,
     consumable_capacity: bool,
     drivers: Arc<RwLock<BTreeMap<String, BTreeMap<String, Named>>>>,
+    names: Option<Arc<StickyNames>>,
+}
+
+/// Per driver and configuration, the devices whose Instance name is not Akri's (the second
+/// of two devices whose Akri names collide: [`akri_devices::instance_names`]).
+type Renamed = BTreeMap<String, BTreeMap<String, BTreeMap<String, String>>>;
+
+/// The renamed devices, kept in a file so that a restarted agent gives every device the name
+/// it had: after a restart both colliding devices are reported at once, and without the file
+/// the other one would take Akri's name, handing claims allocated to it the wrong device.
+/// Only renamed devices are kept (rare, a few bytes each); the others get Akri's name anyway.
+struct StickyNames {
+    path: PathBuf,
+    renamed: RwLock<Renamed>,
+}
+
+impl StickyNames {
+    /// Reads `path`; a missing file is an empty one, an unreadable one is logged and ignored
+    /// (names are then as after a first start).
+    fn load(path: &Path) -> StickyNames {
+        let renamed = match std::fs::read(path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
+                tracing::warn!(path = %path.display(), %error, "ignoring unreadable Instance names");
+                Renamed::new()
+            }),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Renamed::new(),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "ignoring unreadable Instance names");
+                Renamed::new()
+            }
+        };
+        StickyNames {
+            path: path.to_path_buf(),
+            renamed: RwLock::new(renamed),
+        }
+    }
+
+    fn get(&self, driver: &str, configuration: &str) -> BTreeMap<String, String> {
+        let renamed = self.renamed.read().expect("lock");
+        renamed
+            .get(driver)
+            .and_then(|configs| configs.get(configuration))
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Records a configuration's renamed devices; writes the file when they changed.
+    fn put(&self, driver: &str, configuration: &str, now: BTreeMap<String, String>) {
+        let mut renamed = self.renamed.write().expect("lock");
+        let configs = renamed.entry(driver.to_string()).or_default();
+        let before = configs.get(configuration).cloned().unwrap_or_default();
+        if before == now {
+            return;
+        }
+        if now.is_empty() {
+            configs.remove(configuration);
+        } else {
+            configs.insert(configuration.to_string(), now);
+        }
+        let written = serde_json::to_vec_pretty(&*renamed)
+            .map_err(std::io::Error::other)
+            .and_then(|json| dra_plugin::checkpoint::write_atomically(&self.path, &json, 0o600));
+        if let Err(error) = written {
+            tracing::warn!(path = %self.path.display(), %error, "cannot keep Instance names; a restart may rename colliding devices");
+        }
+    }
 }
 
 /// A configuration's devices with their Instance names (by device id), which stick to their
@@ -51,6 +118,16 @@ impl NodeDevices {
             node: node.into(),
             consumable_capacity,
             drivers: Arc::default(),
+            names: None,
+        }
+    }
+
+    /// Like [`NodeDevices::new`], keeping the names of renamed devices in `names_file` so that
+    /// they survive a restart.
+    pub fn with_names_file(node: &str, consumable_capacity: bool, names_file: &Path) -> Self {
+        NodeDevices {
+            names: Some(Arc::new(StickyNames::load(names_file))),
+            ..NodeDevices::new(node, consumable_capacity)
         }
     }
 
@@ -72,16 +149,38 @@ impl NodeDevices {
         if previous.is_some_and(|p| p.devices == devices) {
             return false;
         }
-        let empty = BTreeMap::new();
+        // The names the devices had: in this process, or before it restarted.
+        let previous = match (previous, &self.names) {
+            (Some(previous), _) => previous.names.clone(),
+            (None, Some(sticky)) => sticky.get(driver, &devices.configuration),
+            (None, None) => BTreeMap::new(),
+        };
         let ids: Vec<&str> = devices.devices.iter().map(|d| d.id.as_str()).collect();
         let names = akri_devices::instance_names(
             &devices.configuration,
             &ids,
             devices.shared,
             &self.node,
-            previous.map_or(&empty, |p| &p.names),
+            &previous,
         );
-        let names = ids.iter().map(|id| id.to_string()).zip(names).collect();
+        let names: BTreeMap<String, String> =
+            ids.iter().map(|id| id.to_string()).zip(names).collect();
+        if let Some(sticky) = &self.names {
+            let renamed = names
+                .iter()
+                .filter(|(id, name)| {
+                    **name
+                        != akri_devices::instance_name(
+                            &devices.configuration,
+                            id,
+                            devices.shared,
+                            &self.node,
+                        )
+                })
+                .map(|(id, name)| (id.clone(), name.clone()))
+                .collect();
+            sticky.put(driver, &devices.configuration, renamed);
+        }
         configs.insert(devices.configuration.clone(), Named { devices, names });
         true
     }
@@ -209,5 +308,36 @@ mod tests {
             devices.lookup("d", &akri).is_none(),
             "the old name finds no device"
         );
+    }
+
+    /// A restarted agent is told of both colliding devices at once: the names file gives each
+    /// the name it had (without it, `cam2839`, the smaller id, would take Akri's name).
+    #[test]
+    fn instance_names_survive_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("instance-names.json");
+        let first = NodeDevices::with_names_file("node-a", true, &file);
+        first.set("d", echo(&["cam3489"]));
+        first.set("d", echo(&["cam2839", "cam3489"]));
+        let before = names(&first);
+
+        let restarted = NodeDevices::with_names_file("node-a", true, &file);
+        restarted.set("d", echo(&["cam2839", "cam3489"]));
+        assert_eq!(names(&restarted), before);
+        let without_file = NodeDevices::new("node-a", true);
+        without_file.set("d", echo(&["cam2839", "cam3489"]));
+        assert_ne!(names(&without_file), before, "the case the file is for");
+
+        // Only renamed devices are kept.
+        let kept: Renamed = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        assert_eq!(
+            kept["d"]["echo"],
+            BTreeMap::from([("cam2839".to_string(), before["cam2839"].clone())])
+        );
+        // An unreadable file is a first start, not a failure.
+        std::fs::write(&file, b"{").unwrap();
+        let fresh = NodeDevices::with_names_file("node-a", true, &file);
+        fresh.set("d", echo(&["cam3489"]));
+        assert_eq!(names(&fresh)["cam3489"], before["cam3489"]);
     }
 }

@@ -65,6 +65,8 @@ impl StartupGate {
             .iter()
             .filter(|c| handlers.contains_key(&c.spec.discovery_handler.name))
             .filter_map(|c| c.metadata.name.as_deref())
+            // A configuration the agent refuses to run never answers.
+            .filter(|name| akri_devices::validate_configuration_name(name).is_ok())
             .filter(|name| !self.answered.contains(*name))
             .collect();
         if self.listed && waiting.is_empty() {

@@ -47,7 +47,7 @@ impl StateDir {
     pub async fn open(state_dir: &Path, handlers_dir: Option<&Path>) -> Result<StateDir, Error> {
         use std::os::unix::fs::PermissionsExt;
         if let Some(shared) = handlers_dir
-            && state_dir.starts_with(shared)
+            && resolved(state_dir).starts_with(resolved(shared))
         {
             return Err(Error::VisibleToHandlers {
                 state: state_dir.to_path_buf(),
@@ -104,6 +104,41 @@ async fn lock(state_dir: &Path) -> Result<File, Error> {
     }
 }
 
+/// `path` as the kernel would reach it, so that `..` or a symlink cannot hide that one
+/// directory lies inside another: its longest existing ancestor canonicalized, the rest
+/// (not created yet) appended with `.` and `..` resolved by hand.
+fn resolved(path: &Path) -> PathBuf {
+    use std::path::Component;
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut existing = absolute.as_path();
+    let mut rest = Vec::new();
+    let base = loop {
+        if let Ok(real) = existing.canonicalize() {
+            break real;
+        }
+        match (existing.parent(), existing.components().next_back()) {
+            (Some(parent), Some(last)) => {
+                rest.push(last.as_os_str().to_os_string());
+                existing = parent;
+            }
+            // The root: nothing left to canonicalize.
+            _ => break existing.to_path_buf(),
+        }
+    };
+    let mut out = base;
+    let tail: PathBuf = rest.iter().rev().collect();
+    for component in tail.components() {
+        match component {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    out
+}
+
 /// Earlier versions kept their state next to the registration socket, where handler pods can
 /// read it. Moves the handler registrations and checkpoints found there into `state_dir`
 /// (unless it has its own already), so an upgraded node keeps its handlers and prepared
@@ -135,6 +170,30 @@ fn move_legacy_state(old: &Path, state_dir: &Path) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `..` and symlinks do not hide a state directory inside the handlers' directory.
+    #[tokio::test]
+    async fn a_state_dir_reached_through_dots_or_a_symlink_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("akri");
+        std::fs::create_dir_all(dir.path().join("other")).unwrap();
+        std::os::unix::fs::symlink(&shared, dir.path().join("link")).unwrap();
+        std::fs::create_dir_all(&shared).unwrap();
+        for state in [
+            dir.path().join("other/../akri/state"),
+            dir.path().join("link/state"),
+            dir.path().join("not-yet/../akri/./state"),
+        ] {
+            let error = StateDir::open(&state, Some(&shared)).await.unwrap_err();
+            assert!(
+                matches!(error, Error::VisibleToHandlers { .. }),
+                "{}: {error}",
+                state.display()
+            );
+        }
+        let fine = StateDir::open(&dir.path().join("other/state"), Some(&shared)).await;
+        assert!(fine.is_ok(), "a directory beside it is fine");
+    }
 
     #[tokio::test]
     async fn a_second_holder_waits_until_the_first_lets_go() {

@@ -73,6 +73,67 @@ async fn registrations_over_grpc_survive_a_restart() {
     );
 }
 
+/// What the code under test logs, kept for assertions.
+#[derive(Clone, Default)]
+struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A name registered again from another endpoint is taken over, and the log names both
+/// endpoints, so an operator can tell which handler took the name.
+#[tokio::test]
+async fn a_name_taken_over_by_another_endpoint_is_logged_with_both() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    // The test runtime has one thread: the registry's tasks log to this subscriber too.
+    let _logging = tracing::subscriber::set_default(
+        tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish(),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent-registration.sock");
+    let registry = Registry::serve(&socket, &dir.path().join("handlers.json")).unwrap();
+    let (first, second) = (
+        dir.path().join("udev-a.sock"),
+        dir.path().join("udev-b.sock"),
+    );
+    connect::register(
+        &socket,
+        &handler("udev", Endpoint::Uds(first.clone()), false),
+    )
+    .await
+    .unwrap();
+    connect::register(
+        &socket,
+        &handler("udev", Endpoint::Uds(second.clone()), false),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        registry.handlers()["udev"].endpoint,
+        Endpoint::Uds(second.clone())
+    );
+    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("registered again from another endpoint"))
+        .unwrap_or_else(|| panic!("no takeover line in:\n{text}"));
+    assert!(
+        line.contains(&first.display().to_string()) && line.contains(&second.display().to_string()),
+        "{line}"
+    );
+}
+
 #[tokio::test]
 async fn refuses_bad_registrations_and_query_device_info() {
     let dir = tempfile::tempdir().unwrap();

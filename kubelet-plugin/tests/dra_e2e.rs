@@ -247,6 +247,36 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
     );
 }
 
+/// Runs `create` while the DiscoveryConfiguration CRD has no rules on the object (as before
+/// the CRD refused names that are not DNS labels), then puts the rules back.
+async fn without_name_rules(client: &kube::Client, create: impl AsyncFn()) {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let name = "discoveryconfigurations.akri.sh";
+    let original = crds.get(name).await.unwrap();
+    let mut lifted = original.clone();
+    for version in &mut lifted.spec.versions {
+        if let Some(schema) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            schema.x_kubernetes_validations = None;
+        }
+    }
+    crds.replace(name, &PostParams::default(), &lifted)
+        .await
+        .unwrap();
+    // The API server takes the new schema a moment later.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    create().await;
+    let mut restored = crds.get(name).await.unwrap();
+    restored.spec = original.spec;
+    crds.replace(name, &PostParams::default(), &restored)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn discovery_errors_show_in_the_configurations_status() {
     // Its own control plane: every agent discovers every (cluster-scoped) configuration of
@@ -277,6 +307,17 @@ async fn discovery_errors_show_in_the_configurations_status() {
     let good = ControlPlane::unique_name("good");
     let bad_details = ControlPlane::unique_name("bad-details");
     let bad_secret = ControlPlane::unique_name("bad-secret");
+    // A name stored before the CRD refused dots (the CRD's rules are lifted for it): its
+    // devices would be named `old.dotted-<digest>`, which no slice may hold.
+    let dotted = format!("old.{}", ControlPlane::unique_name("dotted"));
+    without_name_rules(&client, async || {
+        create(
+            &dotted,
+            json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [dot0]" }),
+        )
+        .await;
+    })
+    .await;
     create(
         &good,
         json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [ok0]" }),
@@ -322,6 +363,15 @@ async fn discovery_errors_show_in_the_configurations_status() {
     })
     .await;
     assert_eq!(error_of(&good).await, None);
+    let message = eventually("the dotted name reported", async || error_of(&dotted).await).await;
+    assert!(message.contains("DNS label"), "{message}");
+    assert!(
+        !pool_devices(&client, &node.name)
+            .await
+            .iter()
+            .any(|d| d.starts_with("old.")),
+        "nothing of the refused configuration is published"
+    );
 
     // Fixing the details clears this node's entry.
     let mut fixed = configs.get(&bad_details).await.unwrap();

@@ -4,6 +4,28 @@
 
 pub mod http;
 
+/// A flag for an optional API-server feature: `auto` asks the API server at start (the
+/// capability probes of `dra_plugin::api_support`), `on` and `off` force the answer, for
+/// clusters where the probe cannot be made or an operator wants one model on every node.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+impl Switch {
+    /// The forced answer; `None` for `auto`.
+    pub fn forced(self) -> Option<bool> {
+        match self {
+            Switch::Auto => None,
+            Switch::On => Some(true),
+            Switch::Off => Some(false),
+        }
+    }
+}
+
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), as text or as JSON lines.
 pub fn init_logging(json: bool) {
     let filter =

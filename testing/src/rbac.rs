@@ -1,10 +1,10 @@
-//! The RBAC the README documents for each component, to run it under that and nothing more.
+//! The RBAC docs/operations.md documents for each component, to run it under that and nothing more.
 
 use crate::Error;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use kube::api::{Api, PostParams};
 
-/// The kubelet-plugin's cluster-wide rules (README, "kubelet-plugin RBAC"); Secret and
+/// The kubelet-plugin's cluster-wide rules (docs/operations.md, "RBAC"); Secret and
 /// ConfigMap reads are granted per namespace, separately.
 pub fn kubelet_plugin_rules() -> serde_json::Value {
     serde_json::json!([

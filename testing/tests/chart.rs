@@ -268,6 +268,7 @@ async fn template_renders_the_components_with_default_values() {
         "--lease-name=akri-driver-controller",
         "--metrics-address=0.0.0.0:8080",
         "--debounce-ms=500",
+        "--consumable-capacity=auto",
     ] {
         assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
     }
@@ -399,6 +400,8 @@ async fn template_renders_every_option_of_the_full_values() {
         )
     );
     assert!(strings(&container["args"]).contains(&"--lease-name=akri-leader".to_string()));
+    // Shared devices follow the same model as the node-local ones.
+    assert!(strings(&container["args"]).contains(&"--consumable-capacity=on".to_string()));
     let lease_rule = find(&objects, "Role", "edge-akri-driver-controller")["rules"]
         .as_array()
         .unwrap()

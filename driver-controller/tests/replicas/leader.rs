@@ -93,6 +93,20 @@ fn is_leader(replica: &Replica) -> bool {
         .any(|l| l == "akri_driver_controller_leader 1")
 }
 
+/// The API writes and reconciles a replica has counted (its own metrics).
+fn work_done(replica: &Replica) -> u64 {
+    replica
+        .metrics
+        .encode()
+        .lines()
+        .filter(|l| {
+            l.starts_with("akri_driver_controller_api_writes_total")
+                || l.starts_with("akri_driver_controller_reconciles_total")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
 #[tokio::test]
 async fn a_standby_replica_takes_over_when_the_leader_dies() {
     let (cp, client, namespace) = support::control_plane().await;
@@ -269,7 +283,10 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     proxy.stall();
     let cut = Instant::now();
     let mut stopped = None;
+    let mut work_when_stopped = None;
     let mut unready = None;
+    // A change only the new leader may act on (the cut-off one cannot see it).
+    let during = configuration(&client, "during").await;
     let took_over = loop {
         let (a, b) = (is_leader(&first), is_leader(&second));
         assert!(
@@ -279,6 +296,7 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
         );
         if !a && stopped.is_none() {
             stopped = Some(cut.elapsed());
+            work_when_stopped = Some(work_done(&first));
         }
         if unready.is_none() && get(first.address, "/readyz").await.0 == 503 {
             unready = Some(cut.elapsed());
@@ -337,13 +355,26 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
         Some(second.identity.clone())
     );
     let later = configuration(&client, "later").await;
-    eventually("the new leader acts", async || {
-        Api::<DeviceClass>::all(client.clone())
-            .get_opt(&later)
-            .await
-            .ok()?
-    })
-    .await;
+    for name in [&during, &later] {
+        eventually("the new leader acts", async || {
+            Api::<DeviceClass>::all(client.clone())
+                .get_opt(name)
+                .await
+                .ok()?
+        })
+        .await;
+    }
+    // One writer at a time: from the moment it stopped, the old leader wrote and reconciled
+    // nothing, through the cut and after the network came back.
+    assert_eq!(
+        Some(work_done(&first)),
+        work_when_stopped,
+        "the old leader worked after it stopped"
+    );
+    assert!(
+        work_done(&second) > 0,
+        "the metric counts the new leader's work"
+    );
     second.task.abort();
 }
 

@@ -1,14 +1,15 @@
 //! Restarts, reboots, checkpoints, the per-node lock and the state directory.
 
 use crate::support::{
-    DRIVER, echo_config, eventually, from_json, node_on, node_with_peer, pool_size, publication,
-    spawn_plugin, spawn_plugin_with,
+    DRIVER, Publication, echo_config, eventually, from_json, node_on, node_with_peer, pool_size,
+    publication, spawn_plugin, spawn_plugin_with,
 };
 use akri_testing::ControlPlane;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
@@ -136,7 +137,7 @@ async fn restart_leaves_slices_and_instances_untouched() {
     // `AKRI_TEST_STARTUP_WAIT` lets the old behaviour (no wait) be shown on demand.
     let wait = std::env::var("AKRI_TEST_STARTUP_WAIT").unwrap_or_else(|_| "30".into());
     let extra = ["--startup-wait-seconds", wait.as_str()];
-    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    let plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
     peer.wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
@@ -148,11 +149,165 @@ async fn restart_leaves_slices_and_instances_untouched() {
     })
     .await;
 
+    let plugin = restart_changes_nothing(
+        cp,
+        &peer,
+        (&node, &ns),
+        dir.path(),
+        &extra,
+        Stop::Kill,
+        plugin,
+        &before,
+    )
+    .await;
+    // A graceful stop, as a DaemonSet rolling update does it (maxSurge 0): the old process
+    // removes its sockets, so the kubelet unregisters the driver and would wipe the node's
+    // slices if no plugin registered again within its wiping delay (30 s).
+    let mut plugin = restart_changes_nothing(
+        cp,
+        &peer,
+        (&node, &ns),
+        dir.path(),
+        &extra,
+        Stop::Term,
+        plugin,
+        &before,
+    )
+    .await;
     plugin.kill().await.unwrap();
-    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
-    // Watch every 50 ms from the restart until two seconds after the new process published.
-    let log = dir.path().join("plugin.log");
+}
+
+/// `cam2839` and `cam3489` collide in Akri's naming on node-a: the one seen first keeps Akri's
+/// name, the other gets another. A restarted plugin hears of both at once; each must keep the
+/// name it had (the smaller id used to take Akri's name, so a claim allocated to that name
+/// would have been prepared with the other camera).
+#[tokio::test]
+async fn colliding_devices_keep_their_names_across_a_restart() {
+    // Its own API server: the configuration must be named `echo` and the node `node-a`.
+    let cp = &ControlPlane::start(akri_testing::ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("collide").await.unwrap();
+    let node = "node-a";
+    cp.create_node(node).await.unwrap();
+    let peer = akri_testing::KubeletPeer::start(cp, node).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = spawn_plugin(cp, &peer, node, &ns, dir.path());
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
+    let echo = |descriptions: &str| -> akri_api::v1::DiscoveryConfiguration {
+        from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": "echo" },
+            "spec": { "discoveryHandler": { "name": "debugEcho",
+                "discoveryDetails": format!("descriptions: [{descriptions}]") } },
+        }))
+    };
+    configs
+        .create(&PostParams::default(), &echo("cam3489"))
+        .await
+        .unwrap();
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    // Instance name -> the device behind it.
+    let named = async || -> BTreeMap<String, String> {
+        instances
+            .list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .map(|i| {
+                let description = i.spec.broker_properties["DEBUG_ECHO_DESCRIPTION"].clone();
+                (i.metadata.name.unwrap(), description)
+            })
+            .collect()
+    };
+    let akri_name = eventually("cam3489 gets Akri's name", async || {
+        named().await.into_iter().next().map(|(name, _)| name)
+    })
+    .await;
+    assert_eq!(
+        akri_name,
+        akri_devices::instance_name("echo", "cam2839", false, node),
+        "the pair collides"
+    );
+    let patch = json!({ "spec": { "discoveryHandler": { "discoveryDetails": "descriptions: [cam3489, cam2839]" } } });
+    configs
+        .patch("echo", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    let before = eventually("both devices published", async || {
+        let now = publication(&client, node, &ns).await;
+        let devices: usize = now.0.iter().map(|s| s.3).sum();
+        (devices == 2 && now.1.len() == 2).then_some(now)
+    })
+    .await;
+    let names = named().await;
+    assert_eq!(names[&akri_name], "cam3489");
+
+    let mut plugin = restart_changes_nothing(
+        cp,
+        &peer,
+        (node, &ns),
+        dir.path(),
+        &[],
+        Stop::Kill,
+        plugin,
+        &before,
+    )
+    .await;
+    assert_eq!(named().await, names, "each name still means its device");
+    plugin.kill().await.unwrap();
+}
+
+/// How a test stops the plugin.
+#[derive(Clone, Copy, Debug)]
+enum Stop {
+    /// SIGKILL: nothing is cleaned up (a crash, an OOM kill).
+    Kill,
+    /// SIGTERM, waiting for the process to exit (a pod deleted or rolled).
+    Term,
+}
+
+/// Stops `plugin` and starts it again; from then until two seconds after the new process has
+/// passed its start-up gate, checks every 50 ms that the node's slices and Instances are still
+/// `before`. Returns the new process.
+#[allow(clippy::too_many_arguments)]
+async fn restart_changes_nothing(
+    cp: &ControlPlane,
+    peer: &akri_testing::KubeletPeer,
+    (node, ns): (&str, &str),
+    dir: &Path,
+    extra: &[&str],
+    stop: Stop,
+    mut plugin: tokio::process::Child,
+    before: &Publication,
+) -> tokio::process::Child {
+    let client = cp.client().await.unwrap();
+    match stop {
+        Stop::Kill => plugin.kill().await.unwrap(),
+        Stop::Term => {
+            let pid = plugin.id().unwrap().to_string();
+            let sent = std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap();
+            assert!(sent.success());
+            let status = tokio::time::timeout(Duration::from_secs(20), plugin.wait())
+                .await
+                .expect("the plugin exits within 20 s of SIGTERM")
+                .unwrap();
+            assert!(status.success(), "a SIGTERM is a clean stop: {status}");
+        }
+    }
+    let log = dir.join("plugin.log");
     let log_offset = std::fs::metadata(&log).unwrap().len() as usize;
+    let plugin = spawn_plugin_with(cp, peer, node, ns, dir, extra);
     let published = || {
         std::fs::read_to_string(&log).unwrap()[log_offset..]
             .contains("discovery answered for every configuration")
@@ -164,9 +319,9 @@ async fn restart_leaves_slices_and_instances_untouched() {
             started.elapsed() < Duration::from_secs(60),
             "the restarted plugin never finished its start-up wait"
         );
-        let now = publication(&client, &node, &ns).await;
+        let now = publication(&client, node, ns).await;
         assert_eq!(
-            now,
+            &now,
             before,
             "{:?} after the restart: slices or Instances (name, UID, generation, devices) changed",
             started.elapsed()
@@ -176,7 +331,7 @@ async fn restart_leaves_slices_and_instances_untouched() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    plugin.kill().await.unwrap();
+    plugin
 }
 
 /// A corrupt checkpoint is set aside (kept for inspection), the plugin serves anyway, and the

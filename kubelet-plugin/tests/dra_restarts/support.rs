@@ -131,11 +131,9 @@ pub(crate) async fn echo_config(client: &kube::Client, prefix: &str, description
 
 /// What a node's publication looks like from the API server: slice (name, UID, generation,
 /// device count) and Instance (name, UID).
-pub(crate) async fn publication(
-    client: &kube::Client,
-    node: &str,
-    namespace: &str,
-) -> (Vec<(String, String, i64, usize)>, Vec<(String, String)>) {
+pub(crate) type Publication = (Vec<(String, String, i64, usize)>, Vec<(String, String)>);
+
+pub(crate) async fn publication(client: &kube::Client, node: &str, namespace: &str) -> Publication {
     let mut slices: Vec<_> = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
