@@ -192,6 +192,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             config.instance_grace,
         ),
         errors: DiscoveryErrors::default(),
+        refused: BTreeSet::new(),
         startup: StartupGate::new(config.startup_wait),
     };
     let task = tokio::spawn(state.run(registry, debug_echo));
@@ -227,6 +228,8 @@ struct AgentState {
     streams: BTreeMap<String, RunningStream>,
     instances: InstanceWriter,
     errors: DiscoveryErrors,
+    /// Configurations not run because of their names (each said once).
+    refused: BTreeSet<String>,
     startup: StartupGate,
     metrics: Metrics,
     readiness: Readiness,
@@ -404,14 +407,21 @@ impl AgentState {
             };
             // A name stored before the CRD refused it would name devices the API server
             // refuses, failing the node pool that every configuration of the handler shares.
+            // Its status cannot say so (the CRD's rules refuse any write to the object now),
+            // so a Warning Event on the node does, once per process.
             if let Err(why) = akri_devices::validate_configuration_name(&name) {
-                if !self.errors.refused.contains_key(&name) {
+                if self.refused.insert(name.clone()) {
                     tracing::warn!(configuration = %name, %why, "configuration not run");
+                    tokio::spawn(crate::node_events::warn(
+                        self.client.clone(),
+                        self.config.node_name.clone(),
+                        self.node_uid.clone(),
+                        "ConfigurationNotRun",
+                        format!(
+                            "DiscoveryConfiguration {name} is not run on this node: {why}; recreate it under a valid name"
+                        ),
+                    ));
                 }
-                self.errors.refused.insert(
-                    name.clone(),
-                    format!("not run on this node: {why}; recreate it under a valid name"),
-                );
                 continue;
             }
             let properties = match crate::properties::resolve(

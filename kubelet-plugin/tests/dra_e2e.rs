@@ -363,8 +363,25 @@ async fn discovery_errors_show_in_the_configurations_status() {
     })
     .await;
     assert_eq!(error_of(&good).await, None);
-    let message = eventually("the dotted name reported", async || error_of(&dotted).await).await;
-    assert!(message.contains("DNS label"), "{message}");
+    // Its status cannot take a write any more (the CRD's rules refuse the object), so the
+    // node says it.
+    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone());
+    let note = eventually("a Warning Event on the node names it", async || {
+        events
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("ConfigurationNotRun")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&node.name)
+                    && e.note.as_ref().is_some_and(|n| n.contains(&dotted))
+            })?
+            .note
+    })
+    .await;
+    assert!(note.contains("DNS label"), "{note}");
     assert!(
         !pool_devices(&client, &node.name)
             .await

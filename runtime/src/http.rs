@@ -107,11 +107,19 @@ fn respond(
 mod tests {
     use super::*;
 
+    /// A plain HTTP/1.1 GET (no client library: in a workspace build reqwest's TLS features
+    /// are unified with the test crates', and it then refuses to build without a crypto
+    /// provider, although this request never uses TLS).
     async fn get(address: SocketAddr, path: &str) -> (u16, String) {
-        let response = reqwest::get(format!("http://{address}{path}"))
-            .await
-            .unwrap();
-        (response.status().as_u16(), response.text().await.unwrap())
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+        let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).await.unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (status, body.to_string())
     }
 
     #[tokio::test]
