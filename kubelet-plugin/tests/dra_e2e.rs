@@ -365,19 +365,9 @@ async fn discovery_errors_show_in_the_configurations_status() {
     assert_eq!(error_of(&good).await, None);
     // Its status cannot take a write any more (the CRD's rules refuse the object), so the
     // node says it.
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone());
     let note = eventually("a Warning Event on the node names it", async || {
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.reason.as_deref() == Some("ConfigurationNotRun")
-                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(&node.name)
-                    && e.note.as_ref().is_some_and(|n| n.contains(&dotted))
-            })?
+        akri_testing::node_event(&client, &node.name, "ConfigurationNotRun", &dotted)
+            .await?
             .note
     })
     .await;

@@ -47,6 +47,27 @@ pub fn free_port() -> Result<u16, Error> {
         .port())
 }
 
+/// The Event with `reason` that regards Node `node` and whose note contains `note_has`, if
+/// the API server has one (one look: wrap it in [`eventually`] to wait for it).
+pub async fn node_event(
+    client: &kube::Client,
+    node: &str,
+    reason: &str,
+    note_has: &str,
+) -> Option<k8s_openapi::api::events::v1::Event> {
+    kube::Api::<k8s_openapi::api::events::v1::Event>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items
+        .into_iter()
+        .find(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node)
+                && e.note.as_ref().is_some_and(|n| n.contains(note_has))
+        })
+}
+
 /// Polls `check` every 250 ms until it returns `Some`, panicking with `what` after `timeout`:
 /// for tests waiting on a controller, the scheduler or the kubelet to converge.
 pub async fn eventually<T, F: AsyncFn() -> Option<T>>(

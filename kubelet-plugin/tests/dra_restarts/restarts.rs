@@ -364,18 +364,8 @@ async fn a_corrupt_checkpoint_is_set_aside_loudly() {
         std::fs::read(&moved[0]).unwrap(),
         b"{\"version\": 1, \"checksum\": 7, \"claims\": {}"
     );
-    let events = Api::<k8s_openapi::api::events::v1::Event>::all(client.clone());
     let event = eventually("a Warning Event on the node", async || {
-        events
-            .list(&ListParams::default())
-            .await
-            .ok()?
-            .items
-            .into_iter()
-            .find(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str())
-                    && e.reason.as_deref() == Some("CheckpointSetAside")
-            })
+        akri_testing::node_event(&client, &node, "CheckpointSetAside", "").await
     })
     .await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
