@@ -69,6 +69,8 @@ impl Helm {
     async fn run(&self, args: &[&str]) -> Run {
         let output = tokio::process::Command::new(&self.bin)
             .args(args)
+            // Relative chart paths, as the docs write them, are from the repository root.
+            .current_dir(repo())
             .env("HELM_CACHE_HOME", self.home.path().join("cache"))
             .env("HELM_CONFIG_HOME", self.home.path().join("config"))
             .env("HELM_DATA_HOME", self.home.path().join("data"))
@@ -1261,4 +1263,114 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
             { "node": node_b, "message": "b fails" },
         ])
     );
+}
+
+/// The `helm` lines of the ```sh blocks of the docs (README.md, charts/akri/README.md,
+/// docs/*.md; a `\` at a line's end joins the next), per file.
+fn documented_helm_commands() -> Vec<(String, Vec<String>)> {
+    let mut files = vec![
+        repo().join("README.md"),
+        repo().join("charts/akri/README.md"),
+    ];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    let mut out = Vec::new();
+    for path in files {
+        let text = std::fs::read_to_string(&path).unwrap();
+        let (mut in_sh, mut commands, mut pending) = (false, Vec::new(), None::<String>);
+        for line in text.lines().map(str::trim) {
+            if line.starts_with("```") {
+                in_sh = line == "```sh";
+                continue;
+            }
+            let line = line.split(" #").next().unwrap_or_default().trim();
+            let joined = match pending.take() {
+                Some(start) => format!("{start} {line}"),
+                None if in_sh && line.starts_with("helm ") => line.to_string(),
+                None => continue,
+            };
+            match joined.strip_suffix('\\') {
+                Some(start) => pending = Some(start.trim().to_string()),
+                None => commands.push(joined),
+            }
+        }
+        if !commands.is_empty() {
+            out.push((path.display().to_string(), commands));
+        }
+    }
+    out
+}
+
+/// Every `helm` command the docs show works as written (from the repository root) against a
+/// real API server; the quickstart's install runs the embedded debugEcho as its `--set` says.
+#[tokio::test]
+async fn the_documented_helm_commands_work() {
+    // Its own API server: the commands install release `akri` into namespace `akri`.
+    let cp = ControlPlane::start(akri_testing::ControlPlaneOptions::default())
+        .await
+        .expect("control plane starts");
+    let client = cp.client().await.unwrap();
+    let kubeconfig = cp.kubeconfig().display().to_string();
+    let helm = Helm::new();
+    let documented = documented_helm_commands();
+    let files: Vec<&str> = documented.iter().map(|(f, _)| f.as_str()).collect();
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("/README.md") && !f.contains("charts"))
+            && files.iter().any(|f| f.ends_with("charts/akri/README.md")),
+        "the quickstarts' helm lines are found: {files:?}"
+    );
+    for (file, commands) in &documented {
+        let mut releases = Vec::new();
+        for command in commands {
+            let words: Vec<&str> = command.split_whitespace().collect();
+            let mut args = words[1..].to_vec();
+            args.extend(["--kubeconfig", &kubeconfig]);
+            helm.ok(&args).await;
+            if words[1] == "install" {
+                releases.push((words[2].to_string(), namespace_of(&words)));
+            }
+        }
+        for (release, namespace) in &releases {
+            let daemon_set =
+                Api::<k8s_openapi::api::apps::v1::DaemonSet>::namespaced(client.clone(), namespace)
+                    .get(&format!("{release}-kubelet-plugin"))
+                    .await
+                    .unwrap_or_else(|e| panic!("{file}: the kubelet-plugin DaemonSet: {e}"));
+            let args = daemon_set.spec.unwrap().template.spec.unwrap().containers[0]
+                .args
+                .clone()
+                .unwrap_or_default();
+            assert!(
+                args.iter().any(|a| a.starts_with("--debug-echo-socket")),
+                "{file}: the quickstart enables the embedded debugEcho: {args:?}"
+            );
+            // The next file's commands install the same release again.
+            helm.ok(&[
+                "uninstall",
+                release,
+                "--namespace",
+                namespace,
+                "--wait",
+                "--kubeconfig",
+                &kubeconfig,
+            ])
+            .await;
+        }
+    }
+}
+
+/// The `--namespace` of a helm command line (`default` without one).
+fn namespace_of(words: &[&str]) -> String {
+    words
+        .windows(2)
+        .find(|w| w[0] == "--namespace" || w[0] == "-n")
+        .map_or("default".to_string(), |w| w[1].to_string())
 }
