@@ -11,9 +11,6 @@ pub struct DiscoveryErrors {
     pub discovery: BTreeMap<String, String>,
     /// Configurations whose discovery properties cannot be read now, with why (shown first).
     pub properties: BTreeMap<String, String>,
-    /// Configurations this node will not run at all, with why (shown before anything else):
-    /// names stored before the CRD refused them.
-    pub refused: BTreeMap<String, String>,
     /// What this node last wrote into each configuration's `status.discoveryErrors`.
     reported: BTreeMap<String, String>,
 }
@@ -24,7 +21,6 @@ impl DiscoveryErrors {
         self.discovery
             .keys()
             .chain(self.properties.keys())
-            .chain(self.refused.keys())
             .collect::<BTreeSet<_>>()
             .len()
     }
@@ -39,15 +35,13 @@ impl DiscoveryErrors {
             .discovery
             .keys()
             .chain(self.properties.keys())
-            .chain(self.refused.keys())
             .chain(self.reported.keys())
             .cloned()
             .collect();
         for name in names {
             let now = self
-                .refused
+                .properties
                 .get(&name)
-                .or_else(|| self.properties.get(&name))
                 .or_else(|| self.discovery.get(&name))
                 .cloned();
             let now = now.as_ref();
@@ -79,7 +73,6 @@ impl DiscoveryErrors {
                     self.reported.remove(&name);
                     self.discovery.remove(&name);
                     self.properties.remove(&name);
-                    self.refused.remove(&name);
                 }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "reporting the discovery error failed")
