@@ -55,17 +55,16 @@ impl StickyNames {
     /// Reads `path`; a missing file is an empty one, an unreadable one is logged and ignored
     /// (names are then as after a first start).
     fn load(path: &Path) -> StickyNames {
-        let renamed = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
-                tracing::warn!(path = %path.display(), %error, "ignoring unreadable Instance names");
-                Renamed::new()
+        let read = match std::fs::read(path) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Renamed::new()),
+            read => read.map_err(|e| e.to_string()).and_then(|bytes| {
+                serde_json::from_slice::<Renamed>(&bytes).map_err(|e| e.to_string())
             }),
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Renamed::new(),
-            Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "ignoring unreadable Instance names");
-                Renamed::new()
-            }
         };
+        let renamed = read.unwrap_or_else(|error| {
+            tracing::warn!(path = %path.display(), %error, "ignoring unreadable Instance names");
+            Renamed::new()
+        });
         StickyNames {
             path: path.to_path_buf(),
             renamed: RwLock::new(renamed),
