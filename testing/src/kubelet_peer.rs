@@ -34,6 +34,7 @@ impl KubeletPeer {
             "device-plugins",
             "state",
             "cdi",
+            "pod-resources",
         ] {
             std::fs::create_dir_all(dir.path().join(sub))
                 .map_err(Error::io(format!("create {sub}")))?;
@@ -51,6 +52,10 @@ impl KubeletPeer {
             ),
             format!("--state-dir={}", dir.path().join("state").display()),
             format!("--cdi-dir={}", dir.path().join("cdi").display()),
+            format!(
+                "--pod-resources-socket={}",
+                dir.path().join("pod-resources/kubelet.sock").display()
+            ),
             "--listen=127.0.0.1:0".to_string(),
         ];
         let mut component = Component::start_piped(
@@ -107,6 +112,12 @@ impl KubeletPeer {
     /// The device manager's socket directory (device plugins register on `kubelet.sock` here).
     pub fn device_plugin_dir(&self) -> PathBuf {
         self.dir.path().join("device-plugins")
+    }
+
+    /// The kubelet's pod-resources socket (served by the kubelet's own pod-resources server
+    /// over the peer's pods and device manager).
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.dir.path().join("pod-resources/kubelet.sock")
     }
 
     /// Where CDI spec files are read from by [`cdi_inject`](Self::cdi_inject).
@@ -178,6 +189,14 @@ impl KubeletPeer {
         self.call("GET", "/devices/capacity", None).await
     }
 
+    /// The ids of each device-plugin resource's healthy devices, as the device manager holds
+    /// them (sorted).
+    pub async fn allocatable_devices(&self) -> Result<BTreeMap<String, Vec<String>>, Error> {
+        let body: Value = self.call("GET", "/devices/allocatable", None).await?;
+        serde_json::from_value(body["allocatable"].clone())
+            .map_err(|e| Error::Other(format!("allocatable answer {body}: {e}")))
+    }
+
     /// Runs the device manager's admission for one container of a pod and returns the
     /// options the runtime would get (devices, envs, mounts, annotations, CDI devices).
     pub async fn allocate(
@@ -198,6 +217,19 @@ impl KubeletPeer {
     /// `{"drivers": {"<driver>": [{"pool", "device", "health", "message", ...}]}}`.
     pub async fn dra_health(&self) -> Result<Value, Error> {
         self.call("GET", "/dra/health", None).await
+    }
+
+    /// Tells the device manager that the pod stopped running: its devices are freed and the
+    /// pod-resources API no longer lists it.
+    pub async fn release(&self, namespace: &str, pod: &str) -> Result<(), Error> {
+        let _: Value = self
+            .call(
+                "POST",
+                "/devices/release",
+                Some(json!({"namespace": namespace, "name": pod})),
+            )
+            .await?;
+        Ok(())
     }
 
     /// Stops and restarts the managers on the same directories, as a kubelet restart would.

@@ -157,3 +157,25 @@ func (p *peer) handleDevicesRelease(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"released": released})
 }
+
+// GET /devices/allocatable: ManagerImpl.GetAllocatableDevices (what the pod-resources API's
+// GetAllocatableResources reports): the ids of each resource's healthy devices, sorted.
+func (p *peer) handleDevicesAllocatable(w http.ResponseWriter, r *http.Request) {
+	out := map[string][]string{}
+	err := p.withManagers(func(m *managers) error {
+		for resource, byID := range m.devices.GetAllocatableDevices() {
+			ids := []string{}
+			for id := range byID {
+				ids = append(ids, id)
+			}
+			sort.Strings(ids)
+			out[resource] = ids
+		}
+		return nil
+	})
+	if err != nil {
+		writeError(w, http.StatusServiceUnavailable, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"allocatable": out})
+}

@@ -23,6 +23,7 @@ import (
 //	GET  /dra/health           -> {"drivers": {"driver": [{"pool","device","health","message","last_updated","health_check_timeout_seconds"}]}}
 //	POST /dra/health/pod       {"namespace","name"} -> {"containers": {"c": [v1.ResourceStatus]}}
 //	GET  /devices/capacity     -> {"capacity": {"res": n}, "allocatable": {"res": n}, "deleted": ["res"]}
+//	GET  /devices/allocatable  -> {"allocatable": {"res": ["healthy device id", ...]}}
 //	POST /devices/allocate     {"namespace","name","container"} -> {"devices","envs","mounts","annotations","cdi_devices"}
 //	POST /devices/release      {"namespace","name"} -> {"released": n}
 //	POST /restart              -> {} once the new managers run
@@ -38,6 +39,7 @@ func (p *peer) routes() http.Handler {
 	mux.HandleFunc("GET /dra/health", p.handleDRAHealth)
 	mux.HandleFunc("POST /dra/health/pod", p.handleDRAHealthPod)
 	mux.HandleFunc("GET /devices/capacity", p.handleDevicesCapacity)
+	mux.HandleFunc("GET /devices/allocatable", p.handleDevicesAllocatable)
 	mux.HandleFunc("POST /devices/allocate", p.handleDevicesAllocate)
 	mux.HandleFunc("POST /devices/release", p.handleDevicesRelease)
 	mux.HandleFunc("POST /restart", p.handleRestart)

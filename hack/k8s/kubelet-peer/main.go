@@ -39,6 +39,7 @@ type options struct {
 	cdiDir             string
 	listen             string
 	featureGates       string
+	podResourcesSocket string
 }
 
 func main() {
@@ -54,6 +55,8 @@ func main() {
 		"DRA manager state dir: dra_manager_state and dra_health_state checkpoints (kubelet: its root dir /var/lib/kubelet) (required)")
 	fs.StringVar(&o.cdiDir, "cdi-dir", "/var/run/cdi", "directory CDI spec files are read from by POST /cdi/inject")
 	fs.StringVar(&o.listen, "listen", "127.0.0.1:0", "address of the HTTP API")
+	fs.StringVar(&o.podResourcesSocket, "pod-resources-socket", "",
+		"where to serve the kubelet's pod-resources API (kubelet: /var/lib/kubelet/pod-resources/kubelet.sock); empty: not served")
 	fs.StringVar(&o.featureGates, "feature-gates", "",
 		"optional kubelet feature gates, A=true,B=false (default: the v1.36 kubelet defaults, which already enable DRA and ResourceHealthStatus)")
 	klog.InitFlags(fs) // -v etc.; klog logs to stderr by default
@@ -125,6 +128,13 @@ func run(o options) error {
 	p := newPeer(ctx, o, client)
 	if err := p.start(); err != nil {
 		return err
+	}
+
+	if o.podResourcesSocket != "" {
+		if err := p.servePodResources(ctx, o.podResourcesSocket); err != nil {
+			p.stop()
+			return err
+		}
 	}
 
 	ln, err := net.Listen("tcp", o.listen)
