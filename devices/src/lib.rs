@@ -341,9 +341,22 @@ pub fn property_attributes(
 /// attributes of its device, so that a selector on them is known not to match.
 pub const UNPUBLISHED_PROPERTIES: &str = "akri.sh/unpublished-properties";
 
-/// The name of slot `slot` of an Instance in the [`Sharing::SlotDevices`] model.
+/// The name of slot `slot` of an Instance: its DRA device in the [`Sharing::SlotDevices`]
+/// model, and Akri's slot id (the key of `Instance.deviceUsage`, the device id of the
+/// Instance-level device plugin). [`parse_slot_device_name`] reads it back.
 pub fn slot_device_name(instance: &str, slot: i32) -> String {
     format!("{instance}-{slot}")
+}
+
+/// The Instance and slot number of a [`slot_device_name`]; `None` for anything else.
+pub fn parse_slot_device_name(name: &str) -> Option<(&str, i32)> {
+    let (instance, slot) = name.rsplit_once('-')?;
+    let digits = !slot.is_empty() && slot.bytes().all(|b| b.is_ascii_digit());
+    let canonical = slot == "0" || !slot.starts_with('0');
+    if instance.is_empty() || !digits || !canonical {
+        return None;
+    }
+    Some((instance, slot.parse().ok()?))
 }
 
 /// Whether a discovered property can be a DRA attribute.
@@ -365,6 +378,18 @@ fn string_attribute(value: &str) -> DeviceAttribute {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn slot_names_parse_back() {
+        for (instance, slot) in [("akri-onvif-8120fe", 0), ("a", 17), ("x-1", 3)] {
+            let name = slot_device_name(instance, slot);
+            assert_eq!(parse_slot_device_name(&name), Some((instance, slot)));
+        }
+        for bad in ["", "-1", "abc", "abc-", "abc-x", "abc-01", "abc-99999999999"] {
+            assert_eq!(parse_slot_device_name(bad), None, "{bad:?}");
+        }
+    }
+
     use super::*;
 
     #[test]
