@@ -1,0 +1,647 @@
+//! The device plugins of one node: an Instance-level plugin per Instance the node sees and a
+//! Configuration-level plugin per v0 Configuration, all advertising from one view of the
+//! Instances, so that a claim by any of them (or by another node) reaches every plugin's
+//! `ListAndWatch` at once (seed 003's IL/CL notifications, without a notification graph).
+
+use crate::claims::{self, ClaimError};
+use crate::slots::{self, InstanceSlots, SlotClaim};
+use akri_api::v0::Instance;
+use akri_api::v1::{INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_LABEL};
+use akri_proto::deviceplugin::v1beta1 as api;
+use device_plugin::plugin::Device;
+use device_plugin::{DevicePlugin, PluginConfig, ServedPlugin};
+use futures::StreamExt;
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::watch;
+use tonic::Status;
+
+/// The prefix of every resource the plugins serve: `akri.sh/<instance>`, `akri.sh/<config>`.
+pub const RESOURCE_PREFIX: &str = "akri.sh/";
+
+/// The annotation prefix Akri puts on containers per slot (`akri.agent.slot-<slot>`), with
+/// the slot (IL) or `C:<vdev>:<slot>` (CL) as value.
+pub const SLOT_ANNOTATION_PREFIX: &str = "akri.agent.slot-";
+
+/// How many times a Configuration-level allocation is computed again after losing a slot to
+/// a concurrent claim.
+const CLAIM_ATTEMPTS: usize = 3;
+
+/// What a container gets for one Instance: the device's environment, mounts and device nodes.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceEdits {
+    pub envs: BTreeMap<String, String>,
+    pub mounts: Vec<api::Mount>,
+    pub devices: Vec<api::DeviceSpec>,
+}
+
+/// One v0 Configuration on this node: what its plugins serve.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ConfigurationDevices {
+    pub namespace: String,
+    pub name: String,
+    pub unique_devices: bool,
+    /// The Instances this node sees, with what a container allocated one of them gets.
+    pub instances: BTreeMap<String, DeviceEdits>,
+}
+
+/// Where the plugins live and how they clean up.
+#[derive(Clone, Debug)]
+pub struct LegacyConfig {
+    pub node: String,
+    /// The kubelet's device-plugin directory.
+    pub device_plugin_dir: PathBuf,
+    /// The kubelet's pod-resources socket; `None`: slots are never reclaimed.
+    pub pod_resources_socket: Option<PathBuf>,
+    /// How long a slot held with no container behind it (or by a node that is gone) stays
+    /// held: a container being re-created must not lose it. Akri waits 5 minutes.
+    pub reclaim_grace: Duration,
+    /// How often slots are checked.
+    pub reclaim_interval: Duration,
+}
+
+/// Allocation counters, for `/metrics` and the benchmark.
+#[derive(Debug, Default)]
+pub struct Counters {
+    pub allocations: AtomicU64,
+    pub failed_allocations: AtomicU64,
+    /// Claims that lost a slot to a concurrent writer (a JSON-patch test that failed).
+    pub conflicts: AtomicU64,
+    pub reclaimed: AtomicU64,
+}
+
+/// The node's plugins. Dropping it stops them.
+pub struct LegacyPlugins {
+    shared: Arc<Shared>,
+    served: BTreeMap<String, (Arc<AkriPlugin>, ServedPlugin)>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for LegacyPlugins {
+    fn drop(&mut self) {
+        for task in &self.tasks {
+            task.abort();
+        }
+        // The plugins point back at `shared`.
+        self.shared.plugins.lock().expect("plugins").clear();
+    }
+}
+
+struct Shared {
+    client: kube::Client,
+    config: LegacyConfig,
+    /// Every legacy Instance, by namespace and name, as last seen (watch or own write).
+    instances: Mutex<BTreeMap<(String, String), Instance>>,
+    /// Bumped on every change of `instances`.
+    changed: watch::Sender<u64>,
+    /// The served plugins, which advertise anew on every change.
+    plugins: Mutex<Vec<Arc<AkriPlugin>>>,
+    /// One allocation at a time on this node: each computes from the state the previous left.
+    allocating: tokio::sync::Mutex<()>,
+    counters: Arc<Counters>,
+}
+
+impl LegacyPlugins {
+    /// Starts watching the legacy Instances (and reclaiming slots); serves no plugin until
+    /// [`sync`](Self::sync).
+    pub fn start(client: kube::Client, config: LegacyConfig) -> Self {
+        let shared = Arc::new(Shared {
+            client,
+            config,
+            instances: Mutex::default(),
+            changed: watch::channel(0).0,
+            plugins: Mutex::default(),
+            allocating: tokio::sync::Mutex::new(()),
+            counters: Arc::default(),
+        });
+        let mut tasks = vec![
+            tokio::spawn(watch_instances(shared.clone())),
+            tokio::spawn(advertise(shared.clone())),
+        ];
+        if shared.config.pod_resources_socket.is_some() {
+            tasks.push(tokio::spawn(reclaim(shared.clone())));
+        }
+        LegacyPlugins {
+            shared,
+            served: BTreeMap::new(),
+            tasks,
+        }
+    }
+
+    pub fn counters(&self) -> Arc<Counters> {
+        self.shared.counters.clone()
+    }
+
+    /// The resources served now.
+    pub fn resources(&self) -> Vec<String> {
+        self.served.keys().cloned().collect()
+    }
+
+    /// Serves the plugins of `configurations` and stops the others (telling the kubelet
+    /// their resources have no devices left).
+    pub async fn sync(&mut self, configurations: &[ConfigurationDevices]) {
+        let mut wanted: BTreeMap<String, Arc<AkriPlugin>> = BTreeMap::new();
+        for config in configurations {
+            let cl = format!("{RESOURCE_PREFIX}{}", config.name);
+            if wanted.contains_key(&cl) {
+                tracing::warn!(configuration = %config.name, namespace = %config.namespace, "another namespace's Configuration of the same name serves {cl}; not served");
+                continue;
+            }
+            let members: BTreeSet<String> = config.instances.keys().cloned().collect();
+            let edits = Arc::new(config.instances.clone());
+            wanted.insert(
+                cl,
+                AkriPlugin::new(
+                    &self.shared,
+                    config,
+                    Level::Configuration {
+                        unique: config.unique_devices,
+                        members: members.clone(),
+                    },
+                    edits.clone(),
+                ),
+            );
+            for instance in members {
+                wanted.insert(
+                    format!("{RESOURCE_PREFIX}{instance}"),
+                    AkriPlugin::new(&self.shared, config, Level::Instance(instance), edits.clone()),
+                );
+            }
+        }
+        let gone: Vec<String> = self
+            .served
+            .keys()
+            .filter(|r| !wanted.contains_key(*r))
+            .cloned()
+            .collect();
+        for resource in gone {
+            if let Some((_, served)) = self.served.remove(&resource) {
+                tracing::info!(%resource, "device plugin stopped");
+                served.shutdown().await;
+            }
+        }
+        for (resource, plugin) in wanted {
+            if let Some((running, _)) = self.served.get(&resource) {
+                if running.same_as(&plugin) {
+                    continue;
+                }
+                // Same resource, new members or devices: swap the plugin's view, keep serving.
+                running.replace_with(&plugin);
+                continue;
+            }
+            let socket_name = format!("{}.sock", resource.replace('/', "_"));
+            let config = PluginConfig {
+                dir: self.shared.config.device_plugin_dir.clone(),
+                resource_name: resource.clone(),
+                socket_name,
+            };
+            match ServedPlugin::start(&config, plugin.clone()) {
+                Ok(served) => {
+                    self.served.insert(resource, (plugin, served));
+                }
+                Err(error) => tracing::error!(%resource, %error, "cannot serve the device plugin"),
+            }
+        }
+        *self.shared.plugins.lock().expect("plugins") =
+            self.served.values().map(|(p, _)| p.clone()).collect();
+        self.shared.bump();
+    }
+}
+
+/// Pushes every change of the Instances to every plugin's `ListAndWatch`.
+async fn advertise(shared: Arc<Shared>) {
+    let mut changed = shared.changed.subscribe();
+    while changed.changed().await.is_ok() {
+        let plugins = shared.plugins.lock().expect("plugins").clone();
+        for plugin in plugins {
+            plugin.refresh();
+        }
+    }
+}
+
+/// Which plugin.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Level {
+    Instance(String),
+    Configuration {
+        unique: bool,
+        members: BTreeSet<String>,
+    },
+}
+
+/// One Instance- or Configuration-level plugin.
+struct AkriPlugin {
+    shared: Arc<Shared>,
+    namespace: String,
+    configuration: String,
+    view: Mutex<(Level, Arc<BTreeMap<String, DeviceEdits>>)>,
+    devices: watch::Sender<Vec<Device>>,
+}
+
+impl AkriPlugin {
+    fn new(
+        shared: &Arc<Shared>,
+        config: &ConfigurationDevices,
+        level: Level,
+        edits: Arc<BTreeMap<String, DeviceEdits>>,
+    ) -> Arc<Self> {
+        let plugin = Arc::new(AkriPlugin {
+            shared: shared.clone(),
+            namespace: config.namespace.clone(),
+            configuration: config.name.clone(),
+            view: Mutex::new((level, edits)),
+            devices: watch::channel(Vec::new()).0,
+        });
+        plugin.refresh();
+        plugin
+    }
+
+    fn same_as(&self, other: &AkriPlugin) -> bool {
+        let (a, b) = (self.view.lock().expect("view"), other.view.lock().expect("view"));
+        a.0 == b.0 && a.1 == b.1
+    }
+
+    fn replace_with(&self, other: &AkriPlugin) {
+        let fresh = other.view.lock().expect("view").clone();
+        *self.view.lock().expect("view") = fresh;
+        self.refresh();
+    }
+
+    fn level(&self) -> Level {
+        self.view.lock().expect("view").0.clone()
+    }
+
+    /// This plugin's Instances as they are now (those it serves that exist).
+    fn instances(&self) -> Vec<InstanceSlots> {
+        let names: Vec<String> = match self.level() {
+            Level::Instance(name) => vec![name],
+            Level::Configuration { members, .. } => members.into_iter().collect(),
+        };
+        let known = self.shared.instances.lock().expect("instances");
+        names
+            .iter()
+            .filter_map(|name| {
+                let instance = known.get(&(self.namespace.clone(), name.clone()))?;
+                (instance.spec.configuration_name == self.configuration)
+                    .then(|| InstanceSlots::new(name, &instance.spec))
+            })
+            .collect()
+    }
+
+    fn refresh(&self) {
+        let node = &self.shared.config.node;
+        let instances = self.instances();
+        let devices = match self.level() {
+            Level::Instance(_) => instances
+                .first()
+                .map(|i| slots::instance_devices(i, node))
+                .unwrap_or_default(),
+            Level::Configuration { unique, .. } => {
+                slots::configuration_devices(&instances, node, unique)
+            }
+        };
+        self.devices.send_if_modified(|current| {
+            let changed = *current != devices;
+            if changed {
+                *current = devices;
+            }
+            changed
+        });
+    }
+
+    fn api(&self) -> Api<Instance> {
+        Api::namespaced(self.shared.client.clone(), &self.namespace)
+    }
+
+    /// The container response for one request's claims.
+    fn response(&self, claims: &[SlotClaim]) -> api::ContainerAllocateResponse {
+        let edits = self.view.lock().expect("view").1.clone();
+        let mut response = api::ContainerAllocateResponse::default();
+        for claim in claims {
+            if let Some(edit) = edits.get(&claim.instance) {
+                // Plain names (the last Instance wins when a container has several) and, as
+                // Akri does, names suffixed with the Instance's id, which never collide.
+                let suffix = claim
+                    .instance
+                    .rsplit('-')
+                    .next()
+                    .unwrap_or_default()
+                    .to_ascii_uppercase();
+                for (key, value) in &edit.envs {
+                    response.envs.insert(key.clone(), value.clone());
+                    response
+                        .envs
+                        .insert(format!("{key}_{suffix}"), value.clone());
+                }
+                response.mounts.extend(edit.mounts.iter().cloned());
+                response.devices.extend(edit.devices.iter().cloned());
+            }
+            let value = match claim.to.vdev() {
+                Some(vdev) => format!("C:{vdev}:{}", claim.slot),
+                None => claim.slot.clone(),
+            };
+            response
+                .annotations
+                .insert(format!("{SLOT_ANNOTATION_PREFIX}{}", claim.slot), value);
+        }
+        response
+    }
+
+    /// Reads the Instances again after a refused claim, so every plugin advertises what is
+    /// true now rather than what the watch will say later.
+    async fn reread(&self, instances: &[String]) {
+        let api = self.api();
+        for name in instances {
+            match api.get_opt(name).await {
+                Ok(Some(instance)) => self.shared.store(instance),
+                Ok(None) => self.shared.forget(&self.namespace, name),
+                Err(error) => tracing::warn!(instance = %name, %error, "cannot read the Instance again"),
+            }
+        }
+    }
+
+    async fn try_allocate(
+        &self,
+        requests: &[Vec<String>],
+    ) -> Result<Vec<api::ContainerAllocateResponse>, Status> {
+        let node = self.shared.config.node.clone();
+        let attempts = match self.level() {
+            Level::Configuration { unique: true, .. } => CLAIM_ATTEMPTS,
+            _ => 1,
+        };
+        for attempt in 1..=attempts {
+            let instances = self.instances();
+            let decided = match self.level() {
+                Level::Instance(name) => {
+                    let Some(instance) = instances.first() else {
+                        return Err(Status::unavailable(format!(
+                            "Instance {name} is not known on this node"
+                        )));
+                    };
+                    requests
+                        .iter()
+                        .map(|ids| slots::allocate_instance(instance, &node, ids))
+                        .collect::<Result<Vec<_>, _>>()
+                }
+                Level::Configuration { unique, .. } => {
+                    slots::allocate_configuration(&instances, &node, unique, requests)
+                }
+            };
+            let per_container = decided.map_err(|e| Status::failed_precondition(e.to_string()))?;
+            let all: Vec<SlotClaim> = per_container.iter().flatten().cloned().collect();
+            match claims::write(&self.api(), &all).await {
+                Ok(written) => {
+                    for instance in written {
+                        self.shared.store(instance);
+                    }
+                    return Ok(per_container.iter().map(|c| self.response(c)).collect());
+                }
+                Err(error) => {
+                    let touched: BTreeSet<String> = all.iter().map(|c| c.instance.clone()).collect();
+                    self.reread(&touched.into_iter().collect::<Vec<_>>()).await;
+                    if !error.is_conflict() || attempt == attempts {
+                        return Err(claim_status(error));
+                    }
+                    self.shared.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        unreachable!("the last attempt returns")
+    }
+}
+
+fn claim_status(error: ClaimError) -> Status {
+    match error {
+        ClaimError::Conflict { .. } => Status::aborted(format!(
+            "{error}; the slot was taken by another claim, the plugins advertise what is left"
+        )),
+        ClaimError::Api { .. } => Status::unavailable(error.to_string()),
+    }
+}
+
+#[tonic::async_trait]
+impl DevicePlugin for AkriPlugin {
+    fn devices(&self) -> watch::Receiver<Vec<Device>> {
+        self.devices.subscribe()
+    }
+
+    fn offers_preferred_allocation(&self) -> bool {
+        true
+    }
+
+    async fn preferred(
+        &self,
+        available: &[String],
+        must_include: &[String],
+        size: usize,
+    ) -> Result<Vec<String>, Status> {
+        let node = &self.shared.config.node;
+        let instances = self.instances();
+        Ok(match self.level() {
+            Level::Instance(_) => match instances.first() {
+                Some(instance) => {
+                    slots::prefer_instance(instance, node, available, must_include, size)
+                }
+                None => must_include.to_vec(),
+            },
+            Level::Configuration { unique, .. } => slots::prefer_configuration(
+                &instances,
+                node,
+                unique,
+                available,
+                must_include,
+                size,
+            ),
+        })
+    }
+
+    async fn allocate(
+        &self,
+        requests: &[Vec<String>],
+    ) -> Result<Vec<api::ContainerAllocateResponse>, Status> {
+        let _one_at_a_time = self.shared.allocating.lock().await;
+        let counters = &self.shared.counters;
+        let result = self.try_allocate(requests).await;
+        match &result {
+            Ok(_) => counters.allocations.fetch_add(1, Ordering::Relaxed),
+            Err(status) => {
+                tracing::info!(configuration = %self.configuration, ?requests, error = %status.message(), "allocation refused");
+                // A refused id may be one the kubelet should no longer see: advertise anew.
+                self.refresh();
+                counters.failed_allocations.fetch_add(1, Ordering::Relaxed)
+            }
+        };
+        result
+    }
+}
+
+impl Shared {
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Keeps `instance` unless the view already has a newer version of it.
+    fn store(&self, instance: Instance) {
+        let key = (
+            instance.metadata.namespace.clone().unwrap_or_default(),
+            instance.metadata.name.clone().unwrap_or_default(),
+        );
+        let mut instances = self.instances.lock().expect("instances");
+        let newer = |a: &Instance, b: &Instance| {
+            let version = |i: &Instance| {
+                i.metadata
+                    .resource_version
+                    .as_deref()
+                    .and_then(|v| v.parse::<u64>().ok())
+            };
+            match (version(a), version(b)) {
+                (Some(a), Some(b)) => a > b,
+                _ => false,
+            }
+        };
+        if instances.get(&key).is_some_and(|known| newer(known, &instance)) {
+            return;
+        }
+        instances.insert(key, instance);
+        drop(instances);
+        self.bump();
+    }
+
+    fn forget(&self, namespace: &str, name: &str) {
+        let removed = self
+            .instances
+            .lock()
+            .expect("instances")
+            .remove(&(namespace.to_string(), name.to_string()));
+        if removed.is_some() {
+            self.bump();
+        }
+    }
+}
+
+/// Keeps [`Shared::instances`] in step with the API server.
+async fn watch_instances(shared: Arc<Shared>) {
+    let api = Api::<Instance>::all(shared.client.clone());
+    let selector = format!("{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_CONFIGURATION}");
+    let mut events =
+        Box::pin(watcher(api, watcher::Config::default().labels(&selector)).default_backoff());
+    let mut relisting: Option<BTreeMap<(String, String), Instance>> = None;
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(watcher::Event::Apply(instance)) => shared.store(instance),
+            Ok(watcher::Event::Delete(instance)) => shared.forget(
+                instance.metadata.namespace.as_deref().unwrap_or_default(),
+                instance.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            Ok(watcher::Event::Init) => relisting = Some(BTreeMap::new()),
+            Ok(watcher::Event::InitApply(instance)) => {
+                if let Some(list) = relisting.as_mut() {
+                    let key = (
+                        instance.metadata.namespace.clone().unwrap_or_default(),
+                        instance.metadata.name.clone().unwrap_or_default(),
+                    );
+                    list.insert(key, instance);
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                if let Some(list) = relisting.take() {
+                    *shared.instances.lock().expect("instances") = list;
+                    shared.bump();
+                }
+            }
+            Err(error) => tracing::warn!(%error, "watching legacy Instances failed; retrying"),
+        }
+    }
+}
+
+/// Frees slots this node holds with no container behind them, and slots of nodes that are
+/// gone, once they stayed so for the grace period.
+async fn reclaim(shared: Arc<Shared>) {
+    let socket = shared
+        .config
+        .pod_resources_socket
+        .clone()
+        .expect("reclaim runs with a pod-resources socket");
+    let node = shared.config.node.clone();
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(shared.client.clone());
+    // Slot (namespace, instance, slot) -> since when it looked unused.
+    let mut unused: BTreeMap<(String, String, String), Instant> = BTreeMap::new();
+    let mut failing = false;
+    let mut interval = tokio::time::interval(shared.config.reclaim_interval);
+    loop {
+        interval.tick().await;
+        // Without an answer nothing is freed: an unreachable kubelet is not an empty node.
+        let in_use = match device_plugin::pod_resources::devices_in_use(&socket).await {
+            Ok(in_use) => {
+                failing = false;
+                in_use
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(%error, "cannot list the kubelet's pod resources; no slot is reclaimed until it answers");
+                }
+                failing = true;
+                continue;
+            }
+        };
+        let snapshot: Vec<Instance> = shared
+            .instances
+            .lock()
+            .expect("instances")
+            .values()
+            .cloned()
+            .collect();
+        let mut gone_nodes: BTreeMap<String, bool> = BTreeMap::new();
+        let mut seen = BTreeSet::new();
+        let now = Instant::now();
+        for instance in snapshot {
+            let namespace = instance.metadata.namespace.clone().unwrap_or_default();
+            let name = instance.metadata.name.clone().unwrap_or_default();
+            for (slot, usage) in instance.spec.slot_usages() {
+                let Ok(usage) = usage else { continue };
+                let Some(holder) = usage.node() else { continue };
+                let unused_now = if holder == node {
+                    let (resource, id) = match usage.vdev() {
+                        Some(vdev) => (&instance.spec.configuration_name, vdev),
+                        None => (&name, slot),
+                    };
+                    !in_use
+                        .get(&format!("{RESOURCE_PREFIX}{resource}"))
+                        .is_some_and(|ids| ids.contains(id))
+                } else {
+                    if !gone_nodes.contains_key(holder) {
+                        let gone = matches!(nodes.get_opt(holder).await, Ok(None));
+                        gone_nodes.insert(holder.to_string(), gone);
+                    }
+                    gone_nodes[holder]
+                };
+                let key = (namespace.clone(), name.clone(), slot.to_string());
+                if !unused_now {
+                    continue;
+                }
+                seen.insert(key.clone());
+                let since = *unused.entry(key.clone()).or_insert(now);
+                if now.duration_since(since) < shared.config.reclaim_grace {
+                    continue;
+                }
+                let api = Api::<Instance>::namespaced(shared.client.clone(), &namespace);
+                match claims::release(&api, &name, slot, &usage).await {
+                    Ok(updated) => {
+                        tracing::info!(instance = %name, %slot, holder = %usage, "slot freed: no container holds it");
+                        shared.counters.reclaimed.fetch_add(1, Ordering::Relaxed);
+                        shared.store(updated);
+                    }
+                    Err(error) if error.is_conflict() => {}
+                    Err(error) => tracing::warn!(instance = %name, %slot, %error, "cannot free the slot"),
+                }
+                unused.remove(&key);
+            }
+        }
+        unused.retain(|key, _| seen.contains(key));
+    }
+}

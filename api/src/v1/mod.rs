@@ -36,3 +36,6 @@ pub use property_filter::*;
 pub const INSTANCE_SOURCE_LABEL: &str = "akri.sh/configuration-kind";
 /// [`INSTANCE_SOURCE_LABEL`] value for Instances of the DRA path.
 pub const INSTANCE_SOURCE_DISCOVERY_CONFIGURATION: &str = "DiscoveryConfiguration";
+/// [`INSTANCE_SOURCE_LABEL`] value for Instances of the legacy device-plugin path, whose
+/// `configurationName` names an `akri.sh/v0` Configuration in the Instance's namespace.
+pub const INSTANCE_SOURCE_CONFIGURATION: &str = "Configuration";
