@@ -7,12 +7,14 @@
 //! Instances whenever that driver's devices change.
 
 use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
-use crate::discovery::{
-    DiscoveryEvent, DiscoveryRequest, DiscoveryStream, RegisteredHandler, Registry, StreamConfig,
-};
+use crate::discovery::{DiscoveryEvent, RegisteredHandler, Registry};
+use crate::streams::{StreamEvent, StreamSpec, Streams};
 use crate::discovery_errors::DiscoveryErrors;
 use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
+use crate::legacy::{LegacyContext, LegacyOptions};
+use akri_legacy_device_plugin::plugins::Counters;
+use std::sync::{Arc, OnceLock};
 use crate::metrics::{Metrics, Timed};
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use crate::startup::StartupGate;
@@ -63,6 +65,8 @@ pub struct AgentConfig {
     pub startup_wait: Duration,
     /// Namespaces whose Secrets and ConfigMaps discovery properties may name; `None`: any.
     pub property_namespaces: Option<BTreeSet<String>>,
+    /// Also serve `akri.sh/v0` Configurations as device plugins ([`crate::legacy`]).
+    pub legacy: Option<LegacyOptions>,
 }
 
 /// Errors that stop the agent from starting.
@@ -101,6 +105,8 @@ pub enum Error {
 /// A running agent; dropping it stops everything it serves.
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
+    legacy: Option<tokio::task::JoinHandle<()>>,
+    legacy_counters: Arc<OnceLock<Arc<Counters>>>,
     devices: NodeDevices,
     metrics: Metrics,
     readiness: Readiness,
@@ -110,10 +116,18 @@ pub struct Agent {
 impl Drop for Agent {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(legacy) = &self.legacy {
+            legacy.abort();
+        }
     }
 }
 
 impl Agent {
+    /// The legacy path's allocation counters, once its plugins run.
+    pub fn legacy_counters(&self) -> Option<Arc<Counters>> {
+        self.legacy_counters.get().cloned()
+    }
+
     /// The devices this node currently sees.
     pub fn devices(&self) -> &NodeDevices {
         &self.devices
@@ -184,7 +198,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         node_uid,
         devices: devices.clone(),
         drivers: BTreeMap::new(),
-        streams: BTreeMap::new(),
+        streams: Streams::default(),
         instances: InstanceWriter::new(
             client,
             &config.instance_namespace,
@@ -195,28 +209,30 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         refused: BTreeSet::new(),
         startup: StartupGate::new(config.startup_wait),
     };
+    let legacy_counters = Arc::new(OnceLock::new());
+    let legacy = config.legacy.clone().map(|options| {
+        tokio::spawn(crate::legacy::run(LegacyContext {
+            client: state.client.clone(),
+            node: config.node_name.clone(),
+            options,
+            handlers: registry.subscribe(),
+            names_file: config.state_dir.join("legacy-instance-names.json"),
+            instance_grace: config.instance_grace,
+            startup_wait: config.startup_wait,
+            property_namespaces: config.property_namespaces.clone(),
+            counters: legacy_counters.clone(),
+        }))
+    });
     let task = tokio::spawn(state.run(registry, debug_echo));
     Ok(Agent {
         task,
+        legacy,
+        legacy_counters,
         devices,
         metrics,
         readiness,
         _state_dir: state_dir,
     })
-}
-
-/// A discovery stream of one configuration, with what it was started for.
-struct RunningStream {
-    key: String,
-    /// The discovery properties it runs with: the last ones read.
-    properties: BTreeMap<String, Vec<u8>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for RunningStream {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
 
 struct AgentState {
@@ -225,7 +241,7 @@ struct AgentState {
     node_uid: String,
     devices: NodeDevices,
     drivers: BTreeMap<String, ServedDriver>,
-    streams: BTreeMap<String, RunningStream>,
+    streams: Streams,
     instances: InstanceWriter,
     errors: DiscoveryErrors,
     /// Configurations not run because of their names (each said once).
@@ -242,15 +258,6 @@ enum WatchEvent {
     /// The first list is complete.
     Listed,
     Failed,
-}
-
-/// Something a discovery stream said about its configuration.
-struct StreamEvent {
-    configuration: String,
-    handler: RegisteredHandler,
-    capacity: i32,
-    unique_devices: bool,
-    event: DiscoveryEvent,
 }
 
 impl AgentState {
@@ -336,7 +343,11 @@ impl AgentState {
                 .report(&self.client, &self.config.node_name)
                 .await;
             self.metrics.set_discovery_errors(self.errors.failing());
-            if !self.startup.open(&configs, &registered) {
+            let keys = configs.iter().filter_map(|c| {
+                let name = c.metadata.name.as_deref()?;
+                Some((name, name, c.spec.discovery_handler.name.as_str()))
+            });
+            if !self.startup.open(keys, &registered) {
                 // Keep what the previous process published until discovery has answered.
                 self.readiness
                     .not_ready("starting: waiting for the discovery handlers to report");
@@ -435,7 +446,7 @@ impl AgentState {
                     self.errors.properties.remove(&name);
                     properties
                 }
-                Err(error) if error.is_transient() && self.streams.contains_key(&name) => {
+                Err(error) if error.is_transient() && self.streams.contains(&name) => {
                     // An outage or a refusal is not a change: discovery goes on with the
                     // values it has (other edits of the configuration still apply), and the
                     // status says why they may be stale.
@@ -443,7 +454,7 @@ impl AgentState {
                     self.errors
                         .properties
                         .insert(name.clone(), error.to_string());
-                    self.streams[&name].properties.clone()
+                    self.streams.properties(&name).cloned().unwrap_or_default()
                 }
                 Err(error) => {
                     tracing::warn!(configuration = %name, %error, "discovery not started");
@@ -454,63 +465,19 @@ impl AgentState {
                 }
             };
             wanted.insert(name.clone());
-            let key = format!(
-                "{:?}|{}|{:?}|{}|{}",
-                handler,
-                spec.discovery_handler.discovery_details,
-                properties,
-                spec.capacity,
-                spec.unique_devices
-            );
-            if self.streams.get(&name).is_some_and(|s| s.key == key) {
-                continue;
-            }
-            let request = DiscoveryRequest {
+            let spec = StreamSpec {
+                handler: handler.clone(),
                 details: spec.discovery_handler.discovery_details.clone(),
-                properties: properties.clone(),
+                properties,
+                capacity: spec.capacity,
+                unique_devices: spec.unique_devices,
             };
-            let mut stream =
-                DiscoveryStream::start(handler.clone(), request, StreamConfig::default());
-            let events = events.clone();
-            let (handler, capacity, unique_devices, configuration) = (
-                handler.clone(),
-                spec.capacity,
-                spec.unique_devices,
-                name.clone(),
-            );
-            let task = tokio::spawn(async move {
-                while let Some(event) = stream.next_event().await {
-                    let event = StreamEvent {
-                        configuration: configuration.clone(),
-                        handler: handler.clone(),
-                        capacity,
-                        unique_devices,
-                        event,
-                    };
-                    if events.send(event).await.is_err() {
-                        return;
-                    }
-                }
-            });
-            tracing::info!(configuration = %name, handler = %spec.discovery_handler.name, "discovery started");
-            self.streams.insert(
-                name,
-                RunningStream {
-                    key,
-                    properties,
-                    task,
-                },
-            );
+            if self.streams.ensure(&name, spec, events) {
+                tracing::info!(configuration = %name, handler = %handler.name, "discovery started");
+            }
         }
         let mut changed = Vec::new();
-        let stale: Vec<String> = self
-            .streams
-            .keys()
-            .filter(|n| !wanted.contains(*n))
-            .cloned()
-            .collect();
-        for name in stale {
-            self.streams.remove(&name);
+        for name in self.streams.stop_others(&wanted) {
             self.errors.discovery.remove(&name);
             if !configs
                 .iter()

@@ -1,10 +1,14 @@
-//! Instances on the DRA path: one per discovered device, written with server-side apply under
-//! a field manager per node, so that nodes sharing a device each own their own entry of
-//! `nodes` and never overwrite each other.
+//! Instances: one per discovered device, written with server-side apply under a field manager
+//! per node, so that nodes sharing a device each own their own entry of `nodes` and never
+//! overwrite each other. The DRA path leaves `deviceUsage` empty; the legacy path has its
+//! slots, which the node that creates them adds once (`""`, free) and the device plugins
+//! claim ([`akri_legacy_device_plugin::claims`]); applies never touch them.
 
 use crate::node_devices::KnownDevice;
 use akri_api::v0::{Instance, InstanceSpec};
-use akri_api::v1::{INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL};
+use akri_api::v1::{
+    INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
+};
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -15,6 +19,10 @@ pub struct InstanceWriter {
     node: String,
     field_manager: String,
     grace: Duration,
+    /// [`INSTANCE_SOURCE_LABEL`]'s value: which path the Instances belong to.
+    source: &'static str,
+    /// Whether the Instances have `deviceUsage` slots (the legacy path).
+    slots: bool,
     /// Instances this node stopped seeing, and since when: removed after `grace`, so a
     /// flapping device does not churn Instances (and brokers).
     vanished: BTreeMap<String, Instant>,
@@ -27,7 +35,19 @@ impl InstanceWriter {
             node: node.to_string(),
             field_manager: akri_devices::node_field_manager(node),
             grace,
+            source: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+            slots: false,
             vanished: BTreeMap::new(),
+        }
+    }
+
+    /// The writer of the legacy path: Instances of v0 Configurations in `namespace` (theirs),
+    /// with `deviceUsage` slots.
+    pub fn legacy(client: kube::Client, namespace: &str, node: &str, grace: Duration) -> Self {
+        InstanceWriter {
+            source: INSTANCE_SOURCE_CONFIGURATION,
+            slots: true,
+            ..InstanceWriter::new(client, namespace, node, grace)
         }
     }
 
@@ -52,7 +72,7 @@ impl InstanceWriter {
                     name: Some(device.instance.clone()),
                     labels: Some(BTreeMap::from([(
                         INSTANCE_SOURCE_LABEL.to_string(),
-                        INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
+                        self.source.to_string(),
                     )])),
                     annotations,
                     ..ObjectMeta::default()
@@ -67,17 +87,20 @@ impl InstanceWriter {
                     device_usage: Default::default(),
                 },
             };
-            crate::api_call(
+            let applied = crate::api_call(
                 self.api
                     .patch(&device.instance, &params, &Patch::Apply(&instance)),
             )
             .await?;
+            if self.slots {
+                self.add_missing_slots(&applied).await?;
+            }
         }
 
         // Instances this node wrote before that it no longer sees.
-        let mine = crate::api_call(self.api.list(&ListParams::default().labels(&format!(
-            "{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_DISCOVERY_CONFIGURATION}"
-        ))))
+        let mine = crate::api_call(self.api.list(
+            &ListParams::default().labels(&format!("{INSTANCE_SOURCE_LABEL}={}", self.source)),
+        ))
         .await?;
         let now = Instant::now();
         for instance in mine.items {
@@ -108,6 +131,44 @@ impl InstanceWriter {
                     "apiVersion": "akri.sh/v0", "kind": "Instance", "metadata": { "name": name },
                 });
                 crate::api_call(self.api.patch(&name, &params, &Patch::Apply(&empty))).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds the slots `<instance>-<i>` (i < capacity) that `instance` lacks, free. The patch
+    /// tests the resourceVersion it was computed from, so it can never overwrite a claim
+    /// written meanwhile; on such a conflict the Instance is read again and the patch retried.
+    async fn add_missing_slots(&self, instance: &Instance) -> Result<(), kube::Error> {
+        let name = instance.metadata.name.clone().unwrap_or_default();
+        let mut instance = instance.clone();
+        for _ in 0..5 {
+            let missing: Vec<String> = (0..instance.spec.capacity)
+                .map(|i| akri_devices::slot_device_name(&name, i as i32))
+                .filter(|slot| !instance.spec.device_usage.contains_key(slot))
+                .collect();
+            if missing.is_empty() {
+                return Ok(());
+            }
+            let mut ops = vec![serde_json::json!({
+                "op": "test", "path": "/metadata/resourceVersion",
+                "value": instance.metadata.resource_version,
+            })];
+            for slot in &missing {
+                ops.push(serde_json::json!({
+                    "op": "add", "path": format!("/spec/deviceUsage/{slot}"), "value": "",
+                }));
+            }
+            let patch: json_patch::Patch =
+                serde_json::from_value(serde_json::Value::Array(ops)).expect("valid JSON patch");
+            let params = PatchParams::default();
+            match crate::api_call(self.api.patch(&name, &params, &Patch::<()>::Json(patch))).await
+            {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {
+                    instance = crate::api_call(self.api.get(&name)).await?;
+                }
+                Err(error) => return Err(error),
             }
         }
         Ok(())

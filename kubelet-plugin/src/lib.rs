@@ -6,12 +6,14 @@ pub mod agent;
 pub mod discovery_errors;
 pub mod driver;
 pub mod instances;
+pub mod legacy;
 pub mod metrics;
 pub mod node_devices;
 pub mod node_events;
 pub mod properties;
 pub mod startup;
 pub mod state_dir;
+pub mod streams;
 
 use std::time::Duration;
 

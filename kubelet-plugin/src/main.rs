@@ -3,6 +3,7 @@
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
+use akri_kubelet_plugin::legacy::LegacyOptions;
 use akri_runtime::Switch;
 use clap::Parser;
 use std::net::SocketAddr;
@@ -62,6 +63,19 @@ struct Args {
     /// separated); empty: any. Match the RoleBindings that grant the reads.
     #[arg(long, value_delimiter = ',')]
     property_namespaces: Vec<String>,
+    /// Also serve Akri v0 Configurations (`akri.sh/v0`) as device plugins, for clusters
+    /// without DRA: Instance- and Configuration-level resources sharing `deviceUsage` slots.
+    #[arg(long)]
+    legacy_device_plugins: bool,
+    /// The kubelet's device-plugin directory.
+    #[arg(long, default_value = "/var/lib/kubelet/device-plugins")]
+    device_plugin_dir: PathBuf,
+    /// The kubelet's pod-resources socket: which containers hold which slots.
+    #[arg(long, default_value = "/var/lib/kubelet/pod-resources/kubelet.sock")]
+    pod_resources_socket: PathBuf,
+    /// Seconds a slot with no container behind it stays held before it is freed.
+    #[arg(long, default_value_t = 300)]
+    slot_reclaim_grace_seconds: u64,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_address: SocketAddr,
@@ -94,6 +108,12 @@ async fn main() -> anyhow::Result<()> {
         startup_wait: Duration::from_secs(args.startup_wait_seconds),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
+        legacy: args.legacy_device_plugins.then(|| LegacyOptions {
+            device_plugin_dir: args.device_plugin_dir,
+            pod_resources_socket: Some(args.pod_resources_socket),
+            reclaim_grace: Duration::from_secs(args.slot_reclaim_grace_seconds),
+            reclaim_interval: Duration::from_secs(10),
+        }),
     };
     let agent = agent::start(client, config).await?;
     let metrics = agent.metrics().clone();

@@ -1,7 +1,6 @@
 //! The start-up gate of the node agent.
 
 use crate::discovery::RegisteredHandler;
-use akri_api::v1::DiscoveryConfiguration;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
@@ -52,22 +51,23 @@ impl StartupGate {
         }
     }
 
-    /// Whether publishing may start (once open, it stays open).
-    pub fn open(
+    /// Whether publishing may start (once open, it stays open). `configs`: each
+    /// configuration's key (as [`answered`](Self::answered) gets it), name and handler.
+    pub fn open<'a>(
         &mut self,
-        configs: &[DiscoveryConfiguration],
+        configs: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>,
         handlers: &BTreeMap<String, RegisteredHandler>,
     ) -> bool {
         if self.open {
             return true;
         }
         let waiting: Vec<&str> = configs
-            .iter()
-            .filter(|c| handlers.contains_key(&c.spec.discovery_handler.name))
-            .filter_map(|c| c.metadata.name.as_deref())
+            .into_iter()
+            .filter(|(_, _, handler)| handlers.contains_key(*handler))
             // A configuration the agent refuses to run never answers.
-            .filter(|name| akri_devices::validate_configuration_name(name).is_ok())
-            .filter(|name| !self.answered.contains(*name))
+            .filter(|(_, name, _)| akri_devices::validate_configuration_name(name).is_ok())
+            .map(|(key, _, _)| key)
+            .filter(|key| !self.answered.contains(*key))
             .collect();
         if self.listed && waiting.is_empty() {
             tracing::info!("discovery answered for every configuration; publishing");

@@ -48,6 +48,7 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
         instance_grace: Duration::ZERO,
         startup_wait: Duration::from_secs(10),
         property_namespaces: None,
+        legacy: None,
     };
     let agent = agent::start(client.clone(), config)
         .await

@@ -72,6 +72,20 @@ pub struct ConfigurationSpec {
     /// Properties given to the brokers as environment variables and copied into every Instance.
     #[serde(default)]
     pub broker_properties: BTreeMap<String, String>,
+
+    /// Whether a request for N devices of the Configuration-level resource must get N
+    /// different devices (default) or may get several slots of one device. Not in Akri
+    /// v0.13's schema (its seed design has it): optional here, so Akri's YAML round-trips.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "not_nullable::<bool>")]
+    pub unique_devices: Option<bool>,
+}
+
+impl ConfigurationSpec {
+    /// `uniqueDevices`, defaulted.
+    pub fn unique_devices(&self) -> bool {
+        self.unique_devices.unwrap_or(true)
+    }
 }
 
 /// The `capacity` of a Configuration that does not set one.

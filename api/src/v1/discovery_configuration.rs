@@ -156,3 +156,33 @@ pub struct NodeDiscoveryError {
     /// What went wrong, e.g. the handler's error or a property that could not be resolved.
     pub message: String,
 }
+
+/// A v0 discovery property as v1 says it: the same name and value, or the same Secret or
+/// ConfigMap key (v0 defaults a reference's namespace to `default`, which it carries here).
+/// The one conversion, for the legacy path (which resolves v0 properties with the v1 code)
+/// and for migration.
+impl From<&crate::v0::DiscoveryProperty> for DiscoveryProperty {
+    fn from(v0: &crate::v0::DiscoveryProperty) -> Self {
+        use crate::v0::DiscoveryPropertySource as Source;
+        let reference = |selector: &crate::v0::KeySelector| KeyReference {
+            name: selector.name.clone(),
+            namespace: selector.namespace.clone(),
+            key: selector.key.clone(),
+            optional: selector.optional.unwrap_or(false),
+        };
+        DiscoveryProperty {
+            name: v0.name.clone(),
+            value: v0.value.clone(),
+            value_from: v0.value_from.as_ref().map(|source| match source {
+                Source::Secret(selector) => DiscoveryPropertySource {
+                    secret_key_ref: Some(reference(selector)),
+                    config_map_key_ref: None,
+                },
+                Source::ConfigMap(selector) => DiscoveryPropertySource {
+                    secret_key_ref: None,
+                    config_map_key_ref: Some(reference(selector)),
+                },
+            }),
+        }
+    }
+}

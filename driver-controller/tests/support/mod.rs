@@ -98,6 +98,7 @@ impl Cluster {
                 instance_grace: Duration::ZERO,
                 startup_wait: Duration::from_secs(10),
                 property_namespaces: None,
+                legacy: None,
             };
             agents.push(
                 agent::start(client.clone(), config)
