@@ -385,7 +385,15 @@ mod tests {
             let name = slot_device_name(instance, slot);
             assert_eq!(parse_slot_device_name(&name), Some((instance, slot)));
         }
-        for bad in ["", "-1", "abc", "abc-", "abc-x", "abc-01", "abc-99999999999"] {
+        for bad in [
+            "",
+            "-1",
+            "abc",
+            "abc-",
+            "abc-x",
+            "abc-01",
+            "abc-99999999999",
+        ] {
             assert_eq!(parse_slot_device_name(bad), None, "{bad:?}");
         }
     }

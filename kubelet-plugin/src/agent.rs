@@ -8,18 +8,17 @@
 
 use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
 use crate::discovery::{DiscoveryEvent, RegisteredHandler, Registry};
-use crate::streams::{StreamEvent, StreamSpec, Streams};
 use crate::discovery_errors::DiscoveryErrors;
 use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
 use crate::legacy::{LegacyContext, LegacyOptions};
-use akri_legacy_device_plugin::plugins::Counters;
-use std::sync::{Arc, OnceLock};
 use crate::metrics::{Metrics, Timed};
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use crate::startup::StartupGate;
 use crate::state_dir::StateDir;
+use crate::streams::{StreamEvent, StreamSpec, Streams};
 use akri_api::v1::DiscoveryConfiguration;
+use akri_legacy_device_plugin::plugins::Counters;
 use akri_runtime::http::Readiness;
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::health::HealthReporter;
@@ -33,6 +32,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokio::sync::mpsc;
 

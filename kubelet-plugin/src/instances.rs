@@ -87,10 +87,11 @@ impl InstanceWriter {
                     device_usage: Default::default(),
                 },
             };
-            let applied = crate::api_call(
-                self.api
-                    .patch(&device.instance, &params, &Patch::Apply(&instance)),
-            )
+            let applied = crate::api_call(self.api.patch(
+                &device.instance,
+                &params,
+                &Patch::Apply(&instance),
+            ))
             .await?;
             if self.slots {
                 self.add_missing_slots(&applied).await?;
@@ -162,8 +163,7 @@ impl InstanceWriter {
             let patch: json_patch::Patch =
                 serde_json::from_value(serde_json::Value::Array(ops)).expect("valid JSON patch");
             let params = PatchParams::default();
-            match crate::api_call(self.api.patch(&name, &params, &Patch::<()>::Json(patch))).await
-            {
+            match crate::api_call(self.api.patch(&name, &params, &Patch::<()>::Json(patch))).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {
                     instance = crate::api_call(self.api.get(&name)).await?;

@@ -6,7 +6,7 @@
 //! Configuration-level device plugins. A cluster can move one configuration at a time: the
 //! v1 and v0 paths run side by side and never see each other's Instances.
 
-use crate::discovery::{DiscoveryEvent, DiscoveredDevice, Handlers};
+use crate::discovery::{DiscoveredDevice, DiscoveryEvent, Handlers};
 use crate::instances::InstanceWriter;
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use crate::startup::StartupGate;
@@ -77,8 +77,11 @@ pub async fn run(mut cx: LegacyContext) {
     let mut config_changes = Box::pin(
         kube::runtime::reflector(
             writer,
-            watcher(Api::<Configuration>::all(cx.client.clone()), watcher::Config::default())
-                .default_backoff(),
+            watcher(
+                Api::<Configuration>::all(cx.client.clone()),
+                watcher::Config::default(),
+            )
+            .default_backoff(),
         )
         .map(|event| matches!(event, Ok(watcher::Event::InitDone))),
     );
@@ -179,7 +182,10 @@ pub async fn run(mut cx: LegacyContext) {
             .iter()
             .filter_map(|c| {
                 Some((
-                    key(c.metadata.namespace.as_deref()?, c.metadata.name.as_deref()?),
+                    key(
+                        c.metadata.namespace.as_deref()?,
+                        c.metadata.name.as_deref()?,
+                    ),
                     c.metadata.name.as_deref()?,
                     c.spec.discovery_handler.name.as_str(),
                 ))

@@ -57,7 +57,12 @@ impl Streams {
 
     /// Runs a stream for `key` with `spec`, restarting it if it ran with another spec.
     /// Returns whether a stream was (re)started.
-    pub fn ensure(&mut self, key: &str, spec: StreamSpec, events: &mpsc::Sender<StreamEvent>) -> bool {
+    pub fn ensure(
+        &mut self,
+        key: &str,
+        spec: StreamSpec,
+        events: &mpsc::Sender<StreamEvent>,
+    ) -> bool {
         if self.running.get(key).is_some_and(|r| r.spec == spec) {
             return false;
         }
@@ -65,7 +70,8 @@ impl Streams {
             details: spec.details.clone(),
             properties: spec.properties.clone(),
         };
-        let mut stream = DiscoveryStream::start(spec.handler.clone(), request, StreamConfig::default());
+        let mut stream =
+            DiscoveryStream::start(spec.handler.clone(), request, StreamConfig::default());
         let events = events.clone();
         let (configuration, handler, capacity, unique_devices) = (
             key.to_string(),

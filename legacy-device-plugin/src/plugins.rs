@@ -169,7 +169,12 @@ impl LegacyPlugins {
             for instance in members {
                 wanted.insert(
                     format!("{RESOURCE_PREFIX}{instance}"),
-                    AkriPlugin::new(&self.shared, config, Level::Instance(instance), edits.clone()),
+                    AkriPlugin::new(
+                        &self.shared,
+                        config,
+                        Level::Instance(instance),
+                        edits.clone(),
+                    ),
                 );
             }
         }
@@ -262,7 +267,10 @@ impl AkriPlugin {
     }
 
     fn same_as(&self, other: &AkriPlugin) -> bool {
-        let (a, b) = (self.view.lock().expect("view"), other.view.lock().expect("view"));
+        let (a, b) = (
+            self.view.lock().expect("view"),
+            other.view.lock().expect("view"),
+        );
         a.0 == b.0 && a.1 == b.1
     }
 
@@ -360,7 +368,9 @@ impl AkriPlugin {
             match api.get_opt(name).await {
                 Ok(Some(instance)) => self.shared.store(instance),
                 Ok(None) => self.shared.forget(&self.namespace, name),
-                Err(error) => tracing::warn!(instance = %name, %error, "cannot read the Instance again"),
+                Err(error) => {
+                    tracing::warn!(instance = %name, %error, "cannot read the Instance again")
+                }
             }
         }
     }
@@ -402,12 +412,16 @@ impl AkriPlugin {
                     return Ok(per_container.iter().map(|c| self.response(c)).collect());
                 }
                 Err(error) => {
-                    let touched: BTreeSet<String> = all.iter().map(|c| c.instance.clone()).collect();
+                    let touched: BTreeSet<String> =
+                        all.iter().map(|c| c.instance.clone()).collect();
                     self.reread(&touched.into_iter().collect::<Vec<_>>()).await;
                     if !error.is_conflict() || attempt == attempts {
                         return Err(claim_status(error));
                     }
-                    self.shared.counters.conflicts.fetch_add(1, Ordering::Relaxed);
+                    self.shared
+                        .counters
+                        .conflicts
+                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -449,14 +463,9 @@ impl DevicePlugin for AkriPlugin {
                 }
                 None => must_include.to_vec(),
             },
-            Level::Configuration { unique, .. } => slots::prefer_configuration(
-                &instances,
-                node,
-                unique,
-                available,
-                must_include,
-                size,
-            ),
+            Level::Configuration { unique, .. } => {
+                slots::prefer_configuration(&instances, node, unique, available, must_include, size)
+            }
         })
     }
 
@@ -504,7 +513,10 @@ impl Shared {
                 _ => false,
             }
         };
-        if instances.get(&key).is_some_and(|known| newer(known, &instance)) {
+        if instances
+            .get(&key)
+            .is_some_and(|known| newer(known, &instance))
+        {
             return;
         }
         instances.insert(key, instance);
@@ -637,7 +649,9 @@ async fn reclaim(shared: Arc<Shared>) {
                         shared.store(updated);
                     }
                     Err(error) if error.is_conflict() => {}
-                    Err(error) => tracing::warn!(instance = %name, %slot, %error, "cannot free the slot"),
+                    Err(error) => {
+                        tracing::warn!(instance = %name, %slot, %error, "cannot free the slot")
+                    }
                 }
                 unused.remove(&key);
             }

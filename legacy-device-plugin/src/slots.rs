@@ -253,7 +253,7 @@ pub fn prefer_instance(
 ///
 /// Unique: ids this node holds first (reusing a slot), at most one per Instance, then
 /// placeholders, no more than there are other Instances with a free slot. Not unique: free
-/// slots of the Instances with the most free slots first, spreading over Instances.
+/// slots, filling the Instance with the fewest free slots first.
 pub fn prefer_configuration(
     instances: &[InstanceSlots],
     node: &str,
@@ -263,40 +263,24 @@ pub fn prefer_configuration(
     size: usize,
 ) -> Vec<String> {
     if !unique {
-        let free: BTreeMap<&str, usize> = instances
-            .iter()
-            .map(|i| (i.name.as_str(), i.free_count()))
-            .collect();
-        let mut chosen: Vec<String> = must_include.to_vec();
-        let mut per_instance: BTreeMap<String, usize> = BTreeMap::new();
-        for id in &chosen {
-            if let Ok(instance) = instance_of_slot(instances, id) {
-                *per_instance.entry(instance.name.clone()).or_default() += 1;
-            }
-        }
-        let mut candidates: Vec<(&String, &InstanceSlots)> = available
-            .iter()
-            .filter(|id| !chosen.contains(id))
-            .filter_map(|id| Some((id, instance_of_slot(instances, id).ok()?)))
-            .filter(|(id, instance)| instance.usage(id).is_some_and(DeviceUsage::is_free))
-            .collect();
-        while chosen.len() < size && !candidates.is_empty() {
-            // The Instance this request uses least, then the one with the most free slots.
-            let (at, _) = candidates
-                .iter()
-                .enumerate()
-                .min_by_key(|(_, (id, instance))| {
-                    (
-                        per_instance.get(&instance.name).copied().unwrap_or(0),
-                        std::cmp::Reverse(free[instance.name.as_str()]),
-                        natural(id),
-                    )
+        // Fill one Instance before the next (fewest free slots first), keeping whole devices
+        // free for requests that need them: seed 000's example takes both slots of one camera.
+        let rank = |id: &String| {
+            instance_of_slot(instances, id)
+                .ok()
+                .filter(|i| i.usage(id).is_some_and(DeviceUsage::is_free))
+                .map_or((1, usize::MAX, String::new()), |i| {
+                    (0, i.free_count(), i.name.clone())
                 })
-                .expect("not empty");
-            let (id, instance) = candidates.remove(at);
-            *per_instance.entry(instance.name.clone()).or_default() += 1;
-            chosen.push(id.clone());
-        }
+        };
+        let mut chosen: Vec<String> = must_include.to_vec();
+        let mut rest: Vec<&String> = available.iter().filter(|id| !chosen.contains(id)).collect();
+        rest.sort_by_key(|id| (rank(id), natural(id)));
+        chosen.extend(
+            rest.into_iter()
+                .take(size.saturating_sub(chosen.len()))
+                .cloned(),
+        );
         return chosen;
     }
     let held = held_virtual_devices(instances, node);

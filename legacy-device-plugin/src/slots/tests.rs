@@ -40,7 +40,11 @@ fn request(containers: &[&[&str]]) -> Vec<Vec<String>> {
 fn slots(claims: &[Vec<SlotClaim>]) -> Vec<Vec<(String, String)>> {
     claims
         .iter()
-        .map(|c| c.iter().map(|c| (c.slot.clone(), c.to.to_string())).collect())
+        .map(|c| {
+            c.iter()
+                .map(|c| (c.slot.clone(), c.to.to_string()))
+                .collect()
+        })
         .collect()
 }
 
@@ -155,17 +159,26 @@ fn seed_000_instance_level_health() {
     ]);
     assert_eq!(
         ids(&instance_devices(&instances[0], "node-a")),
-        [("akri-onvif-8120fe-0", false), ("akri-onvif-8120fe-1", true)],
+        [
+            ("akri-onvif-8120fe-0", false),
+            ("akri-onvif-8120fe-1", true)
+        ],
         "reserved by the CL plugin: unhealthy for the IL plugin"
     );
     assert_eq!(
         ids(&instance_devices(&instances[1], "node-a")),
-        [("akri-onvif-a19705-0", false), ("akri-onvif-a19705-1", true)],
+        [
+            ("akri-onvif-a19705-0", false),
+            ("akri-onvif-a19705-1", true)
+        ],
         "held by another node: unhealthy; held by self: healthy"
     );
     assert_eq!(
         ids(&instance_devices(&instances[1], "node-b")),
-        [("akri-onvif-a19705-0", true), ("akri-onvif-a19705-1", false)]
+        [
+            ("akri-onvif-a19705-0", true),
+            ("akri-onvif-a19705-1", false)
+        ]
     );
 }
 
@@ -215,7 +228,7 @@ fn seed_000_not_unique_offers_every_slot() {
             ),
         ]]
     );
-    // The preference spreads over cameras first.
+    // The preference fills one camera first, as seed 000's example does.
     let available = request(&[&[
         "akri-onvif-8120fe-0",
         "akri-onvif-8120fe-1",
@@ -225,7 +238,7 @@ fn seed_000_not_unique_offers_every_slot() {
     .remove(0);
     assert_eq!(
         prefer_configuration(&free, "node-a", false, &available, &[], 2),
-        ["akri-onvif-8120fe-0", "akri-onvif-a19705-0"]
+        ["akri-onvif-8120fe-0", "akri-onvif-8120fe-1"]
     );
 }
 
