@@ -32,7 +32,7 @@ PATH_ENV=PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # image | user | binaries (the first is the entrypoint) | why this user (label sh.akri.image.user)
 COMPONENTS=(
-  "akri-kubelet-plugin|0:0|akri-kubelet-plugin akri-legacy-device-plugin|root: writes the kubelet's host paths (/var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins, /var/run/cdi) and its state under /var/lib; the image also serves the legacy device plugin (command akri-legacy-device-plugin)"
+  "akri-kubelet-plugin|0:0|akri-kubelet-plugin|root: writes the kubelet's host paths (/var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins, /var/run/cdi) and its state under /var/lib, and the kubelet's device-plugins dir in legacy mode"
   "akri-driver-controller|65532:65532|akri-driver-controller|nonroot: talks to the API server only"
   "akri-broker-controller|65532:65532|akri-broker-controller|nonroot: talks to the API server only"
 )

@@ -35,17 +35,20 @@ impl ClaimError {
     }
 }
 
+/// One slot's change: slot, value now, value wanted.
+type Change<'a> = (&'a str, &'a DeviceUsage, &'a DeviceUsage);
+
 /// Writes the claims of one allocation, all or nothing: when an Instance refuses, the
 /// Instances already written are set back. Returns the Instances as written.
 pub async fn write(api: &Api<Instance>, claims: &[SlotClaim]) -> Result<Vec<Instance>, ClaimError> {
-    let mut by_instance: BTreeMap<&str, Vec<(&str, &DeviceUsage, &DeviceUsage)>> = BTreeMap::new();
+    let mut by_instance: BTreeMap<&str, Vec<Change>> = BTreeMap::new();
     for claim in claims.iter().filter(|c| c.writes()) {
         by_instance
             .entry(&claim.instance)
             .or_default()
             .push((&claim.slot, &claim.from, &claim.to));
     }
-    let mut written: Vec<(&str, &Vec<(&str, &DeviceUsage, &DeviceUsage)>)> = Vec::new();
+    let mut written: Vec<(&str, &Vec<Change>)> = Vec::new();
     let mut instances = Vec::new();
     for (instance, changes) in &by_instance {
         match patch(api, instance, changes.iter().copied()).await {

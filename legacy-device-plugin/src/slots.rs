@@ -126,7 +126,7 @@ pub fn configuration_devices(instances: &[InstanceSlots], node: &str, unique: bo
             .take(with_free_slot)
             .map(Device::healthy),
     );
-    devices.sort_by(|a, b| natural(&a.id).cmp(&natural(&b.id)));
+    devices.sort_by_key(|d| natural(&d.id));
     devices
 }
 
@@ -301,11 +301,8 @@ pub fn prefer_configuration(
             break;
         }
         match held.get(id) {
-            Some((instance, _)) => {
-                if used.insert(instance) {
-                    chosen.push(id.clone());
-                }
-            }
+            Some((instance, _)) if used.insert(instance) => chosen.push(id.clone()),
+            Some(_) => {}
             None if placeholders_left > 0 => {
                 placeholders_left -= 1;
                 chosen.push(id.clone());
@@ -343,7 +340,7 @@ fn slot_devices(instance: &InstanceSlots, healthy: impl Fn(&DeviceUsage) -> bool
             healthy: usage.as_ref().is_some_and(&healthy),
         })
         .collect();
-    devices.sort_by(|a, b| natural(&a.id).cmp(&natural(&b.id)));
+    devices.sort_by_key(|d| natural(&d.id));
     devices
 }
 

@@ -7,7 +7,13 @@ use kube::api::{Api, PostParams};
 /// The kubelet-plugin's cluster-wide rules (docs/operations.md, "RBAC"); Secret and
 /// ConfigMap reads are granted per namespace, separately.
 pub fn kubelet_plugin_rules() -> serde_json::Value {
-    serde_json::json!([
+    kubelet_plugin_rules_with(false)
+}
+
+/// [`kubelet_plugin_rules`], plus reading v0 Configurations when `legacy` (the chart's
+/// `legacyDevicePlugin.enabled`).
+pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
+    let mut rules = serde_json::json!([
         { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get"] },
         { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations/status"], "verbs": ["patch"] },
@@ -15,7 +21,19 @@ pub fn kubelet_plugin_rules() -> serde_json::Value {
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"] },
         { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
-    ])
+    ]);
+    if legacy {
+        let at = rules.as_array().map_or(0, |r| {
+            r.iter()
+                .position(|r| r["resources"][0] == "instances")
+                .map_or(0, |i| i + 1)
+        });
+        rules.as_array_mut().expect("an array").insert(
+            at,
+            serde_json::json!({ "apiGroups": ["akri.sh"], "resources": ["configurations"], "verbs": ["get", "list", "watch"] }),
+        );
+    }
+    rules
 }
 
 /// Grants `user` the kubelet-plugin's cluster-wide rules through a ClusterRole and a

@@ -710,14 +710,18 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
         .client()
         .await
         .unwrap();
-    for role in ["akri-kubelet-plugin", "edge-akri-kubelet-plugin"] {
+    // The edge release runs the legacy device plugins.
+    for (role, legacy) in [
+        ("akri-kubelet-plugin", false),
+        ("edge-akri-kubelet-plugin", true),
+    ] {
         let role = Api::<ClusterRole>::all(client.clone())
             .get(role)
             .await
             .unwrap();
         assert_eq!(
             serde_json::to_value(role.rules.unwrap()).unwrap(),
-            akri_testing::rbac::kubelet_plugin_rules(),
+            akri_testing::rbac::kubelet_plugin_rules_with(legacy),
             "the chart and akri_testing::rbac (which the plugin's tests run under) must agree"
         );
     }
@@ -738,6 +742,9 @@ kubelet-plugin     watch   akri.sh/discoveryconfigurations           cluster   -
 kubelet-plugin     patch   akri.sh/discoveryconfigurations/status    cluster   -             yes
 kubelet-plugin     patch   akri.sh/discoveryconfigurations           cluster   -             no
 kubelet-plugin     delete  akri.sh/discoveryconfigurations           cluster   -             no
+kubelet-plugin     list    akri.sh/configurations                    cluster   -             yes
+kubelet-plugin     watch   akri.sh/configurations                    cluster   -             yes
+kubelet-plugin     patch   akri.sh/configurations                    cluster   -             no
 kubelet-plugin     create  akri.sh/instances                         release   -             yes
 kubelet-plugin     patch   akri.sh/instances                         release   -             yes
 kubelet-plugin     delete  akri.sh/instances                         release   -             yes
