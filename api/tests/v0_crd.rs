@@ -102,6 +102,11 @@ fn configuration_schema_has_akris_fields_defaults_and_requirements() {
     let spec = spec_schema(&crd);
     assert_eq!(spec["required"], json!(["discoveryHandler"]));
     let properties = spec["properties"].as_object().unwrap();
+    assert_eq!(properties["uniqueDevices"]["type"], "boolean");
+    assert!(
+        properties["uniqueDevices"].get("default").is_none(),
+        "absent stays absent"
+    );
     let mut names: Vec<_> = properties.keys().map(String::as_str).collect();
     names.sort_unstable();
     assert_eq!(
@@ -112,7 +117,10 @@ fn configuration_schema_has_akris_fields_defaults_and_requirements() {
             "capacity",
             "configurationServiceSpec",
             "discoveryHandler",
-            "instanceServiceSpec"
+            "instanceServiceSpec",
+            // Not in Akri v0.13's schema: the seeds' Configuration-level sharing policy,
+            // optional so that Akri's YAML still round-trips.
+            "uniqueDevices",
         ]
     );
 
