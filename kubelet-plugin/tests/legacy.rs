@@ -97,12 +97,27 @@ impl Cluster {
     /// Creates the v0 Configuration `name` over cameras `cam0`, `cam1` with capacity 2;
     /// returns its two Instance names (sorted) once both exist with every slot.
     async fn cameras(&self, name: &str, unique: bool) -> [String; 2] {
+        self.configuration(name, &["cam0", "cam1"], 2, unique).await
+    }
+
+    /// Creates a v0 Configuration of debugEcho devices; returns the Instance names (sorted)
+    /// once each exists with every node and slot.
+    async fn configuration<const N: usize>(
+        &self,
+        name: &str,
+        descriptions: &[&str; N],
+        capacity: usize,
+        unique: bool,
+    ) -> [String; N] {
         let config: Configuration = serde_json::from_value(json!({
             "apiVersion": "akri.sh/v0", "kind": "Configuration",
             "metadata": { "name": name },
             "spec": {
-                "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0, cam1]" },
-                "capacity": 2,
+                "discoveryHandler": {
+                    "name": "debugEcho",
+                    "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
+                },
+                "capacity": capacity,
                 "uniqueDevices": unique,
                 "brokerProperties": { "RESOLUTION": "1080p" },
             },
@@ -113,20 +128,17 @@ impl Cluster {
             .await
             .unwrap();
         let nodes = self.nodes.len();
-        eventually("both Instances with every node and slot", async || {
+        eventually("every Instance with every node and slot", async || {
             let list = self.instances().list(&Default::default()).await.ok()?;
-            let ready: Vec<String> = list
+            let mut ready: Vec<String> = list
                 .items
                 .iter()
                 .filter(|i| i.spec.configuration_name == name)
-                .filter(|i| i.spec.nodes.len() == nodes && i.spec.device_usage.len() == 2)
+                .filter(|i| i.spec.nodes.len() == nodes && i.spec.device_usage.len() == capacity)
                 .filter_map(|i| i.metadata.name.clone())
                 .collect();
-            (ready.len() == 2).then(|| {
-                let mut names = ready;
-                names.sort();
-                [names[0].clone(), names[1].clone()]
-            })
+            ready.sort();
+            ready.try_into().ok()
         })
         .await
     }
@@ -472,4 +484,89 @@ async fn slots_return_after_the_pod_and_plugins_survive_restarts_and_deletion() 
     })
     .await;
     let _ = &c.cp;
+}
+
+#[tokio::test]
+async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
+    // One camera of capacity 3 seen by both nodes; each node asks for it 100 times (200
+    // allocations), holding up to 2 pods at once, releasing the oldest as it goes. Slots of
+    // released pods are freed at once (grace 0), so the nodes race for them.
+    let c = std::sync::Arc::new(cluster(2, Duration::ZERO).await);
+    let config = ControlPlane::unique_name("cam");
+    let [cam] = c.configuration(&config, &["cam0"], 3, true).await;
+    let il = format!("akri.sh/{cam}");
+    let live = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let mut racers = Vec::new();
+    for n in 0..2 {
+        let (c, il, cam, live, most) = (
+            c.clone(),
+            il.clone(),
+            cam.clone(),
+            live.clone(),
+            most.clone(),
+        );
+        racers.push(tokio::spawn(async move {
+            let node = &c.nodes[n];
+            let (mut admitted, mut refused) = (0, 0);
+            // Each node holds up to 2 pods: together they want 4 of the 3 slots.
+            let mut held = std::collections::VecDeque::new();
+            for i in 0..100 {
+                let pod = format!("race-{n}-{i}");
+                c.pod(&pod, &[("broker", &il, 1)]).await;
+                match node.peer.allocate(&c.ns, &pod, "broker").await {
+                    Ok(_) => {
+                        admitted += 1;
+                        let now = live.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                        most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                        held.push_back(pod);
+                    }
+                    Err(_) => {
+                        refused += 1;
+                        // Within 1 s the kubelet's healthy slots are what the Instance says.
+                        let start = std::time::Instant::now();
+                        loop {
+                            let usage = c.instances().get(&cam).await.unwrap().spec.device_usage;
+                            let expected: Vec<String> = usage
+                                .iter()
+                                .filter(|(_, v)| v.is_empty() || **v == node.name)
+                                .map(|(k, _)| k.clone())
+                                .collect();
+                            let (_, healthy) = kubelet_view(&node.peer, &il).await;
+                            if healthy == expected {
+                                break;
+                            }
+                            assert!(
+                                start.elapsed() < Duration::from_secs(1),
+                                "{}: a refused allocation was not followed by a correct advertisement within 1 s: kubelet {healthy:?}, Instance {usage:?}",
+                                node.name
+                            );
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    }
+                }
+                if held.len() >= 2 || (held.len() == 1 && i % 3 == 0) {
+                    let old = held.pop_front().unwrap();
+                    live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                    node.peer.release(&c.ns, &old).await.unwrap();
+                }
+            }
+            for old in held {
+                live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+                node.peer.release(&c.ns, &old).await.unwrap();
+            }
+            (admitted, refused)
+        }));
+    }
+    let mut admitted = 0;
+    for racer in racers {
+        let (a, r) = racer.await.unwrap();
+        admitted += a;
+        eprintln!("racer: {a} admitted, {r} refused");
+    }
+    assert!(
+        most.load(std::sync::atomic::Ordering::SeqCst) <= 3,
+        "more pods held the capacity-3 camera at once than it has slots"
+    );
+    assert!(admitted >= 3, "the race admitted only {admitted} pods");
 }
