@@ -233,6 +233,20 @@ async fn expect_view(node: &SimNode, resource: &str, capacity: i64, healthy: Hea
     .await;
 }
 
+/// Waits until the kubelet knows `resource` with `count` healthy devices. Tests admit pods
+/// directly through the kubelet (no scheduler), and the kubelet admits a pod asking for a
+/// resource no plugin registered yet without giving it anything.
+async fn registered(node: &SimNode, resource: &str, count: usize) {
+    eventually(
+        &format!("{resource} registered on {}", node.name),
+        async || {
+            let (_, healthy) = kubelet_view(&node.peer, resource).await;
+            (healthy.len() == count).then_some(())
+        },
+    )
+    .await;
+}
+
 #[derive(Debug)]
 enum Healthy<'a> {
     Count(usize),
@@ -346,6 +360,7 @@ async fn seed_000_instance_level_claims_leave_configuration_level_slots() {
 
     // One pod per camera on node-a, each through the camera's IL resource.
     for (pod, cam) in [("il-1", &cam1), ("il-2", &cam2)] {
+        registered(a, &format!("akri.sh/{cam}"), 2).await;
         c.pod(pod, &[("broker", &format!("akri.sh/{cam}"), 1)])
             .await;
         a.peer.allocate(&c.ns, pod, "broker").await.unwrap();
@@ -411,6 +426,7 @@ async fn two_containers_of_one_pod_each_get_a_configuration_level_device() {
     let config = ControlPlane::unique_name("cams");
     let [cam1, cam2] = c.cameras(&config, true).await;
     let cl = format!("akri.sh/{config}");
+    registered(a, &cl, 2).await;
     c.pod("two", &[("first", &cl, 1), ("second", &cl, 1)]).await;
     let first = a.peer.allocate(&c.ns, "two", "first").await.unwrap();
     let second = a.peer.allocate(&c.ns, "two", "second").await.unwrap();
@@ -442,6 +458,7 @@ async fn slots_return_after_the_pod_and_plugins_survive_restarts_and_deletion() 
 
     // A pod holds a slot; once pod-resources no longer lists it, the slot is freed after the
     // grace period and the kubelet sees it healthy again.
+    registered(a, &il, 2).await;
     c.pod("holder", &[("broker", &il, 1)]).await;
     a.peer.allocate(&c.ns, "holder", "broker").await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -495,7 +512,12 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
     let config = ControlPlane::unique_name("cam");
     let [cam] = c.configuration(&config, &["cam0"], 3, true).await;
     let il = format!("akri.sh/{cam}");
+    for node in &c.nodes {
+        registered(node, &il, 3).await;
+    }
     let live = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    // Slot -> the live pod the plugin gave it to (from Akri's slot annotation).
+    let holders = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
     let most = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
     let mut racers = Vec::new();
     for n in 0..2 {
@@ -506,6 +528,7 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
             live.clone(),
             most.clone(),
         );
+        let holders = holders.clone();
         racers.push(tokio::spawn(async move {
             let node = &c.nodes[n];
             let (mut admitted, mut refused) = (0, 0);
@@ -515,11 +538,18 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                 let pod = format!("race-{n}-{i}");
                 c.pod(&pod, &[("broker", &il, 1)]).await;
                 match node.peer.allocate(&c.ns, &pod, "broker").await {
-                    Ok(_) => {
+                    Ok(options) => {
+                        let slot = options["annotations"]
+                            .as_object()
+                            .and_then(|a| a.keys().find_map(|k| k.strip_prefix("akri.agent.slot-")))
+                            .expect("a slot annotation")
+                            .to_string();
+                        let twice = holders.lock().unwrap().insert(slot.clone(), pod.clone());
+                        assert_eq!(twice, None, "slot {slot} given to {pod} while a live pod holds it");
                         admitted += 1;
                         let now = live.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                         most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
-                        held.push_back(pod);
+                        held.push_back((pod, slot));
                     }
                     Err(_) => {
                         refused += 1;
@@ -546,12 +576,14 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                     }
                 }
                 if held.len() >= 2 || (held.len() == 1 && i % 3 == 0) {
-                    let old = held.pop_front().unwrap();
+                    let (old, slot) = held.pop_front().unwrap();
+                    holders.lock().unwrap().remove(&slot);
                     live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                     node.peer.release(&c.ns, &old).await.unwrap();
                 }
             }
-            for old in held {
+            for (old, slot) in held {
+                holders.lock().unwrap().remove(&slot);
                 live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
                 node.peer.release(&c.ns, &old).await.unwrap();
             }

@@ -28,6 +28,11 @@ pub const RESOURCE_PREFIX: &str = "akri.sh/";
 /// the slot (IL) or `C:<vdev>:<slot>` (CL) as value.
 pub const SLOT_ANNOTATION_PREFIX: &str = "akri.agent.slot-";
 
+/// How long a slot this node just claimed is safe from reclamation whatever the grace: the
+/// kubelet records an allocation only after `Allocate` returns, so for a moment the claimed
+/// slot is in no container the pod-resources API lists.
+const CLAIM_SETTLE: Duration = Duration::from_secs(2);
+
 /// How many times a Configuration-level allocation is computed again after losing a slot to
 /// a concurrent claim.
 const CLAIM_ATTEMPTS: usize = 3;
@@ -103,6 +108,8 @@ struct Shared {
     plugins: Mutex<Vec<Arc<AkriPlugin>>>,
     /// One allocation at a time on this node: each computes from the state the previous left.
     allocating: tokio::sync::Mutex<()>,
+    /// When this node last claimed each slot (namespace, instance, slot).
+    claimed: Mutex<BTreeMap<(String, String, String), Instant>>,
     counters: Arc<Counters>,
 }
 
@@ -116,6 +123,7 @@ impl LegacyPlugins {
             instances: Mutex::default(),
             changed: watch::channel(0).0,
             plugins: Mutex::default(),
+            claimed: Mutex::default(),
             allocating: tokio::sync::Mutex::new(()),
             counters: Arc::default(),
         });
@@ -406,6 +414,18 @@ impl AkriPlugin {
             let all: Vec<SlotClaim> = per_container.iter().flatten().cloned().collect();
             match claims::write(&self.api(), &all).await {
                 Ok(written) => {
+                    let now = Instant::now();
+                    let mut claimed = self.shared.claimed.lock().expect("claimed");
+                    claimed.retain(|_, at| now.duration_since(*at) < CLAIM_SETTLE);
+                    for claim in &all {
+                        let key = (
+                            self.namespace.clone(),
+                            claim.instance.clone(),
+                            claim.slot.clone(),
+                        );
+                        claimed.insert(key, now);
+                    }
+                    drop(claimed);
                     for instance in written {
                         self.shared.store(instance);
                     }
@@ -633,7 +653,13 @@ async fn reclaim(shared: Arc<Shared>) {
                     gone_nodes[holder]
                 };
                 let key = (namespace.clone(), name.clone(), slot.to_string());
-                if !unused_now {
+                let settling = shared
+                    .claimed
+                    .lock()
+                    .expect("claimed")
+                    .get(&key)
+                    .is_some_and(|at| now.duration_since(*at) < CLAIM_SETTLE);
+                if !unused_now || settling {
                     continue;
                 }
                 seen.insert(key.clone());
