@@ -32,7 +32,7 @@ use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -106,7 +106,6 @@ pub enum Error {
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
     legacy: Option<tokio::task::JoinHandle<()>>,
-    legacy_counters: Arc<OnceLock<Arc<Counters>>>,
     devices: NodeDevices,
     metrics: Metrics,
     readiness: Readiness,
@@ -125,7 +124,7 @@ impl Drop for Agent {
 impl Agent {
     /// The legacy path's allocation counters, once its plugins run.
     pub fn legacy_counters(&self) -> Option<Arc<Counters>> {
-        self.legacy_counters.get().cloned()
+        self.metrics.legacy_counters().get().cloned()
     }
 
     /// The devices this node currently sees.
@@ -209,7 +208,6 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         refused: BTreeSet::new(),
         startup: StartupGate::new(config.startup_wait),
     };
-    let legacy_counters = Arc::new(OnceLock::new());
     let legacy = config.legacy.clone().map(|options| {
         tokio::spawn(crate::legacy::run(LegacyContext {
             client: state.client.clone(),
@@ -220,14 +218,13 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             instance_grace: config.instance_grace,
             startup_wait: config.startup_wait,
             property_namespaces: config.property_namespaces.clone(),
-            counters: legacy_counters.clone(),
+            counters: metrics.legacy_counters().clone(),
         }))
     });
     let task = tokio::spawn(state.run(registry, debug_echo));
     Ok(Agent {
         task,
         legacy,
-        legacy_counters,
         devices,
         metrics,
         readiness,

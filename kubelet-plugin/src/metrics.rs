@@ -1,12 +1,16 @@
 //! Prometheus metrics of the kubelet-plugin, served with `/healthz` and `/readyz` by
 //! `akri_runtime::http`.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use akri_legacy_device_plugin::plugins::Counters;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 /// Which DRA driver (discovery handler) a value is of.
@@ -30,6 +34,7 @@ pub struct Metrics {
     prepare_seconds: Family<PrepareLabels, Histogram>,
     devices_published: Family<DriverLabels, Gauge>,
     discovery_errors: Gauge,
+    legacy: Arc<OnceLock<Arc<Counters>>>,
 }
 
 impl Default for Metrics {
@@ -58,11 +63,14 @@ impl Default for Metrics {
             "Configurations whose discovery fails on this node (their status.discoveryErrors entry)",
             discovery_errors.clone(),
         );
+        let legacy = Arc::new(OnceLock::new());
+        registry.register_collector(Box::new(LegacyCollector(legacy.clone())));
         Metrics {
             registry: Arc::new(registry),
             prepare_seconds,
             devices_published,
             discovery_errors,
+            legacy,
         }
     }
 }
@@ -89,9 +97,63 @@ impl Metrics {
         self.discovery_errors.set(n as i64);
     }
 
+    /// Where the legacy path puts its allocation counters once its plugins run; they are
+    /// served from then on.
+    pub fn legacy_counters(&self) -> &Arc<OnceLock<Arc<Counters>>> {
+        &self.legacy
+    }
+
     /// The text exposition format.
     pub fn encode(&self) -> String {
         akri_runtime::http::encode(&self.registry)
+    }
+}
+
+/// The legacy device plugins' counters, read at each scrape (nothing before the plugins run).
+#[derive(Debug)]
+struct LegacyCollector(Arc<OnceLock<Arc<Counters>>>);
+
+impl Collector for LegacyCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(counters) = self.0.get() else {
+            return Ok(());
+        };
+        for (name, help, value) in [
+            (
+                "legacy_allocations",
+                "Allocate calls the legacy device plugins answered with devices",
+                &counters.allocations,
+            ),
+            (
+                "legacy_failed_allocations",
+                "Allocate calls the legacy device plugins refused",
+                &counters.failed_allocations,
+            ),
+            (
+                "legacy_slot_claims",
+                "Instance slots taken with a write (reusing a slot this node holds writes nothing)",
+                &counters.claims,
+            ),
+            (
+                "legacy_slot_conflicts",
+                "Slot claims that lost to a concurrent writer",
+                &counters.conflicts,
+            ),
+            (
+                "legacy_slots_reclaimed",
+                "Slots freed because no container held them (or their node left)",
+                &counters.reclaimed,
+            ),
+        ] {
+            let counter = ConstCounter::new(value.load(Ordering::Relaxed));
+            counter.encode(encoder.encode_descriptor(
+                name,
+                help,
+                None,
+                counter.metric_type(),
+            )?)?;
+        }
+        Ok(())
     }
 }
 

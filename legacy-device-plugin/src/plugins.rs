@@ -28,9 +28,9 @@ pub const RESOURCE_PREFIX: &str = "akri.sh/";
 /// the slot (IL) or `C:<vdev>:<slot>` (CL) as value.
 pub const SLOT_ANNOTATION_PREFIX: &str = "akri.agent.slot-";
 
-/// How long a slot this node just claimed is safe from reclamation whatever the grace: the
-/// kubelet records an allocation only after `Allocate` returns, so for a moment the claimed
-/// slot is in no container the pod-resources API lists.
+/// How long a slot this node just allocated is safe from reclamation whatever the grace, unless
+/// the pod-resources API lists it in use first: the kubelet records an allocation only after
+/// `Allocate` returns, so for a moment the slot is in no container the API lists.
 const CLAIM_SETTLE: Duration = Duration::from_secs(2);
 
 /// How many times a Configuration-level allocation is computed again after losing a slot to
@@ -75,6 +75,9 @@ pub struct LegacyConfig {
 pub struct Counters {
     pub allocations: AtomicU64,
     pub failed_allocations: AtomicU64,
+    /// Slots taken with a write to their Instance (an allocation reusing a slot this node
+    /// holds writes nothing).
+    pub claims: AtomicU64,
     /// Claims that lost a slot to a concurrent writer (a JSON-patch test that failed).
     pub conflicts: AtomicU64,
     pub reclaimed: AtomicU64,
@@ -426,6 +429,11 @@ impl AkriPlugin {
                         claimed.insert(key, now);
                     }
                     drop(claimed);
+                    let writes = all.iter().filter(|c| c.writes()).count();
+                    self.shared
+                        .counters
+                        .claims
+                        .fetch_add(writes as u64, Ordering::Relaxed);
                     for instance in written {
                         self.shared.store(instance);
                     }
@@ -435,13 +443,15 @@ impl AkriPlugin {
                     let touched: BTreeSet<String> =
                         all.iter().map(|c| c.instance.clone()).collect();
                     self.reread(&touched.into_iter().collect::<Vec<_>>()).await;
+                    if error.is_conflict() {
+                        self.shared
+                            .counters
+                            .conflicts
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
                     if !error.is_conflict() || attempt == attempts {
                         return Err(claim_status(error));
                     }
-                    self.shared
-                        .counters
-                        .conflicts
-                        .fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
@@ -607,6 +617,7 @@ async fn reclaim(shared: Arc<Shared>) {
     let mut interval = tokio::time::interval(shared.config.reclaim_interval);
     loop {
         interval.tick().await;
+        let listed = Instant::now();
         // Without an answer nothing is freed: an unreachable kubelet is not an empty node.
         let in_use = match device_plugin::pod_resources::devices_in_use(&socket).await {
             Ok(in_use) => {
@@ -653,12 +664,17 @@ async fn reclaim(shared: Arc<Shared>) {
                     gone_nodes[holder]
                 };
                 let key = (namespace.clone(), name.clone(), slot.to_string());
-                let settling = shared
-                    .claimed
-                    .lock()
-                    .expect("claimed")
-                    .get(&key)
-                    .is_some_and(|at| now.duration_since(*at) < CLAIM_SETTLE);
+                let settling = {
+                    let mut claimed = shared.claimed.lock().expect("claimed");
+                    // Listed in use after it was allocated: the kubelet recorded it, so it
+                    // is freed as soon as its container goes.
+                    if !unused_now && claimed.get(&key).is_some_and(|at| *at < listed) {
+                        claimed.remove(&key);
+                    }
+                    claimed
+                        .get(&key)
+                        .is_some_and(|at| now.duration_since(*at) < CLAIM_SETTLE)
+                };
                 if !unused_now || settling {
                     continue;
                 }

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"sort"
+	"time"
 
 	v1 "k8s.io/api/core/v1"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
@@ -88,13 +89,16 @@ func (p *peer) handleDevicesAllocate(w http.ResponseWriter, r *http.Request) {
 	defer p.devMu.Unlock()
 	var opts *devicemanager.DeviceRunContainerOptions
 	admitted := false
+	var admitSeconds float64
 	err = p.withManagers(func(m *managers) error {
+		started := time.Now()
 		p.pods.mark(pod, nil, ptrTo(true)) // the pod being admitted counts as active
 		result := m.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod})
 		if !result.Admit {
 			return fmt.Errorf("pod admission failed: %s: %s", result.Reason, result.Message)
 		}
 		admitted = true
+		admitSeconds = time.Since(started).Seconds()
 		var err error
 		opts, err = m.devices.GetDeviceRunContainerOptions(r.Context(), pod, container)
 		return err
@@ -113,7 +117,9 @@ func (p *peer) handleDevicesAllocate(w http.ResponseWriter, r *http.Request) {
 		Mounts      []mountJSON       `json:"mounts"`
 		Annotations map[string]string `json:"annotations"`
 		CDIDevices  []string          `json:"cdi_devices"`
-	}{[]deviceJSON{}, map[string]string{}, []mountJSON{}, map[string]string{}, []string{}}
+		// How long the admission (the device manager's Allocate, plugin calls included) took.
+		AdmitSeconds float64 `json:"admit_seconds"`
+	}{[]deviceJSON{}, map[string]string{}, []mountJSON{}, map[string]string{}, []string{}, admitSeconds}
 	if opts != nil {
 		for _, d := range opts.Devices {
 			resp.Devices = append(resp.Devices, deviceJSON{d.PathOnHost, d.PathInContainer, d.Permissions})

@@ -24,7 +24,7 @@ import (
 //	POST /dra/health/pod       {"namespace","name"} -> {"containers": {"c": [v1.ResourceStatus]}}
 //	GET  /devices/capacity     -> {"capacity": {"res": n}, "allocatable": {"res": n}, "deleted": ["res"]}
 //	GET  /devices/allocatable  -> {"allocatable": {"res": ["healthy device id", ...]}}
-//	POST /devices/allocate     {"namespace","name","container"} -> {"devices","envs","mounts","annotations","cdi_devices"}
+//	POST /devices/allocate     {"namespace","name","container"} -> {"devices","envs","mounts","annotations","cdi_devices","admit_seconds"}
 //	POST /devices/release      {"namespace","name"} -> {"released": n}
 //	POST /restart              -> {} once the new managers run
 //	POST /cdi/inject           {"devices": [...]} -> {"env","mounts","devices","hooks","spec","spec_errors"}

@@ -3,259 +3,19 @@
 //! nodes that both reach 2 cameras (debugEcho, shared) of capacity 2: seed 000's
 //! walkthroughs, Akri #843, restarts, reclamation and deletion.
 
-use akri_api::v0::{Configuration, Instance};
-use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
-use akri_kubelet_plugin::legacy::LegacyOptions;
-use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::{Value, json};
-use std::collections::BTreeMap;
+mod cluster;
+
+use akri_api::v0::Configuration;
+use akri_testing::ControlPlane;
+use cluster::{
+    Healthy, allocated_slot, cluster, eventually, expect_view, kubelet_view, registered, slot,
+};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams};
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(30), check).await
-}
-
-struct SimNode {
-    name: String,
-    peer: KubeletPeer,
-    _agent: agent::Agent,
-    _dir: tempfile::TempDir,
-}
-
-struct Cluster {
-    cp: ControlPlane,
-    client: kube::Client,
-    ns: String,
-    nodes: Vec<SimNode>,
-}
-
-/// A control plane of its own (every agent serves every v0 Configuration it sees) with
-/// `nodes` simulated nodes; slots with no container are freed after `reclaim_grace`.
-async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
-    let cp = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("legacy").await.unwrap();
-    let mut started = Vec::new();
-    for _ in 0..nodes {
-        started.push(start_node(&cp, &client, reclaim_grace).await);
-    }
-    Cluster {
-        cp,
-        client,
-        ns,
-        nodes: started,
-    }
-}
-
-async fn start_node(cp: &ControlPlane, client: &kube::Client, reclaim_grace: Duration) -> SimNode {
-    let name = ControlPlane::unique_name("node");
-    cp.create_node(&name).await.unwrap();
-    let peer = KubeletPeer::start(cp, &name).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
-    echo.availability_file = dir.path().join("availability.txt");
-    echo.poll_interval = Duration::from_millis(100);
-    echo.shared = true;
-    let config = AgentConfig {
-        node_name: name.clone(),
-        instance_namespace: "unused-by-the-legacy-path".to_string(),
-        registry_dir: peer.registry_dir(),
-        plugins_dir: peer.plugins_dir(),
-        cdi_dir: peer.cdi_dir(),
-        state_dir: dir.path().join("state"),
-        discovery_socket: dir.path().join("handlers/agent-registration.sock"),
-        debug_echo: Some(echo),
-        consumable_capacity: Some(false),
-        instance_grace: Duration::ZERO,
-        startup_wait: Duration::from_secs(5),
-        property_namespaces: None,
-        legacy: Some(LegacyOptions {
-            device_plugin_dir: peer.device_plugin_dir(),
-            pod_resources_socket: Some(peer.pod_resources_socket()),
-            reclaim_grace,
-            reclaim_interval: Duration::from_millis(200),
-        }),
-    };
-    let agent = agent::start(client.clone(), config)
-        .await
-        .expect("agent starts");
-    SimNode {
-        name,
-        peer,
-        _agent: agent,
-        _dir: dir,
-    }
-}
-
-impl Cluster {
-    /// Creates the v0 Configuration `name` over cameras `cam0`, `cam1` with capacity 2;
-    /// returns its two Instance names (sorted) once both exist with every slot.
-    async fn cameras(&self, name: &str, unique: bool) -> [String; 2] {
-        self.configuration(name, &["cam0", "cam1"], 2, unique).await
-    }
-
-    /// Creates a v0 Configuration of debugEcho devices; returns the Instance names (sorted)
-    /// once each exists with every node and slot.
-    async fn configuration<const N: usize>(
-        &self,
-        name: &str,
-        descriptions: &[&str; N],
-        capacity: usize,
-        unique: bool,
-    ) -> [String; N] {
-        let config: Configuration = serde_json::from_value(json!({
-            "apiVersion": "akri.sh/v0", "kind": "Configuration",
-            "metadata": { "name": name },
-            "spec": {
-                "discoveryHandler": {
-                    "name": "debugEcho",
-                    "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
-                },
-                "capacity": capacity,
-                "uniqueDevices": unique,
-                "brokerProperties": { "RESOLUTION": "1080p" },
-            },
-        }))
-        .unwrap();
-        Api::<Configuration>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &config)
-            .await
-            .unwrap();
-        let nodes = self.nodes.len();
-        eventually("every Instance with every node and slot", async || {
-            let list = self.instances().list(&Default::default()).await.ok()?;
-            let mut ready: Vec<String> = list
-                .items
-                .iter()
-                .filter(|i| i.spec.configuration_name == name)
-                .filter(|i| i.spec.nodes.len() == nodes && i.spec.device_usage.len() == capacity)
-                .filter_map(|i| i.metadata.name.clone())
-                .collect();
-            ready.sort();
-            ready.try_into().ok()
-        })
-        .await
-    }
-
-    fn instances(&self) -> Api<Instance> {
-        Api::namespaced(self.client.clone(), &self.ns)
-    }
-
-    /// `deviceUsage` of an Instance, values sorted, with `C:<vdev>:<node>` shown as
-    /// `C:<node>` when `hide_vdev` (unique virtual device ids are the plugin's choice).
-    async fn usage(&self, instance: &str, hide_vdev: bool) -> Vec<String> {
-        let instance = self.instances().get(instance).await.unwrap();
-        let mut values: Vec<String> = instance
-            .spec
-            .device_usage
-            .values()
-            .map(
-                |v| match v.strip_prefix("C:").and_then(|r| r.split_once(':')) {
-                    Some((_, node)) if hide_vdev => format!("C:{node}"),
-                    _ => v.clone(),
-                },
-            )
-            .collect();
-        values.sort();
-        values
-    }
-
-    async fn slot_free(&self, instance: &str, i: u32) -> bool {
-        let usage = self
-            .instances()
-            .get(instance)
-            .await
-            .unwrap()
-            .spec
-            .device_usage;
-        usage[&slot(instance, i)].is_empty()
-    }
-
-    async fn pod(&self, name: &str, containers: &[(&str, &str, u32)]) {
-        let containers: Vec<Value> = containers
-            .iter()
-            .map(|(container, resource, n)| {
-                json!({
-                    "name": container, "image": "broker",
-                    "resources": { "limits": { *resource: n.to_string() } },
-                })
-            })
-            .collect();
-        let pod: Pod = serde_json::from_value(json!({
-            "apiVersion": "v1", "kind": "Pod",
-            "metadata": { "name": name },
-            "spec": { "containers": containers },
-        }))
-        .unwrap();
-        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &pod)
-            .await
-            .unwrap();
-    }
-}
-
-/// What a node's kubelet holds of `resource`: (capacity, healthy ids).
-async fn kubelet_view(peer: &KubeletPeer, resource: &str) -> (i64, Vec<String>) {
-    let capacity = peer.device_capacity().await.unwrap()["capacity"][resource]
-        .as_i64()
-        .unwrap_or(0);
-    let healthy = peer
-        .allocatable_devices()
-        .await
-        .unwrap()
-        .remove(resource)
-        .unwrap_or_default();
-    (capacity, healthy)
-}
-
-/// Waits until `node`'s kubelet shows `capacity` devices of `resource`, `healthy` of them
-/// healthy (ids checked when given as names).
-async fn expect_view(node: &SimNode, resource: &str, capacity: i64, healthy: Healthy<'_>) {
-    let what = format!(
-        "{resource} on {}: {capacity} devices, {healthy:?}",
-        node.name
-    );
-    eventually(&what, async || {
-        let (c, h) = kubelet_view(&node.peer, resource).await;
-        let ok = c == capacity
-            && match &healthy {
-                Healthy::Count(n) => h.len() == *n,
-                Healthy::Ids(ids) => h == *ids,
-            };
-        ok.then_some(())
-    })
-    .await;
-}
-
-/// Waits until the kubelet knows `resource` with `count` healthy devices. Tests admit pods
-/// directly through the kubelet (no scheduler), and the kubelet admits a pod asking for a
-/// resource no plugin registered yet without giving it anything.
-async fn registered(node: &SimNode, resource: &str, count: usize) {
-    eventually(
-        &format!("{resource} registered on {}", node.name),
-        async || {
-            let (_, healthy) = kubelet_view(&node.peer, resource).await;
-            (healthy.len() == count).then_some(())
-        },
-    )
-    .await;
-}
-
-#[derive(Debug)]
-enum Healthy<'a> {
-    Count(usize),
-    Ids(Vec<&'a str>),
-}
-
-fn slot(instance: &str, i: u32) -> String {
-    format!("{instance}-{i}")
-}
 
 #[tokio::test]
 async fn seed_000_configuration_and_instance_level_claims_share_slots() {
@@ -446,6 +206,15 @@ async fn two_containers_of_one_pod_each_get_a_configuration_level_device() {
             .count();
     }
     assert_eq!(held, 2, "one slot per container");
+    // Both allocations, and the slot each claimed, are in the node's /metrics.
+    let metrics = a.agent.metrics().encode();
+    for line in [
+        "akri_kubelet_plugin_legacy_allocations_total 2",
+        "akri_kubelet_plugin_legacy_slot_claims_total 2",
+        "akri_kubelet_plugin_legacy_failed_allocations_total 0",
+    ] {
+        assert!(metrics.contains(line), "no {line:?} in\n{metrics}");
+    }
 }
 
 #[tokio::test]
@@ -504,55 +273,73 @@ async fn slots_return_after_the_pod_and_plugins_survive_restarts_and_deletion() 
 }
 
 #[tokio::test]
+async fn slots_of_a_node_that_left_are_freed_by_the_others() {
+    let c = cluster(2, Duration::from_secs(1)).await;
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let config = ControlPlane::unique_name("cams");
+    let [cam1, _] = c.cameras(&config, true).await;
+    let il = format!("akri.sh/{cam1}");
+    registered(b, &il, 2).await;
+    c.pod("on-b", &[("broker", &il, 1)]).await;
+    b.peer.allocate(&c.ns, "on-b", "broker").await.unwrap();
+    // node-a does not touch the slot of a node that is still there, past the grace period.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(c.usage(&cam1, false).await, ["", b.name.as_str()]);
+
+    Api::<Node>::all(c.client.clone())
+        .delete(&b.name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the slot of the deleted node freed", async || {
+        (c.usage(&cam1, false).await == ["", ""]).then_some(())
+    })
+    .await;
+    expect_view(a, &il, 2, Healthy::Count(2)).await;
+}
+
+#[tokio::test]
 async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
     // One camera of capacity 3 seen by both nodes; each node asks for it 100 times (200
-    // allocations), holding up to 2 pods at once, releasing the oldest as it goes. Slots of
-    // released pods are freed at once (grace 0), so the nodes race for them.
-    let c = std::sync::Arc::new(cluster(2, Duration::ZERO).await);
+    // allocations), holding up to 2 pods at once, releasing the oldest as it goes. A released
+    // slot is reclaimed (grace 0) before the node asks again, so every admission claims a
+    // slot with a write and the two nodes race for each freed one.
+    let c = Arc::new(cluster(2, Duration::ZERO).await);
     let config = ControlPlane::unique_name("cam");
     let [cam] = c.configuration(&config, &["cam0"], 3, true).await;
     let il = format!("akri.sh/{cam}");
     for node in &c.nodes {
         registered(node, &il, 3).await;
     }
-    let live = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let live = Arc::new(AtomicI64::new(0));
     // Slot -> the live pod the plugin gave it to (from Akri's slot annotation).
-    let holders = std::sync::Arc::new(std::sync::Mutex::new(BTreeMap::<String, String>::new()));
-    let most = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let holders = Arc::new(Mutex::new(BTreeMap::<String, String>::new()));
+    let most = Arc::new(AtomicI64::new(0));
     let mut racers = Vec::new();
     for n in 0..2 {
-        let (c, il, cam, live, most) = (
-            c.clone(),
-            il.clone(),
-            cam.clone(),
-            live.clone(),
-            most.clone(),
-        );
-        let holders = holders.clone();
+        let (c, il, cam) = (c.clone(), il.clone(), cam.clone());
+        let (live, most, holders) = (live.clone(), most.clone(), holders.clone());
         racers.push(tokio::spawn(async move {
             let node = &c.nodes[n];
-            let (mut admitted, mut refused) = (0, 0);
+            let (mut admitted, mut conflicts) = (0, 0);
             // Each node holds up to 2 pods: together they want 4 of the 3 slots.
-            let mut held = std::collections::VecDeque::new();
+            let mut held = VecDeque::new();
             for i in 0..100 {
                 let pod = format!("race-{n}-{i}");
                 c.pod(&pod, &[("broker", &il, 1)]).await;
                 match node.peer.allocate(&c.ns, &pod, "broker").await {
                     Ok(options) => {
-                        let slot = options["annotations"]
-                            .as_object()
-                            .and_then(|a| a.keys().find_map(|k| k.strip_prefix("akri.agent.slot-")))
-                            .expect("a slot annotation")
-                            .to_string();
+                        let slot = allocated_slot(&options);
                         let twice = holders.lock().unwrap().insert(slot.clone(), pod.clone());
                         assert_eq!(twice, None, "slot {slot} given to {pod} while a live pod holds it");
                         admitted += 1;
-                        let now = live.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
-                        most.fetch_max(now, std::sync::atomic::Ordering::SeqCst);
+                        let now = live.fetch_add(1, SeqCst) + 1;
+                        most.fetch_max(now, SeqCst);
                         held.push_back((pod, slot));
                     }
-                    Err(_) => {
-                        refused += 1;
+                    Err(error) => {
+                        if error.to_string().contains("taken by another claim") {
+                            conflicts += 1;
+                        }
                         // Within 1 s the kubelet's healthy slots are what the Instance says.
                         let start = std::time::Instant::now();
                         loop {
@@ -578,26 +365,39 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                 if held.len() >= 2 || (held.len() == 1 && i % 3 == 0) {
                     let (old, slot) = held.pop_front().unwrap();
                     holders.lock().unwrap().remove(&slot);
-                    live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                    node.peer.release(&c.ns, &old).await.unwrap();
+                    live.fetch_sub(1, SeqCst);
+                    c.release_and_reclaim(node, &old, &cam, &slot).await;
                 }
             }
             for (old, slot) in held {
                 holders.lock().unwrap().remove(&slot);
-                live.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
-                node.peer.release(&c.ns, &old).await.unwrap();
+                live.fetch_sub(1, SeqCst);
+                c.release_and_reclaim(node, &old, &cam, &slot).await;
             }
-            (admitted, refused)
+            (admitted, conflicts)
         }));
     }
     let mut admitted = 0;
-    for racer in racers {
-        let (a, r) = racer.await.unwrap();
+    for (n, racer) in racers.into_iter().enumerate() {
+        let (a, refused_by_conflict) = racer.await.unwrap();
         admitted += a;
-        eprintln!("racer: {a} admitted, {r} refused");
+        let counters = c.nodes[n].agent.legacy_counters().unwrap();
+        let (claims, conflicts) = (
+            counters.claims.load(SeqCst),
+            counters.conflicts.load(SeqCst),
+        );
+        eprintln!(
+            "racer {n}: {a} admitted, {claims} claims, {conflicts} conflicts, {refused_by_conflict} refused for a lost slot"
+        );
+        // Every admission took a reclaimed slot: one write each, counted.
+        assert_eq!(claims, a, "node {n}: claims written vs pods admitted");
+        assert!(
+            conflicts >= refused_by_conflict,
+            "node {n}: {refused_by_conflict} refusals for a lost slot, {conflicts} conflicts counted"
+        );
     }
     assert!(
-        most.load(std::sync::atomic::Ordering::SeqCst) <= 3,
+        most.load(SeqCst) <= 3,
         "more pods held the capacity-3 camera at once than it has slots"
     );
     assert!(admitted >= 3, "the race admitted only {admitted} pods");

@@ -1,0 +1,298 @@
+//! A control plane with simulated nodes, each a kubelet peer (the kubelet's own device
+//! manager and pod-resources server) and a node agent serving Akri v0 Configurations as
+//! device plugins; shared by the legacy tests and the legacy benchmark.
+
+use akri_api::v0::{Configuration, Instance};
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
+use akri_kubelet_plugin::legacy::LegacyOptions;
+use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, PostParams};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
+    akri_testing::eventually(what, Duration::from_secs(30), check).await
+}
+
+pub struct SimNode {
+    pub name: String,
+    pub peer: KubeletPeer,
+    pub agent: agent::Agent,
+    pub _dir: tempfile::TempDir,
+}
+
+pub struct Cluster {
+    pub cp: ControlPlane,
+    pub client: kube::Client,
+    pub ns: String,
+    pub nodes: Vec<SimNode>,
+}
+
+/// A control plane of its own (every agent serves every v0 Configuration it sees) with
+/// `nodes` simulated nodes; slots with no container are freed after `reclaim_grace`.
+pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
+    let cp = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("legacy").await.unwrap();
+    let mut started = Vec::new();
+    for _ in 0..nodes {
+        started.push(start_node(&cp, &client, reclaim_grace).await);
+    }
+    Cluster {
+        cp,
+        client,
+        ns,
+        nodes: started,
+    }
+}
+
+pub async fn start_node(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    reclaim_grace: Duration,
+) -> SimNode {
+    let name = ControlPlane::unique_name("node");
+    cp.create_node(&name).await.unwrap();
+    let peer = KubeletPeer::start(cp, &name).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
+    echo.availability_file = dir.path().join("availability.txt");
+    echo.poll_interval = Duration::from_millis(100);
+    echo.shared = true;
+    let config = AgentConfig {
+        node_name: name.clone(),
+        instance_namespace: "unused-by-the-legacy-path".to_string(),
+        registry_dir: peer.registry_dir(),
+        plugins_dir: peer.plugins_dir(),
+        cdi_dir: peer.cdi_dir(),
+        state_dir: dir.path().join("state"),
+        discovery_socket: dir.path().join("handlers/agent-registration.sock"),
+        debug_echo: Some(echo),
+        consumable_capacity: Some(false),
+        instance_grace: Duration::ZERO,
+        startup_wait: Duration::from_secs(5),
+        property_namespaces: None,
+        legacy: Some(LegacyOptions {
+            device_plugin_dir: peer.device_plugin_dir(),
+            pod_resources_socket: Some(peer.pod_resources_socket()),
+            reclaim_grace,
+            reclaim_interval: Duration::from_millis(200),
+        }),
+    };
+    let agent = agent::start(client.clone(), config)
+        .await
+        .expect("agent starts");
+    SimNode {
+        name,
+        peer,
+        agent,
+        _dir: dir,
+    }
+}
+
+impl Cluster {
+    /// Creates the v0 Configuration `name` over cameras `cam0`, `cam1` with capacity 2;
+    /// returns its two Instance names (sorted) once both exist with every slot.
+    pub async fn cameras(&self, name: &str, unique: bool) -> [String; 2] {
+        self.configuration(name, &["cam0", "cam1"], 2, unique).await
+    }
+
+    /// Creates a v0 Configuration of debugEcho devices; returns the Instance names (sorted)
+    /// once each exists with every node and slot.
+    pub async fn configuration<const N: usize>(
+        &self,
+        name: &str,
+        descriptions: &[&str; N],
+        capacity: usize,
+        unique: bool,
+    ) -> [String; N] {
+        let config: Configuration = serde_json::from_value(json!({
+            "apiVersion": "akri.sh/v0", "kind": "Configuration",
+            "metadata": { "name": name },
+            "spec": {
+                "discoveryHandler": {
+                    "name": "debugEcho",
+                    "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
+                },
+                "capacity": capacity,
+                "uniqueDevices": unique,
+                "brokerProperties": { "RESOLUTION": "1080p" },
+            },
+        }))
+        .unwrap();
+        Api::<Configuration>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &config)
+            .await
+            .unwrap();
+        let nodes = self.nodes.len();
+        eventually("every Instance with every node and slot", async || {
+            let list = self.instances().list(&Default::default()).await.ok()?;
+            let mut ready: Vec<String> = list
+                .items
+                .iter()
+                .filter(|i| i.spec.configuration_name == name)
+                .filter(|i| i.spec.nodes.len() == nodes && i.spec.device_usage.len() == capacity)
+                .filter_map(|i| i.metadata.name.clone())
+                .collect();
+            ready.sort();
+            ready.try_into().ok()
+        })
+        .await
+    }
+
+    pub fn instances(&self) -> Api<Instance> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// `deviceUsage` of an Instance, values sorted, with `C:<vdev>:<node>` shown as
+    /// `C:<node>` when `hide_vdev` (unique virtual device ids are the plugin's choice).
+    pub async fn usage(&self, instance: &str, hide_vdev: bool) -> Vec<String> {
+        let instance = self.instances().get(instance).await.unwrap();
+        let mut values: Vec<String> = instance
+            .spec
+            .device_usage
+            .values()
+            .map(
+                |v| match v.strip_prefix("C:").and_then(|r| r.split_once(':')) {
+                    Some((_, node)) if hide_vdev => format!("C:{node}"),
+                    _ => v.clone(),
+                },
+            )
+            .collect();
+        values.sort();
+        values
+    }
+
+    pub async fn slot_free(&self, instance: &str, i: u32) -> bool {
+        let usage = self
+            .instances()
+            .get(instance)
+            .await
+            .unwrap()
+            .spec
+            .device_usage;
+        usage[&slot(instance, i)].is_empty()
+    }
+
+    pub async fn pod(&self, name: &str, containers: &[(&str, &str, u32)]) {
+        let containers: Vec<Value> = containers
+            .iter()
+            .map(|(container, resource, n)| {
+                json!({
+                    "name": container, "image": "broker",
+                    "resources": { "limits": { *resource: n.to_string() } },
+                })
+            })
+            .collect();
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": { "name": name },
+            "spec": { "containers": containers },
+        }))
+        .unwrap();
+        Api::<Pod>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+}
+
+/// What a node's kubelet holds of `resource`: (capacity, healthy ids).
+pub async fn kubelet_view(peer: &KubeletPeer, resource: &str) -> (i64, Vec<String>) {
+    let capacity = peer.device_capacity().await.unwrap()["capacity"][resource]
+        .as_i64()
+        .unwrap_or(0);
+    let healthy = peer
+        .allocatable_devices()
+        .await
+        .unwrap()
+        .remove(resource)
+        .unwrap_or_default();
+    (capacity, healthy)
+}
+
+/// Waits until `node`'s kubelet shows `capacity` devices of `resource`, `healthy` of them
+/// healthy (ids checked when given as names).
+pub async fn expect_view(node: &SimNode, resource: &str, capacity: i64, healthy: Healthy<'_>) {
+    let what = format!(
+        "{resource} on {}: {capacity} devices, {healthy:?}",
+        node.name
+    );
+    eventually(&what, async || {
+        let (c, h) = kubelet_view(&node.peer, resource).await;
+        let ok = c == capacity
+            && match &healthy {
+                Healthy::Count(n) => h.len() == *n,
+                Healthy::Ids(ids) => h == *ids,
+            };
+        ok.then_some(())
+    })
+    .await;
+}
+
+/// Waits until the kubelet knows `resource` with `count` healthy devices. Tests admit pods
+/// directly through the kubelet (no scheduler), and the kubelet admits a pod asking for a
+/// resource no plugin registered yet without giving it anything.
+pub async fn registered(node: &SimNode, resource: &str, count: usize) {
+    eventually(
+        &format!("{resource} registered on {}", node.name),
+        async || {
+            let (_, healthy) = kubelet_view(&node.peer, resource).await;
+            (healthy.len() == count).then_some(())
+        },
+    )
+    .await;
+}
+
+#[derive(Debug)]
+pub enum Healthy<'a> {
+    Count(usize),
+    Ids(Vec<&'a str>),
+}
+
+pub fn slot(instance: &str, i: u32) -> String {
+    format!("{instance}-{i}")
+}
+
+/// The slot an allocation gave (Akri's `akri.agent.slot-<slot>` annotation).
+pub fn allocated_slot(options: &Value) -> String {
+    options["annotations"]
+        .as_object()
+        .and_then(|a| a.keys().find_map(|k| k.strip_prefix("akri.agent.slot-")))
+        .unwrap_or_else(|| panic!("no slot annotation in {options}"))
+        .to_string()
+}
+
+impl Cluster {
+    /// Releases `pod` on `node` and waits until its `slot` of `instance` is no longer the
+    /// node's: the reclaimer freed it (or the other node took it since).
+    pub async fn release_and_reclaim(&self, node: &SimNode, pod: &str, instance: &str, slot: &str) {
+        node.peer.release(&self.ns, pod).await.unwrap();
+        // A plain loop: `eventually`'s async closure would make racing tasks' futures not
+        // `Send`.
+        let start = std::time::Instant::now();
+        loop {
+            let usage = self
+                .instances()
+                .get(instance)
+                .await
+                .unwrap()
+                .spec
+                .device_usage;
+            if usage.get(slot) != Some(&node.name) {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "{slot} not reclaimed from {}",
+                node.name
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
