@@ -10,6 +10,7 @@ use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
@@ -149,13 +150,22 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
+    /// `deviceUsage` of an Instance, read now.
+    pub async fn device_usage(&self, instance: &str) -> BTreeMap<String, String> {
+        self.instances()
+            .get(instance)
+            .await
+            .unwrap()
+            .spec
+            .device_usage
+    }
+
     /// `deviceUsage` of an Instance, values sorted, with `C:<vdev>:<node>` shown as
     /// `C:<node>` when `hide_vdev` (unique virtual device ids are the plugin's choice).
     pub async fn usage(&self, instance: &str, hide_vdev: bool) -> Vec<String> {
-        let instance = self.instances().get(instance).await.unwrap();
-        let mut values: Vec<String> = instance
-            .spec
-            .device_usage
+        let mut values: Vec<String> = self
+            .device_usage(instance)
+            .await
             .values()
             .map(
                 |v| match v.strip_prefix("C:").and_then(|r| r.split_once(':')) {
@@ -169,13 +179,7 @@ impl Cluster {
     }
 
     pub async fn slot_free(&self, instance: &str, i: u32) -> bool {
-        let usage = self
-            .instances()
-            .get(instance)
-            .await
-            .unwrap()
-            .spec
-            .device_usage;
+        let usage = self.device_usage(instance).await;
         usage[&slot(instance, i)].is_empty()
     }
 
@@ -277,13 +281,7 @@ impl Cluster {
         // `Send`.
         let start = std::time::Instant::now();
         loop {
-            let usage = self
-                .instances()
-                .get(instance)
-                .await
-                .unwrap()
-                .spec
-                .device_usage;
+            let usage = self.device_usage(instance).await;
             if usage.get(slot) != Some(&node.name) {
                 return;
             }

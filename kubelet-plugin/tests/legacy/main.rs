@@ -128,7 +128,7 @@ async fn seed_000_instance_level_claims_leave_configuration_level_slots() {
     }
     for cam in [&cam1, &cam2] {
         let il = format!("akri.sh/{cam}");
-        let taken = c.instances().get(cam).await.unwrap().spec.device_usage;
+        let taken = c.device_usage(cam).await;
         let free: Vec<&str> = taken
             .iter()
             .filter(|(_, v)| v.is_empty())
@@ -343,7 +343,7 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                         // Within 1 s the kubelet's healthy slots are what the Instance says.
                         let start = std::time::Instant::now();
                         loop {
-                            let usage = c.instances().get(&cam).await.unwrap().spec.device_usage;
+                            let usage = c.device_usage(&cam).await;
                             let expected: Vec<String> = usage
                                 .iter()
                                 .filter(|(_, v)| v.is_empty() || **v == node.name)
