@@ -1,16 +1,62 @@
-//! Turns BrokerTemplates into workloads bound to their devices through ResourceClaims.
-//!
-//! This binary is a skeleton: its behaviour is tracked by its own issue. It parses its
-//! flags so that packaging (chart, CI) can already invoke it.
+//! The broker-controller binary: flags, logging, metrics endpoint, leader election.
 
+use akri_broker_controller::controller::{self, ControllerConfig};
+use akri_broker_controller::metrics::Metrics;
+use akri_runtime::http::Readiness;
+use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
+use std::net::SocketAddr;
+use std::time::Duration;
 
 /// Turns BrokerTemplates into workloads bound to their devices through ResourceClaims.
 #[derive(Debug, Parser)]
 #[command(version, about)]
-struct Args {}
+struct Args {
+    /// Namespace the kubelet-plugins write Instances to.
+    #[arg(long, env = "AKRI_INSTANCE_NAMESPACE", default_value = "akri")]
+    instance_namespace: String,
+    #[command(flatten)]
+    lease: LeaseArgs,
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    metrics_address: SocketAddr,
+    /// Milliseconds within which changes are reconciled together.
+    #[arg(long, default_value_t = 500)]
+    debounce_ms: u64,
+    /// Seconds after which every BrokerTemplate is looked at again without a change.
+    #[arg(long, default_value_t = 300)]
+    resync_seconds: u64,
+    /// Log as JSON.
+    #[arg(long)]
+    log_json: bool,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _args = Args::parse();
-    anyhow::bail!("not implemented yet: see the project's issues for this component")
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    akri_runtime::init_logging(args.log_json);
+    let client = kube::Client::try_default().await?;
+    let metrics = Metrics::default();
+    let readiness = Readiness::default();
+    let encoder = metrics.clone();
+    let (_, _server) = akri_runtime::http::serve(
+        args.metrics_address,
+        move || encoder.encode(),
+        readiness.clone(),
+    )
+    .await?;
+    let lease = args.lease.config("akri-broker-controller");
+    let mut config = ControllerConfig::new(&args.instance_namespace);
+    config.debounce = Duration::from_millis(args.debounce_ms);
+    config.resync = Duration::from_secs(args.resync_seconds);
+
+    let leading = metrics.clone();
+    let work = controller::run(client.clone(), config, metrics);
+    tokio::select! {
+        result = akri_runtime::leader::lead(client, lease, readiness, move |l| leading.set_leader(l), work) => {
+            result?;
+        }
+        stopped = akri_runtime::stopped() => stopped?,
+    }
+    Ok(())
 }

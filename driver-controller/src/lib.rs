@@ -7,13 +7,14 @@
 //!   reach them.
 //! - [`property_filter`]: filters compiled to CEL the scheduler evaluates.
 //! - [`controller`]: the reconciler tying them together, with status.
-//! - [`leader`]: one active replica, through a Lease.
+//! - [`leader`]: one active replica, through a Lease (`akri_runtime`'s).
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 
 pub mod controller;
 pub mod device_class;
 pub mod http;
-pub mod leader;
+/// The one leader elector, `akri_runtime`'s.
+pub use akri_runtime::leader;
 pub mod metrics;
 pub mod property_filter;
 pub mod shared_devices;
@@ -44,24 +45,19 @@ pub async fn run_as_leader(
     metrics: Metrics,
     readiness: Readiness,
 ) -> Result<(), Error> {
-    lease.validate()?;
-    let mut leadership = leader::acquire(client.clone(), lease, move |reached| {
-        if reached {
-            readiness.ready();
-        } else {
-            readiness
-                .not_ready("the last leader-election call did not reach the API server in time");
-        }
-    })
-    .await;
-    metrics.set_leader(true);
-    let result = tokio::select! {
-        result = controller::run(client, config, metrics.clone()) => result.map_err(Error::from),
-        _ = leadership.lost() => Err(Error::LostLeadership),
-    };
-    metrics.set_leader(false);
-    if !matches!(result, Err(Error::LostLeadership)) {
-        leadership.release().await;
+    let leading = metrics.clone();
+    let work = controller::run(client.clone(), config, metrics);
+    match leader::lead(
+        client,
+        lease,
+        readiness,
+        move |l| leading.set_leader(l),
+        work,
+    )
+    .await
+    {
+        Ok(result) => result.map_err(Error::from),
+        Err(leader::LeadError::Lost) => Err(Error::LostLeadership),
+        Err(leader::LeadError::Lease(error)) => Err(Error::Leader(error)),
     }
-    result
 }

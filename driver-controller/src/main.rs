@@ -2,9 +2,9 @@
 
 use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::http::{self, Readiness};
-use akri_driver_controller::leader::LeaseConfig;
 use akri_driver_controller::metrics::Metrics;
 use akri_runtime::Switch;
+use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -17,26 +17,8 @@ struct Args {
     /// Namespace the kubelet-plugins write Instances to.
     #[arg(long, env = "AKRI_INSTANCE_NAMESPACE", default_value = "akri")]
     instance_namespace: String,
-    /// Namespace of the leader-election Lease (usually the controller's own).
-    #[arg(long, env = "POD_NAMESPACE", default_value = "akri")]
-    lease_namespace: String,
-    /// Name of the leader-election Lease.
-    #[arg(long, default_value = "akri-driver-controller")]
-    lease_name: String,
-    /// This replica's name (the pod name; the host name when not given). The identity in the
-    /// Lease is this name and a random suffix of the process.
-    #[arg(long, env = "POD_NAME")]
-    identity: Option<String>,
-    /// Seconds an unrenewed Lease stays taken: how long a standby waits for a dead leader.
-    #[arg(long, default_value_t = 15)]
-    lease_duration_seconds: u64,
-    /// Seconds the leader retries a failing renewal before it stops acting (less than the
-    /// lease duration).
-    #[arg(long, default_value_t = 10)]
-    lease_renew_deadline_seconds: u64,
-    /// Seconds between renewals (and attempts by standbys).
-    #[arg(long, default_value_t = 2)]
-    lease_retry_seconds: u64,
+    #[command(flatten)]
+    lease: LeaseArgs,
     /// Address of /metrics, /healthz and /readyz.
     #[arg(long, default_value = "0.0.0.0:8080")]
     metrics_address: SocketAddr,
@@ -63,13 +45,7 @@ async fn main() -> anyhow::Result<()> {
     let (_, _server) =
         http::serve(args.metrics_address, metrics.clone(), readiness.clone()).await?;
 
-    let replica = args
-        .identity
-        .unwrap_or_else(akri_driver_controller::leader::default_replica_name);
-    let mut lease = LeaseConfig::new(&args.lease_namespace, &args.lease_name, &replica);
-    lease.lease_duration = Duration::from_secs(args.lease_duration_seconds);
-    lease.renew_deadline = Duration::from_secs(args.lease_renew_deadline_seconds);
-    lease.retry_period = Duration::from_secs(args.lease_retry_seconds);
+    let lease = args.lease.config("akri-driver-controller");
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
     config.consumable_capacity = args.consumable_capacity.forced();

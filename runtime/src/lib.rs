@@ -1,8 +1,9 @@
 //! What every akri binary runs with, so each `main` is flags and wiring only: one tracing
 //! setup ([`init_logging`]), one `/healthz` `/readyz` `/metrics` server ([`http`]), one
-//! shutdown signal ([`stopped`]).
+//! shutdown signal ([`stopped`]), one leader elector ([`leader`]).
 
 pub mod http;
+pub mod leader;
 
 /// A flag for an optional API-server feature: `auto` asks the API server at start (the
 /// capability probes of `dra_plugin::api_support`), `on` and `off` force the answer, for

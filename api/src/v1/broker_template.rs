@@ -106,6 +106,15 @@ pub struct BrokerTemplateStatus {
     /// Instances that currently have their brokers.
     #[serde(default)]
     pub brokers: i32,
+    /// Objects the broker-controller manages for the template (ResourceClaimTemplates
+    /// included), as wanted now.
+    #[serde(default)]
+    pub objects: i32,
+    /// The kinds (`<kind>.<apiVersion>`, e.g. `Deployment.apps/v1`) holding objects of the
+    /// template, so that objects of a kind removed from it are still found and deleted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub managed_kinds: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

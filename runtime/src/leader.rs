@@ -113,7 +113,7 @@ pub fn default_replica_name() -> String {
         .ok()
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "akri-driver-controller".into())
+        .unwrap_or_else(|| "akri-replica".into())
 }
 
 /// Held leadership. Dropping it stops renewing (the Lease then expires); [`release`] hands
@@ -364,6 +364,86 @@ impl Elector {
             Err(e) => Err(self.error(e)),
         }
     }
+}
+
+/// The leader-election flags of every replicated binary (one set of names and defaults).
+#[derive(Clone, Debug, clap::Args)]
+pub struct LeaseArgs {
+    /// Namespace of the leader-election Lease (usually the controller's own).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "akri")]
+    pub lease_namespace: String,
+    /// Name of the leader-election Lease (default: the binary's name).
+    #[arg(long)]
+    pub lease_name: Option<String>,
+    /// This replica's name (the pod name; the host name when not given). The identity in the
+    /// Lease is this name and a random suffix of the process.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Seconds an unrenewed Lease stays taken: how long a standby waits for a dead leader.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_seconds: u64,
+    /// Seconds the leader retries a failing renewal before it stops acting (less than the
+    /// lease duration).
+    #[arg(long, default_value_t = 10)]
+    pub lease_renew_deadline_seconds: u64,
+    /// Seconds between renewals (and attempts by standbys).
+    #[arg(long, default_value_t = 2)]
+    pub lease_retry_seconds: u64,
+}
+
+impl LeaseArgs {
+    /// The Lease these flags describe; `default_name` when `--lease-name` is not given.
+    pub fn config(&self, default_name: &str) -> LeaseConfig {
+        let replica = self.identity.clone().unwrap_or_else(default_replica_name);
+        let name = self.lease_name.as_deref().unwrap_or(default_name);
+        let mut lease = LeaseConfig::new(&self.lease_namespace, name, &replica);
+        lease.lease_duration = Duration::from_secs(self.lease_duration_seconds);
+        lease.renew_deadline = Duration::from_secs(self.lease_renew_deadline_seconds);
+        lease.retry_period = Duration::from_secs(self.lease_retry_seconds);
+        lease
+    }
+}
+
+/// Why a replica stopped leading.
+#[derive(Debug, thiserror::Error)]
+pub enum LeadError {
+    #[error("lost the leader lease; stopping so that only one replica acts")]
+    Lost,
+    #[error(transparent)]
+    Lease(#[from] Error),
+}
+
+/// Waits to hold the Lease, then runs `work` until it ends or leadership is lost (then
+/// `work` is dropped at once: nothing of it runs after this returns). `readiness` follows
+/// whether the last election call reached the API server; `on_leading` is told when this
+/// replica starts and stops leading. A replica whose work ended hands the Lease over.
+pub async fn lead<T>(
+    client: kube::Client,
+    lease: LeaseConfig,
+    readiness: crate::http::Readiness,
+    on_leading: impl Fn(bool),
+    work: impl std::future::Future<Output = T>,
+) -> Result<T, LeadError> {
+    lease.validate()?;
+    let mut leadership = acquire(client, lease, move |reached| {
+        if reached {
+            readiness.ready();
+        } else {
+            readiness
+                .not_ready("the last leader-election call did not reach the API server in time");
+        }
+    })
+    .await;
+    on_leading(true);
+    let result = tokio::select! {
+        result = work => Ok(result),
+        _ = leadership.lost() => Err(LeadError::Lost),
+    };
+    on_leading(false);
+    if result.is_ok() {
+        leadership.release().await;
+    }
+    result
 }
 
 #[cfg(test)]

@@ -1,0 +1,301 @@
+//! The reconciler: for each BrokerTemplate, what its objects should be now (from the stores of
+//! Instances and DiscoveryConfigurations), applied under one field manager, what is no longer
+//! wanted deleted, and a status that says what happened.
+//!
+//! Ownership: every object is owned by its BrokerTemplate (same namespace), so deleting the
+//! template lets the garbage collector delete everything it made. Instances live in the
+//! driver's namespace and cannot own objects in another one, so an Instance that goes is
+//! handled here: its objects are no longer wanted and are deleted. Only objects carrying the
+//! template's UID label are ever deleted, and only after the stores were listed, so nothing
+//! of anyone else's, and nothing while the controller does not yet know what exists, goes.
+
+use crate::apply::{Applier, Outcome};
+use crate::desired::{self, Desired};
+use crate::metrics::Metrics;
+use akri_api::v1::{
+    BrokerTemplate, BrokerTemplateStatus, DiscoveryConfiguration,
+    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL, Instance,
+};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Resource, ResourceExt};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The field manager of everything the broker-controller applies.
+pub const FIELD_MANAGER: &str = "akri-broker-controller";
+
+/// Errors that stop a reconciliation (it is retried); refused objects are not errors but
+/// status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("BrokerTemplate {0} has no namespace or UID")]
+    Incomplete(String),
+    #[error("writing the status of BrokerTemplate {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// Where the kubelet-plugins write Instances.
+    pub instance_namespace: String,
+    /// Changes within this window are reconciled together.
+    pub debounce: Duration,
+    /// How often every template is looked at again without a change (a broker object of a
+    /// kind the controller does not watch, deleted by hand, comes back by then).
+    pub resync: Duration,
+}
+
+impl ControllerConfig {
+    pub fn new(instance_namespace: &str) -> Self {
+        ControllerConfig {
+            instance_namespace: instance_namespace.to_string(),
+            debounce: Duration::from_millis(500),
+            resync: Duration::from_secs(300),
+        }
+    }
+}
+
+struct Context {
+    client: kube::Client,
+    config: ControllerConfig,
+    instances: Store<Instance>,
+    configurations: Store<DiscoveryConfiguration>,
+    applier: Applier,
+    metrics: Metrics,
+}
+
+/// Runs until the watches end (they do not, short of the task being dropped).
+pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metrics) {
+    let (instances, writer) = reflector::store();
+    let instance_stream = watcher(
+        Api::<Instance>::namespaced(client.clone(), &config.instance_namespace),
+        watcher::Config::default().labels(&format!(
+            "{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_DISCOVERY_CONFIGURATION}"
+        )),
+    )
+    .default_backoff()
+    .modify(|i| i.managed_fields_mut().clear())
+    .reflect(writer)
+    .touched_objects();
+    let (configurations, writer) = reflector::store();
+    let configuration_stream = watcher(
+        Api::<DiscoveryConfiguration>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .modify(|c| c.managed_fields_mut().clear())
+    .reflect(writer)
+    .touched_objects();
+
+    let controller = Controller::new(
+        Api::<BrokerTemplate>::all(client.clone()),
+        watcher::Config::default(),
+    );
+    let templates = controller.store();
+    let by_configuration = move |name: String| {
+        let templates = templates.clone();
+        move || {
+            templates
+                .state()
+                .into_iter()
+                .filter(|t| t.spec.discovery_reference.name == name)
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        }
+    };
+    let (for_instance, for_configuration) = (by_configuration.clone(), by_configuration);
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        config: config.clone(),
+        instances,
+        configurations,
+        applier: Applier::new(client.clone(), FIELD_MANAGER),
+        metrics,
+    });
+    // The brokers the controller made are watched where it can (the common kinds), so one
+    // that is deleted or finishes is seen at once; other kinds are looked at on resync.
+    let owned = watcher::Config::default().labels(crate::render::TEMPLATE_UID_LABEL);
+    controller
+        .owns(Api::<Pod>::all(client.clone()), owned.clone())
+        .owns(Api::<Service>::all(client.clone()), owned.clone())
+        .owns(Api::<Job>::all(client.clone()), owned)
+        .watches_stream(instance_stream, move |i: Instance| {
+            for_instance(i.spec.configuration_name.clone())()
+        })
+        .watches_stream(configuration_stream, move |c: DiscoveryConfiguration| {
+            for_configuration(c.name_any())()
+        })
+        .with_config(ControllerRuntimeConfig::default().debounce(config.debounce))
+        .run(reconcile, error_policy, ctx)
+        .for_each(|result| async move {
+            if let Err(error) = result {
+                tracing::debug!(%error, "reconciliation");
+            }
+        })
+        .await;
+}
+
+fn error_policy(template: Arc<BrokerTemplate>, error: &Error, _: Arc<Context>) -> Action {
+    tracing::warn!(template = %template.name_any(), %error, "reconciliation failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}
+
+async fn reconcile(template: Arc<BrokerTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Nothing is decided before both stores are listed: an empty store is not an empty cluster.
+    let _ = ctx.instances.wait_until_ready().await;
+    let _ = ctx.configurations.wait_until_ready().await;
+    if template.meta().deletion_timestamp.is_some() {
+        // The garbage collector deletes what the template owns.
+        return Ok(Action::await_change());
+    }
+    let (Some(namespace), Some(uid)) = (template.namespace(), template.uid()) else {
+        return Err(Error::Incomplete(template.name_any()));
+    };
+    let configuration_name = &template.spec.discovery_reference.name;
+    let configuration = ctx.configurations.get(&ObjectRef::new(configuration_name));
+    let instances: Vec<Arc<Instance>> = ctx
+        .instances
+        .state()
+        .into_iter()
+        .filter(|i| &i.spec.configuration_name == configuration_name)
+        .collect();
+    let device_class = configuration
+        .as_ref()
+        .and_then(|c| c.status.as_ref())
+        .and_then(|s| s.device_class_name.clone());
+    let owner = crate::render::Owner {
+        name: &template.name_any(),
+        uid: &uid,
+        namespace: &namespace,
+    };
+    let desired: Desired = desired::desired(
+        &template.spec,
+        configuration_name,
+        device_class.as_deref(),
+        &instances,
+        &owner,
+    );
+    let previous = template.status.clone().unwrap_or_default();
+    let outcome: Outcome = ctx
+        .applier
+        .converge(&namespace, &uid, &desired.objects, &previous.managed_kinds)
+        .await;
+    ctx.metrics.applied(&outcome);
+
+    let mut problems: Vec<String> = desired.errors.clone();
+    problems.extend(
+        outcome
+            .refused
+            .iter()
+            .map(|(object, message)| format!("{object}: {message}")),
+    );
+    let failed_instances: BTreeSet<&str> = desired
+        .failed_instances
+        .iter()
+        .map(String::as_str)
+        .chain(outcome.refused_instances.iter().map(String::as_str))
+        .collect();
+    let brokers = instances
+        .iter()
+        .filter(|i| !failed_instances.contains(i.name_any().as_str()))
+        .count();
+    let ready = if configuration.is_none() {
+        condition(
+            false,
+            "DiscoveryConfigurationMissing",
+            format!("DiscoveryConfiguration {configuration_name} does not exist"),
+        )
+    } else if problems.is_empty() {
+        condition(
+            true,
+            "Applied",
+            format!(
+                "{} objects for {} Instances",
+                outcome.managed,
+                instances.len()
+            ),
+        )
+    } else {
+        condition(false, "ObjectsRefused", summarize(&problems))
+    };
+    let status = BrokerTemplateStatus {
+        observed_generation: template.meta().generation,
+        brokers: brokers as i32,
+        objects: outcome.managed as i32,
+        managed_kinds: outcome.kinds.clone(),
+        conditions: vec![keep_transition_time(ready, &previous.conditions)],
+    };
+    if status != previous {
+        Api::<BrokerTemplate>::namespaced(ctx.client.clone(), &namespace)
+            .patch_status(
+                &template.name_any(),
+                &PatchParams::apply(FIELD_MANAGER).force(),
+                &Patch::Apply(serde_json::json!({
+                    "apiVersion": "akri.sh/v1",
+                    "kind": "BrokerTemplate",
+                    "status": status,
+                })),
+            )
+            .await
+            .map_err(|source| Error::Status {
+                name: template.name_any(),
+                source,
+            })?;
+    }
+    Ok(if outcome.retry_soon || desired.waiting {
+        Action::requeue(Duration::from_secs(2))
+    } else {
+        Action::requeue(ctx.config.resync)
+    })
+}
+
+/// The first problems, one per line, and how many more there are (a condition message
+/// stays readable and far below the API server's 32 KiB limit).
+fn summarize(problems: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut message: String = problems
+        .iter()
+        .take(SHOWN)
+        .map(|p| p.chars().take(500).collect::<String>())
+        .collect::<Vec<_>>()
+        .join("\n");
+    if problems.len() > SHOWN {
+        message.push_str(&format!("\n… and {} more", problems.len() - SHOWN));
+    }
+    message
+}
+
+fn condition(ok: bool, reason: &str, message: String) -> Condition {
+    Condition {
+        type_: "Ready".into(),
+        status: if ok { "True" } else { "False" }.into(),
+        reason: reason.into(),
+        message,
+        last_transition_time: Time(Timestamp::now()),
+        observed_generation: None,
+    }
+}
+
+/// Keeps the previous transition time when the condition's status did not change, so that
+/// an unchanged status is not rewritten.
+fn keep_transition_time(mut new: Condition, previous: &[Condition]) -> Condition {
+    if let Some(old) = previous.iter().find(|c| c.type_ == new.type_)
+        && old.status == new.status
+    {
+        new.last_transition_time = old.last_transition_time.clone();
+    }
+    new
+}
