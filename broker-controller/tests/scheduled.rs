@@ -7,7 +7,6 @@ use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
 use akri_broker_controller::controller::{self, ControllerConfig};
 use akri_broker_controller::metrics::Metrics;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -39,25 +38,12 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
     cp.create_node(&name).await.unwrap();
     let peer = KubeletPeer::start(cp, &name).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
-    echo.availability_file = dir.path().join("availability.txt");
-    echo.poll_interval = Duration::from_millis(100);
-    echo.shared = true;
-    let config = AgentConfig {
-        node_name: name.clone(),
-        instance_namespace: namespace.to_string(),
-        registry_dir: peer.registry_dir(),
-        plugins_dir: peer.plugins_dir(),
-        cdi_dir: peer.cdi_dir(),
-        state_dir: dir.path().join("state"),
-        discovery_socket: dir.path().join("handlers/agent-registration.sock"),
-        debug_echo: Some(echo),
-        consumable_capacity: None,
-        instance_grace: Duration::ZERO,
-        startup_wait: Duration::from_secs(10),
-        property_namespaces: None,
-        legacy: None,
-    };
+    let mut config = AgentConfig::embedded(&name, namespace, dir.path()).kubelet_dirs(
+        peer.registry_dir(),
+        peer.plugins_dir(),
+        peer.cdi_dir(),
+    );
+    config.debug_echo_mut().shared = true;
     let agent = agent::start(client.clone(), config)
         .await
         .expect("agent starts");

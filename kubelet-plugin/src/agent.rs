@@ -31,7 +31,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -67,6 +67,49 @@ pub struct AgentConfig {
     pub property_namespaces: Option<BTreeSet<String>>,
     /// Also serve `akri.sh/v0` Configurations as device plugins ([`crate::legacy`]).
     pub legacy: Option<LegacyOptions>,
+}
+
+impl AgentConfig {
+    /// An agent of `node_name` that keeps everything under `dir` (kubelet directories, CDI
+    /// specs, state, the registration socket) and runs the embedded debugEcho handler, its
+    /// availability file `dir/availability.txt` polled every 100 ms: the agent embedded in a
+    /// test or a benchmark. Instances go as soon as their device does, start-up waits at most
+    /// 10 s, the capacity model is asked of the API server, legacy mode is off. Point the
+    /// kubelet directories at a kubelet with [`AgentConfig::kubelet_dirs`].
+    pub fn embedded(node_name: &str, instance_namespace: &str, dir: &Path) -> Self {
+        let mut echo = DebugEchoConfig::new(dir.join("debug-echo.sock"));
+        echo.availability_file = dir.join("availability.txt");
+        echo.poll_interval = Duration::from_millis(100);
+        AgentConfig {
+            node_name: node_name.to_string(),
+            instance_namespace: instance_namespace.to_string(),
+            registry_dir: dir.join("registry"),
+            plugins_dir: dir.join("plugins"),
+            cdi_dir: dir.join("cdi"),
+            state_dir: dir.join("state"),
+            discovery_socket: dir.join("handlers/agent-registration.sock"),
+            debug_echo: Some(echo),
+            consumable_capacity: None,
+            instance_grace: Duration::ZERO,
+            startup_wait: Duration::from_secs(10),
+            property_namespaces: None,
+            legacy: None,
+        }
+    }
+
+    /// Uses a kubelet's plugin registry, plugins and CDI directories.
+    pub fn kubelet_dirs(mut self, registry: PathBuf, plugins: PathBuf, cdi: PathBuf) -> Self {
+        self.registry_dir = registry;
+        self.plugins_dir = plugins;
+        self.cdi_dir = cdi;
+        self
+    }
+
+    /// The embedded debugEcho handler's settings, for tests to adjust.
+    pub fn debug_echo_mut(&mut self) -> &mut DebugEchoConfig {
+        self.debug_echo
+            .get_or_insert_with(|| DebugEchoConfig::new(self.state_dir.join("debug-echo.sock")))
+    }
 }
 
 /// Errors that stop the agent from starting.

@@ -3,7 +3,6 @@
 //! places a pod on a node with the device and the kubelet's DRA manager prepares it.
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
@@ -31,25 +30,17 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
     cp.create_node(&name).await.unwrap();
     let peer = KubeletPeer::start(cp, &name).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let availability = dir.path().join("availability.txt");
-    let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
-    echo.availability_file = availability.clone();
-    echo.poll_interval = Duration::from_millis(100);
-    let config = AgentConfig {
-        node_name: name.clone(),
-        instance_namespace: namespace.to_string(),
-        registry_dir: peer.registry_dir(),
-        plugins_dir: peer.plugins_dir(),
-        cdi_dir: peer.cdi_dir(),
-        state_dir: dir.path().join("state"),
-        discovery_socket: dir.path().join("handlers/agent-registration.sock"),
-        debug_echo: Some(echo),
-        consumable_capacity: None,
-        instance_grace: Duration::ZERO,
-        startup_wait: Duration::from_secs(10),
-        property_namespaces: None,
-        legacy: None,
-    };
+    let config = AgentConfig::embedded(&name, namespace, dir.path()).kubelet_dirs(
+        peer.registry_dir(),
+        peer.plugins_dir(),
+        peer.cdi_dir(),
+    );
+    let availability = config
+        .debug_echo
+        .as_ref()
+        .unwrap()
+        .availability_file
+        .clone();
     let agent = agent::start(client.clone(), config)
         .await
         .expect("agent starts");

@@ -7,7 +7,6 @@
 use akri_driver_controller::controller::{self, ControllerConfig};
 use akri_driver_controller::metrics::Metrics;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use dra_plugin::api_support::ApiSupport;
 use k8s_openapi::api::core::v1::Pod;
@@ -80,26 +79,10 @@ impl Cluster {
             let name = ControlPlane::unique_name("node");
             cp.create_node(&name).await.unwrap();
             let dir = tempfile::tempdir().unwrap();
-            let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
-            echo.availability_file = dir.path().join("availability.txt");
-            availability.push(echo.availability_file.clone());
-            echo.poll_interval = Duration::from_millis(100);
+            let mut config = AgentConfig::embedded(&name, &namespace, dir.path());
+            let echo = config.debug_echo_mut();
             echo.shared = shared;
-            let config = AgentConfig {
-                node_name: name.clone(),
-                instance_namespace: namespace.clone(),
-                registry_dir: dir.path().join("registry"),
-                plugins_dir: dir.path().join("plugins"),
-                cdi_dir: dir.path().join("cdi"),
-                state_dir: dir.path().join("state"),
-                discovery_socket: dir.path().join("handlers/agent-registration.sock"),
-                debug_echo: Some(echo),
-                consumable_capacity: None,
-                instance_grace: Duration::ZERO,
-                startup_wait: Duration::from_secs(10),
-                property_namespaces: None,
-                legacy: None,
-            };
+            availability.push(echo.availability_file.clone());
             agents.push(
                 agent::start(client.clone(), config)
                     .await

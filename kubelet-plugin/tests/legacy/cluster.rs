@@ -4,7 +4,6 @@
 
 use akri_api::v0::{Configuration, Instance};
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_kubelet_plugin::legacy::LegacyOptions;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
@@ -61,30 +60,17 @@ pub async fn start_node(
     cp.create_node(&name).await.unwrap();
     let peer = KubeletPeer::start(cp, &name).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let mut echo = DebugEchoConfig::new(dir.path().join("debug-echo.sock"));
-    echo.availability_file = dir.path().join("availability.txt");
-    echo.poll_interval = Duration::from_millis(100);
-    echo.shared = true;
-    let config = AgentConfig {
-        node_name: name.clone(),
-        instance_namespace: "unused-by-the-legacy-path".to_string(),
-        registry_dir: peer.registry_dir(),
-        plugins_dir: peer.plugins_dir(),
-        cdi_dir: peer.cdi_dir(),
-        state_dir: dir.path().join("state"),
-        discovery_socket: dir.path().join("handlers/agent-registration.sock"),
-        debug_echo: Some(echo),
-        consumable_capacity: Some(false),
-        instance_grace: Duration::ZERO,
-        startup_wait: Duration::from_secs(5),
-        property_namespaces: None,
-        legacy: Some(LegacyOptions {
-            device_plugin_dir: peer.device_plugin_dir(),
-            pod_resources_socket: Some(peer.pod_resources_socket()),
-            reclaim_grace,
-            reclaim_interval: Duration::from_millis(200),
-        }),
-    };
+    let mut config = AgentConfig::embedded(&name, "unused-by-the-legacy-path", dir.path())
+        .kubelet_dirs(peer.registry_dir(), peer.plugins_dir(), peer.cdi_dir());
+    config.debug_echo_mut().shared = true;
+    config.consumable_capacity = Some(false);
+    config.startup_wait = Duration::from_secs(5);
+    config.legacy = Some(LegacyOptions {
+        device_plugin_dir: peer.device_plugin_dir(),
+        pod_resources_socket: Some(peer.pod_resources_socket()),
+        reclaim_grace,
+        reclaim_interval: Duration::from_millis(200),
+    });
     let agent = agent::start(client.clone(), config)
         .await
         .expect("agent starts");
