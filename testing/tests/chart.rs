@@ -817,9 +817,15 @@ broker-controller  list    akri.sh/instances                         other     -
 broker-controller  patch   akri.sh/instances                         release   -             no
 broker-controller  create  akri.sh/instances                         release   -             no
 broker-controller  update  akri.sh/brokertemplates                   other     -             no
-broker-controller  create  apps/deployments                          other     -             no
+broker-controller  patch   akri.sh/brokertemplates/status            other     -             yes
+broker-controller  patch   apps/deployments                          other     -             yes
+broker-controller  delete  core/pods                                 other     -             yes
+broker-controller  create  resource.k8s.io/resourceclaimtemplates    other     -             yes
 broker-controller  create  resource.k8s.io/resourceclaims            other     -             no
+broker-controller  create  core/secrets                              other     -             no
 broker-controller  get     core/secrets                              release   -             no
+broker-controller  update  coordination.k8s.io/leases                release   edge-akri-broker-controller  yes
+broker-controller  update  coordination.k8s.io/leases                release   akri-leader   no
 ";
 
 /// The same for the `akri` release (default values): no propertyNamespaces, so Secret and
