@@ -105,18 +105,7 @@ pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metric
         watcher::Config::default(),
     );
     let templates = controller.store();
-    let by_configuration = move |name: String| {
-        let templates = templates.clone();
-        move || {
-            templates
-                .state()
-                .into_iter()
-                .filter(|t| t.spec.discovery_reference.name == name)
-                .map(|t| ObjectRef::from_obj(&*t))
-                .collect::<Vec<_>>()
-        }
-    };
-    let (for_instance, for_configuration) = (by_configuration.clone(), by_configuration);
+    let for_instance = templates.clone();
     let ctx = Arc::new(Context {
         client: client.clone(),
         config: config.clone(),
@@ -133,10 +122,10 @@ pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metric
         .owns(Api::<Service>::all(client.clone()), owned.clone())
         .owns(Api::<Job>::all(client.clone()), owned)
         .watches_stream(instance_stream, move |i: Instance| {
-            for_instance(i.spec.configuration_name.clone())()
+            templates_of(&for_instance, &i.spec.configuration_name)
         })
         .watches_stream(configuration_stream, move |c: DiscoveryConfiguration| {
-            for_configuration(c.name_any())()
+            templates_of(&templates, &c.name_any())
         })
         .with_config(ControllerRuntimeConfig::default().debounce(config.debounce))
         .run(reconcile, error_policy, ctx)
@@ -146,6 +135,19 @@ pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metric
             }
         })
         .await;
+}
+
+/// The BrokerTemplates of a DiscoveryConfiguration.
+fn templates_of(
+    templates: &Store<BrokerTemplate>,
+    configuration: &str,
+) -> Vec<ObjectRef<BrokerTemplate>> {
+    templates
+        .state()
+        .into_iter()
+        .filter(|t| t.spec.discovery_reference.name == configuration)
+        .map(|t| ObjectRef::from_obj(&*t))
+        .collect()
 }
 
 fn error_policy(template: Arc<BrokerTemplate>, error: &Error, _: Arc<Context>) -> Action {

@@ -20,21 +20,6 @@ pub struct Desired {
     pub waiting: bool,
 }
 
-/// Kinds that run pods, whose pod spec gets the Instance's claim.
-fn runs_pods(kind: &str) -> bool {
-    matches!(
-        kind,
-        "Pod"
-            | "Deployment"
-            | "ReplicaSet"
-            | "StatefulSet"
-            | "DaemonSet"
-            | "Job"
-            | "CronJob"
-            | "ReplicationController"
-    )
-}
-
 pub fn desired(
     spec: &BrokerTemplateSpec,
     configuration: &str,
@@ -52,7 +37,7 @@ pub fn desired(
     let needs_claim = spec
         .instance_broker_resources
         .iter()
-        .any(|r| runs_pods(r.0.get("kind").and_then(|k| k.as_str()).unwrap_or_default()));
+        .any(|r| render::runs_pods(r.0.get("kind").and_then(|k| k.as_str()).unwrap_or_default()));
     for instance in instances {
         let name = instance.name_any();
         let claim_template = render::claim_template_name(&name, owner.name);

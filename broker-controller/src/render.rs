@@ -238,24 +238,25 @@ pub fn render(
 ) -> Result<Rendered, RenderError> {
     let mut object = substitute_all(&Value::Object(resource.clone()), values)?;
     let name = substitute(&name_pattern(resource, per_instance), values)?;
-    let api_version = resource["apiVersion"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let kind = resource["kind"].as_str().unwrap_or_default().to_string();
+    let kind = resource["kind"].as_str().unwrap_or_default();
     if let (true, Some(claim_template)) = (per_instance, values.claim_template) {
-        if let Some(pod_spec) = pod_spec_mut(&kind, &mut object) {
+        if let Some(pod_spec) = pod_spec_mut(kind, &mut object) {
             bind_to_claim(pod_spec, claim_template);
         }
-        if let (Some(pod_spec), Some(node)) = (pod_spec_mut(&kind, &mut object), values.node) {
+        if let (Some(pod_spec), Some(node)) = (pod_spec_mut(kind, &mut object), values.node) {
             pin_to_node(pod_spec, node);
         }
     }
-    let metadata = object
+    Ok(finish(object, name, values.instance, owner))
+}
+
+/// Makes `object` one of `owner`'s: its name and namespace, the template-UID label, the
+/// Instance annotation, the owner reference, and the digest of all that.
+fn finish(mut object: Value, name: String, instance: Option<&str>, owner: &Owner) -> Rendered {
+    let root = object
         .as_object_mut()
-        .expect("a BrokerResource is an object")
-        .entry("metadata")
-        .or_insert_with(|| json!({}));
+        .expect("a rendered object is an object");
+    let metadata = root.entry("metadata").or_insert_with(|| json!({}));
     if !metadata.is_object() {
         *metadata = json!({});
     }
@@ -267,7 +268,7 @@ pub fn render(
         labels.insert(TEMPLATE_UID_LABEL.into(), json!(owner.uid));
     }
     let annotations = metadata.entry("annotations").or_insert_with(|| json!({}));
-    if let (Some(annotations), Some(instance)) = (annotations.as_object_mut(), values.instance) {
+    if let (Some(annotations), Some(instance)) = (annotations.as_object_mut(), instance) {
         annotations.insert(INSTANCE_ANNOTATION.into(), json!(instance));
     }
     metadata.insert(
@@ -285,13 +286,14 @@ pub fn render(
     if let Some(annotations) = object["metadata"]["annotations"].as_object_mut() {
         annotations.insert(DIGEST_ANNOTATION.into(), json!(digest));
     }
-    Ok(Rendered {
-        api_version,
-        kind,
+    let field = |key: &str| object[key].as_str().unwrap_or_default().to_string();
+    Rendered {
+        api_version: field("apiVersion"),
+        kind: field("kind"),
         name,
-        instance: values.instance.map(str::to_string),
+        instance: instance.map(str::to_string),
         object,
-    })
+    }
 }
 
 /// A short digest of an object as rendered (before the digest annotation is added).
@@ -304,10 +306,10 @@ fn digest(object: &Value) -> String {
     format!("{:016x}", hasher.finish())
 }
 
-/// The pod spec inside an object of `kind`: a Pod's own, a workload's pod template's, or a
+/// Where an object of `kind` holds its pod spec: a Pod's own, a workload's pod template's, a
 /// CronJob's job template's. `None` for kinds that run no pods.
-fn pod_spec_mut<'v>(kind: &str, object: &'v mut Value) -> Option<&'v mut Map<String, Value>> {
-    let path: &[&str] = match kind {
+fn pod_spec_path(kind: &str) -> Option<&'static [&'static str]> {
+    Some(match kind {
         "Pod" => &["spec"],
         "Deployment"
         | "ReplicaSet"
@@ -317,9 +319,17 @@ fn pod_spec_mut<'v>(kind: &str, object: &'v mut Value) -> Option<&'v mut Map<Str
         | "ReplicationController" => &["spec", "template", "spec"],
         "CronJob" => &["spec", "jobTemplate", "spec", "template", "spec"],
         _ => return None,
-    };
+    })
+}
+
+/// Whether objects of `kind` run pods (and so get the Instance's claim).
+pub fn runs_pods(kind: &str) -> bool {
+    pod_spec_path(kind).is_some()
+}
+
+fn pod_spec_mut<'v>(kind: &str, object: &'v mut Value) -> Option<&'v mut Map<String, Value>> {
     let mut at = object;
-    for key in path {
+    for key in pod_spec_path(kind)? {
         at = at.get_mut(*key)?;
     }
     at.as_object_mut()
@@ -399,20 +409,9 @@ pub fn claim_template(name: &str, instance: &str, device_class: &str, owner: &Ow
             .expect("the attribute is in our domain"),
         serde_json::to_string(instance).expect("a string serializes")
     );
-    let mut object = json!({
+    let object = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
-        "metadata": {
-            "name": name,
-            "namespace": owner.namespace,
-            "labels": { TEMPLATE_UID_LABEL: owner.uid },
-            "annotations": { INSTANCE_ANNOTATION: instance },
-            "ownerReferences": [{
-                "apiVersion": "akri.sh/v1", "kind": "BrokerTemplate",
-                "name": owner.name, "uid": owner.uid,
-                "controller": true, "blockOwnerDeletion": false,
-            }],
-        },
         "spec": { "spec": { "devices": { "requests": [{
             "name": "device",
             "exactly": {
@@ -421,15 +420,7 @@ pub fn claim_template(name: &str, instance: &str, device_class: &str, owner: &Ow
             },
         }]}}},
     });
-    let digest = digest(&object);
-    object["metadata"]["annotations"][DIGEST_ANNOTATION] = json!(digest);
-    Rendered {
-        api_version: "resource.k8s.io/v1".into(),
-        kind: "ResourceClaimTemplate".into(),
-        name: name.to_string(),
-        instance: Some(instance.to_string()),
-        object,
-    }
+    finish(object, name.to_string(), Some(instance), owner)
 }
 
 /// The name of the ResourceClaimTemplate of `instance` for `template`:

@@ -17,9 +17,7 @@ async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     akri_testing::eventually(what, Duration::from_secs(60), check).await
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
-    serde_json::from_value(value).expect("valid object")
-}
+use akri_testing::from_json;
 
 struct Setup {
     _cp: ControlPlane,

@@ -12,7 +12,7 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -22,9 +22,7 @@ async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     akri_testing::eventually(what, Duration::from_secs(90), check).await
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
-    serde_json::from_value(value).expect("valid object")
-}
+use akri_testing::from_json;
 
 struct SimNode {
     name: String,

@@ -87,3 +87,8 @@ pub async fn eventually<T, F: AsyncFn() -> Option<T>>(
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }
+
+/// A typed object from the JSON a test writes it in; panics on a mistake in the test.
+pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
+    serde_json::from_value(value).expect("valid object")
+}

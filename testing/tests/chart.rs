@@ -34,9 +34,7 @@ fn full_values() -> String {
         .to_string()
 }
 
-fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
-    serde_json::from_value(value).expect("valid object")
-}
+use akri_testing::from_json;
 
 /// Helm as a process, with its own config, cache and data directories.
 struct Helm {

@@ -16,9 +16,7 @@ use serde_json::json;
 use std::time::Duration;
 use support::TestDraPlugin;
 
-fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
-    serde_json::from_value(value).expect("valid object")
-}
+use akri_testing::from_json;
 
 #[tokio::test]
 async fn scheduler_allocates_and_kubelet_prepares() {

@@ -23,9 +23,7 @@ pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T
     akri_testing::eventually(what, TIMEOUT, check).await
 }
 
-pub fn from_json<T: serde::de::DeserializeOwned>(value: Value) -> T {
-    serde_json::from_value(value).expect("valid object")
-}
+pub use akri_testing::from_json;
 
 /// A full control plane of its own with the akri.sh CRDs, a client and a namespace for
 /// Instances; test logs go to the test's output (`RUST_LOG`).

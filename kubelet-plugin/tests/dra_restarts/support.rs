@@ -19,9 +19,7 @@ pub(crate) async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: 
     akri_testing::eventually(what, Duration::from_secs(60), check).await
 }
 
-pub(crate) fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
-    serde_json::from_value(value).unwrap()
-}
+pub(crate) use akri_testing::from_json;
 
 /// The plugin binary for `node`, with the embedded debugEcho, its state in `dir`.
 pub(crate) fn spawn_plugin(
