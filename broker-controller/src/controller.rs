@@ -156,6 +156,12 @@ fn error_policy(template: Arc<BrokerTemplate>, error: &Error, _: Arc<Context>) -
 }
 
 async fn reconcile(template: Arc<BrokerTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let result = converge(template, &ctx).await;
+    ctx.metrics.reconciled(result.is_ok());
+    result
+}
+
+async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action, Error> {
     // Nothing is decided before both stores are listed: an empty store is not an empty cluster.
     let _ = ctx.instances.wait_until_ready().await;
     let _ = ctx.configurations.wait_until_ready().await;

@@ -9,10 +9,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
-/// What happened to broker objects.
+/// What happened to broker objects (`apply`, `delete` or `refused`), or to a reconciliation
+/// (`ok` or `error`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WriteLabels {
-    /// `apply`, `delete` or `refused`.
     pub result: String,
 }
 
@@ -21,6 +21,7 @@ pub struct WriteLabels {
 pub struct Metrics {
     registry: Arc<Registry>,
     writes: Family<WriteLabels, Counter>,
+    reconciles: Family<WriteLabels, Counter>,
     leader: Gauge,
 }
 
@@ -33,6 +34,12 @@ impl Default for Metrics {
             "Broker objects applied or deleted, and writes the API server refused",
             writes.clone(),
         );
+        let reconciles = Family::<WriteLabels, Counter>::default();
+        registry.register(
+            "reconciles",
+            "BrokerTemplates reconciled, by result (`ok` or `error`)",
+            reconciles.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -42,6 +49,7 @@ impl Default for Metrics {
         Metrics {
             registry: Arc::new(registry),
             writes,
+            reconciles,
             leader,
         }
     }
@@ -60,6 +68,14 @@ impl Metrics {
                 })
                 .inc_by(n as u64);
         }
+    }
+
+    pub fn reconciled(&self, ok: bool) {
+        self.reconciles
+            .get_or_create(&WriteLabels {
+                result: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
     }
 
     pub fn set_leader(&self, leader: bool) {

@@ -1,18 +1,20 @@
 //! Brokers end to end on real Kubernetes: two simulated nodes (kubelet peer + the node agent
-//! with debugEcho), the driver-controller, the broker-controller, the real scheduler. Each
-//! broker pod's claim is allocated to its own Instance, the pod lands on a node that reaches
-//! the device, and the kubelet prepares it with that device's properties.
+//! with debugEcho), the driver-controller, the broker-controller, the real scheduler and
+//! controller-manager. Each broker pod's claim is allocated to its own Instance, the pod lands
+//! on a node that reaches the device, and the kubelet prepares it with that device's
+//! properties; a Job per Instance runs once.
 
 use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
 use akri_broker_controller::controller::{self, ControllerConfig};
 use akri_broker_controller::metrics::Metrics;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
+use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json, metric};
+use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::json;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -22,8 +24,6 @@ async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     akri_testing::eventually(what, Duration::from_secs(90), check).await
 }
 
-use akri_testing::from_json;
-
 struct SimNode {
     name: String,
     peer: KubeletPeer,
@@ -31,145 +31,186 @@ struct SimNode {
     _dir: tempfile::TempDir,
 }
 
-async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -> SimNode {
-    let name = ControlPlane::unique_name("node");
-    cp.create_node(&name).await.unwrap();
-    let peer = KubeletPeer::start(cp, &name).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = AgentConfig::embedded(&name, namespace, dir.path()).kubelet_dirs(
-        peer.registry_dir(),
-        peer.plugins_dir(),
-        peer.cdi_dir(),
-    );
-    config.debug_echo_mut().shared = true;
-    let agent = agent::start(client.clone(), config)
-        .await
-        .expect("agent starts");
-    SimNode {
-        name,
-        peer,
-        _agent: agent,
-        _dir: dir,
+/// Two nodes whose debugEcho handlers register as shared, each hiding the descriptions in
+/// `offline[i]` (so a device is seen by one node or by both), and both controllers.
+struct Cluster {
+    _cp: ControlPlane,
+    client: kube::Client,
+    akri: String,
+    apps: String,
+    nodes: Vec<SimNode>,
+    driver: tokio::task::JoinHandle<()>,
+    brokers: tokio::task::JoinHandle<()>,
+    metrics: Metrics,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.driver.abort();
+        self.brokers.abort();
     }
 }
 
-#[tokio::test]
-async fn each_broker_is_scheduled_with_its_own_device() {
-    let cp = ControlPlane::start(ControlPlaneOptions::full())
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let akri = cp.create_namespace("akri").await.unwrap();
-    let apps = cp.create_namespace("apps").await.unwrap();
-    let nodes = [
-        start_node(&cp, &client, &akri).await,
-        start_node(&cp, &client, &akri).await,
-    ];
-    let mut driver = akri_driver_controller::controller::ControllerConfig::new(&akri);
-    driver.debounce = Duration::from_millis(100);
-    let mut brokers = ControllerConfig::new(&akri);
-    brokers.debounce = Duration::from_millis(100);
-    let tasks = [
-        tokio::spawn({
+fn start_brokers(client: &kube::Client, namespace: &str) -> (tokio::task::JoinHandle<()>, Metrics) {
+    let mut config = ControllerConfig::new(namespace);
+    config.debounce = Duration::from_millis(100);
+    let metrics = Metrics::default();
+    let task = tokio::spawn(controller::run(client.clone(), config, metrics.clone()));
+    (task, metrics)
+}
+
+impl Cluster {
+    async fn start(offline: [&str; 2]) -> Cluster {
+        let cp = ControlPlane::start(ControlPlaneOptions::full())
+            .await
+            .expect("control plane");
+        let client = cp.client().await.unwrap();
+        cp.install_crds(&akri_api::crds::all()).await.unwrap();
+        let akri = cp.create_namespace("akri").await.unwrap();
+        let apps = cp.create_namespace("apps").await.unwrap();
+        let mut nodes = Vec::new();
+        for hidden in offline {
+            let name = ControlPlane::unique_name("node");
+            cp.create_node(&name).await.unwrap();
+            let peer = KubeletPeer::start(&cp, &name).await.unwrap();
+            let dir = tempfile::tempdir().unwrap();
+            let mut config = AgentConfig::embedded(&name, &akri, dir.path()).kubelet_dirs(
+                peer.registry_dir(),
+                peer.plugins_dir(),
+                peer.cdi_dir(),
+            );
+            let echo = config.debug_echo_mut();
+            echo.shared = true;
+            echo.availability_file = dir.path().join("availability");
+            std::fs::write(&echo.availability_file, hidden).unwrap();
+            let agent = agent::start(client.clone(), config)
+                .await
+                .expect("agent starts");
+            nodes.push(SimNode {
+                name,
+                peer,
+                _agent: agent,
+                _dir: dir,
+            });
+        }
+        let mut driver = akri_driver_controller::controller::ControllerConfig::new(&akri);
+        driver.debounce = Duration::from_millis(100);
+        let driver = tokio::spawn({
             let client = client.clone();
             async move {
                 akri_driver_controller::controller::run(client, driver, Default::default())
                     .await
                     .expect("driver-controller runs")
             }
-        }),
-        tokio::spawn(controller::run(client.clone(), brokers, Metrics::default())),
-    ];
+        });
+        let (brokers, metrics) = start_brokers(&client, &akri);
+        Cluster {
+            _cp: cp,
+            client,
+            akri,
+            apps,
+            nodes,
+            driver,
+            brokers,
+            metrics,
+        }
+    }
 
-    // Two cameras both nodes reach, each shareable by 2 claims.
-    Api::<DiscoveryConfiguration>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-                "metadata": { "name": "cams" },
-                "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0, cam1]" }, "capacity": 2 },
-            })),
-        )
-        .await
-        .unwrap();
-    let instances = Api::<Instance>::namespaced(client.clone(), &akri);
-    let reachable: BTreeMap<String, Vec<String>> =
-        eventually("both Instances on both nodes", async || {
+    /// A fresh broker-controller process in place of the running one.
+    fn restart_brokers(&mut self) {
+        self.brokers.abort();
+        (self.brokers, self.metrics) = start_brokers(&self.client, &self.akri);
+    }
+
+    /// A debugEcho DiscoveryConfiguration; waits for its Instances and returns the nodes
+    /// reaching each one.
+    async fn discovery(&self, name: &str, descriptions: &str) -> BTreeMap<String, Vec<String>> {
+        Api::<DiscoveryConfiguration>::all(self.client.clone())
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                    "metadata": { "name": name },
+                    "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": format!("descriptions: [{descriptions}]") }, "capacity": 2 },
+                })),
+            )
+            .await
+            .unwrap();
+        let count = descriptions.split(',').count();
+        let instances = self.instances();
+        eventually(&format!("the Instances of {name}"), async || {
             let list = instances.list(&Default::default()).await.ok()?;
             let found: BTreeMap<String, Vec<String>> = list
                 .items
                 .iter()
-                .filter(|i| i.spec.nodes.len() == 2)
-                .map(|i| (i.name_any(), i.spec.nodes.clone()))
+                .filter(|i| i.spec.configuration_name == name)
+                .map(|i| {
+                    let mut nodes = i.spec.nodes.clone();
+                    nodes.sort();
+                    (i.name_any(), nodes)
+                })
                 .collect();
-            (found.len() == 2).then_some(found)
+            (found.len() == count).then_some(found)
         })
-        .await;
-
-    Api::<BrokerTemplate>::namespaced(client.clone(), &apps)
-        .patch(
-            "cams",
-            &PatchParams::apply("test"),
-            &Patch::Apply(json!({
-                "apiVersion": "akri.sh/v1", "kind": "BrokerTemplate",
-                "metadata": { "name": "cams" },
-                "spec": {
-                    "discoveryReference": { "name": "cams" },
-                    "instanceBrokerResources": [
-                        { "apiVersion": "v1", "kind": "Pod",
-                          "metadata": { "labels": { "instance": "$(AKRI_INSTANCE)" } },
-                          "spec": { "containers": [{ "name": "broker", "image": "broker" }] } },
-                        { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "$(AKRI_INSTANCE)-svc" },
-                          "spec": { "selector": { "instance": "$(AKRI_INSTANCE)" }, "ports": [{ "port": 80 }] } },
-                    ],
-                    "globalBrokerResources": [
-                        { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "cams-all" },
-                          "spec": { "selector": { "app": "cams" }, "ports": [{ "port": 80 }] } },
-                    ],
-                },
-            })),
-        )
         .await
-        .unwrap();
+    }
 
-    let pods = Api::<Pod>::namespaced(client.clone(), &apps);
-    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &apps);
-    let services = Api::<Service>::namespaced(client.clone(), &apps);
-    services.get_opt("cams-all").await.unwrap();
-    for (instance, reach) in &reachable {
-        let pod_name = format!("{instance}-pod");
-        // Bound by the scheduler to a node that reaches the device.
-        let node = eventually(&format!("{pod_name} bound"), async || {
-            pods.get_opt(&pod_name).await.ok()??.spec?.node_name
+    fn instances(&self) -> Api<Instance> {
+        Api::namespaced(self.client.clone(), &self.akri)
+    }
+
+    async fn apply_template(&self, name: &str, spec: Value) {
+        Api::<BrokerTemplate>::namespaced(self.client.clone(), &self.apps)
+            .patch(
+                name,
+                &PatchParams::apply("test"),
+                &Patch::Apply(json!({
+                    "apiVersion": "akri.sh/v1", "kind": "BrokerTemplate",
+                    "metadata": { "name": name }, "spec": spec,
+                })),
+            )
+            .await
+            .unwrap();
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.apps)
+    }
+
+    fn node(&self, name: &str) -> &SimNode {
+        self.nodes.iter().find(|n| n.name == name).unwrap()
+    }
+
+    /// Waits for `pod` to be bound and its claim allocated; returns its node and the
+    /// `akri.sh/instance` of the allocated device.
+    async fn bound_with_device(&self, pod: &str) -> (String, String) {
+        let pods = self.pods();
+        let node = eventually(&format!("{pod} bound"), async || {
+            pods.get_opt(pod).await.ok()??.spec?.node_name
         })
         .await;
-        assert!(
-            reach.contains(&node),
-            "{pod_name} on {node}, device reachable from {reach:?}"
-        );
-        // Its claim allocated to its own Instance.
-        let claim_name = eventually("the pod's claim", async || {
-            let status = pods.get(&pod_name).await.ok()?.status?;
-            status
+        let claim = eventually(&format!("{pod}'s claim"), async || {
+            pods.get(pod)
+                .await
+                .ok()?
+                .status?
                 .resource_claim_statuses?
                 .into_iter()
                 .find_map(|s| s.resource_claim_name)
         })
         .await;
-        let claim = claims.get(&claim_name).await.unwrap();
+        let claim = Api::<ResourceClaim>::namespaced(self.client.clone(), &self.apps)
+            .get(&claim)
+            .await
+            .unwrap();
         let results = claim
             .status
-            .unwrap()
-            .allocation
-            .unwrap()
-            .devices
-            .unwrap()
-            .results
+            .and_then(|s| s.allocation)
+            .and_then(|a| a.devices)
+            .and_then(|d| d.results)
             .unwrap_or_default();
-        assert_eq!(results.len(), 1);
-        let slices = Api::<ResourceSlice>::all(client.clone())
+        assert_eq!(results.len(), 1, "{pod}: one device");
+        let slices = Api::<ResourceSlice>::all(self.client.clone())
             .list(&Default::default())
             .await
             .unwrap();
@@ -180,38 +221,206 @@ async fn each_broker_is_scheduled_with_its_own_device() {
             .flat_map(|s| s.spec.devices.clone().unwrap_or_default())
             .find(|d| d.name == results[0].device)
             .expect("the allocated device is published");
-        let attribute = device.attributes.unwrap()[akri_devices::ATTR_INSTANCE]
+        let instance = device.attributes.unwrap()[akri_devices::ATTR_INSTANCE]
             .string
-            .clone();
-        assert_eq!(
-            attribute.as_deref(),
-            Some(instance.as_str()),
-            "{pod_name} got another device"
-        );
-        services.get(&format!("{instance}-svc")).await.unwrap();
+            .clone()
+            .unwrap();
+        (node, instance)
+    }
 
-        // The kubelet prepares it: the CDI env carries that camera's description.
-        let sim = nodes.iter().find(|n| n.name == node).unwrap();
-        let containers = sim.peer.prepare(&apps, &pod_name).await.expect("prepared");
-        let edits = sim
-            .peer
+    /// What the pod's node's kubelet does before starting it: prepares its claim; returns
+    /// the container `broker`'s environment from CDI.
+    async fn prepared_env(&self, node: &str, pod: &str) -> Vec<String> {
+        let peer = &self.node(node).peer;
+        let containers = peer.prepare(&self.apps, pod).await.expect("prepared");
+        let edits = peer
             .cdi_inject(&containers["broker"])
             .await
             .expect("CDI resolves");
-        let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
-        let description = instances
+        serde_json::from_value(edits["env"].clone()).unwrap()
+    }
+
+    async fn description(&self, instance: &str) -> String {
+        self.instances()
             .get(instance)
             .await
             .unwrap()
             .spec
             .broker_properties["DEBUG_ECHO_DESCRIPTION"]
-            .clone();
+            .clone()
+    }
+
+    /// A counter of the running broker-controller (0 until it has a sample).
+    fn counted(&self, series: &str) -> f64 {
+        metric(&self.metrics.encode(), series).unwrap_or(0.0)
+    }
+}
+
+/// Akri's `brokerPodSpec` on a shared device: a Pod per Instance per node that sees it (one
+/// claim each, so at most `capacity` of them), a Service per Instance and one for all.
+#[tokio::test]
+async fn each_broker_is_scheduled_with_its_own_device() {
+    // cam-a only on node 0, cam-b only on node 1, cam-shared on both (capacity 2).
+    let c = Cluster::start(["cam-b", "cam-a"]).await;
+    let reach = c.discovery("cams", "cam-a, cam-b, cam-shared").await;
+    let shared = reach
+        .iter()
+        .find(|(_, nodes)| nodes.len() == 2)
+        .map(|(i, _)| i.clone())
+        .expect("cam-shared is seen by both nodes");
+    assert_eq!(
+        reach.values().filter(|n| n.len() == 1).count(),
+        2,
+        "the other cameras by one node each: {reach:?}"
+    );
+    c.apply_template(
+        "cams",
+        json!({
+            "discoveryReference": { "name": "cams" },
+            "instanceBrokerResources": [
+                { "apiVersion": "v1", "kind": "Pod",
+                  "metadata": { "name": "$(AKRI_INSTANCE)-$(AKRI_NODE)", "labels": { "instance": "$(AKRI_INSTANCE)" } },
+                  "spec": { "containers": [{ "name": "broker", "image": "broker" }] } },
+                { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "$(AKRI_INSTANCE)-svc" },
+                  "spec": { "selector": { "instance": "$(AKRI_INSTANCE)" }, "ports": [{ "port": 80 }] } },
+            ],
+            "globalBrokerResources": [
+                { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "cams-all" },
+                  "spec": { "selector": { "app": "cams" }, "ports": [{ "port": 80 }] } },
+            ],
+        }),
+    )
+    .await;
+
+    let services = Api::<Service>::namespaced(c.client.clone(), &c.apps);
+    eventually("the global Service", async || {
+        services.get_opt("cams-all").await.ok()?
+    })
+    .await;
+    let mut brokers = 0;
+    for (instance, nodes) in &reach {
+        for pinned in nodes {
+            let pod = format!("{instance}-{pinned}");
+            brokers += 1;
+            // Bound to its own node (the device reachable there), its claim allocated to its
+            // own Instance: both pods of cam-shared hold one of its 2 slots.
+            let (node, allocated) = c.bound_with_device(&pod).await;
+            assert_eq!(&node, pinned, "{pod} runs on the node it is made for");
+            assert_eq!(&allocated, instance, "{pod} got another device");
+            // The kubelet prepares it: the CDI env carries that camera's description.
+            let env = c.prepared_env(&node, &pod).await;
+            let description = c.description(instance).await;
+            assert!(
+                env.contains(&format!("DEBUG_ECHO_DESCRIPTION={description}")),
+                "{pod}: {env:?}"
+            );
+        }
+        services.get(&format!("{instance}-svc")).await.unwrap();
+    }
+    assert_eq!(
+        brokers, 4,
+        "one pod for each camera's node, two for {shared}"
+    );
+    let pods = c.pods().list(&ListParams::default()).await.unwrap();
+    assert_eq!(pods.items.len(), brokers, "no other pods");
+}
+
+/// Akri's `brokerJobSpec`: a Job per Instance runs to completion once, and is neither
+/// recreated when it finishes nor when the controller restarts.
+#[tokio::test]
+async fn a_job_per_instance_runs_once() {
+    let mut c = Cluster::start(["", ""]).await;
+    let reach = c.discovery("sensors", "sensor0, sensor1").await;
+    c.apply_template(
+        "readout",
+        json!({
+            "discoveryReference": { "name": "sensors" },
+            "instanceBrokerResources": [
+                { "apiVersion": "batch/v1", "kind": "Job",
+                  "metadata": { "name": "$(AKRI_INSTANCE)-readout" },
+                  "spec": { "parallelism": 1, "completions": 1, "backoffLimit": 2,
+                    "template": { "spec": { "restartPolicy": "Never",
+                      "containers": [{ "name": "broker", "image": "readout" }] } } } },
+            ],
+        }),
+    )
+    .await;
+
+    let jobs = Api::<Job>::namespaced(c.client.clone(), &c.apps);
+    let pods = c.pods();
+    let mut uids = BTreeMap::new();
+    for instance in reach.keys() {
+        let job = format!("{instance}-readout");
+        let pod = eventually(&format!("the pod of {job}"), async || {
+            let list = pods
+                .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))
+                .await
+                .ok()?;
+            list.items.first().map(|p| p.name_any())
+        })
+        .await;
+        let (node, allocated) = c.bound_with_device(&pod).await;
+        assert_eq!(&allocated, instance, "{pod} got another device");
+        let env = c.prepared_env(&node, &pod).await;
+        let description = c.description(instance).await;
         assert!(
             env.contains(&format!("DEBUG_ECHO_DESCRIPTION={description}")),
-            "{pod_name}: {env:?}"
+            "{pod}: {env:?}"
         );
+        // The container runs and exits 0 (this test plays the container runtime); the kubelet
+        // unprepares the claim and reports the pod done.
+        c.node(&node).peer.unprepare(&c.apps, &pod).await.unwrap();
+        pods.patch_status(
+            &pod,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": {
+                "phase": "Succeeded",
+            }})),
+        )
+        .await
+        .unwrap();
+        let uid = eventually(&format!("{job} complete"), async || {
+            let job = jobs.get(&job).await.ok()?;
+            let complete = job
+                .status
+                .as_ref()?
+                .conditions
+                .as_ref()?
+                .iter()
+                .any(|c| c.type_ == "Complete" && c.status == "True");
+            complete.then(|| job.uid().unwrap())
+        })
+        .await;
+        uids.insert(job, uid);
     }
-    for task in tasks {
-        task.abort();
+
+    // A fresh controller looks at everything again and writes nothing: the completed Jobs
+    // stay as they are.
+    let writes = c.counted("akri_broker_controller_object_writes_total{result=\"apply\"}");
+    c.restart_brokers();
+    eventually("the restarted controller reconciles", async || {
+        (c.counted("akri_broker_controller_reconciles_total{result=\"ok\"}") > 0.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        c.counted("akri_broker_controller_object_writes_total{result=\"apply\"}"),
+        0.0,
+        "the restarted controller rewrote objects (before the restart it had applied {writes})"
+    );
+    for (job, uid) in &uids {
+        let live = jobs.get(job).await.unwrap();
+        assert_eq!(live.uid().as_ref(), Some(uid), "{job} was recreated");
+        assert_eq!(live.status.unwrap().succeeded, Some(1), "{job} ran once");
     }
+    let pods = pods.list(&ListParams::default()).await.unwrap();
+    assert_eq!(
+        pods.items.len(),
+        uids.len(),
+        "one pod per Job, none started again"
+    );
+    assert!(
+        pods.items
+            .iter()
+            .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+    );
 }

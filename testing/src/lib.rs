@@ -92,3 +92,26 @@ pub async fn eventually<T, F: AsyncFn() -> Option<T>>(
 pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("valid object")
 }
+
+/// The value of one sample in a Prometheus text exposition (`/metrics`), by its series as
+/// written there: `akri_broker_controller_reconciles_total{result="ok"}`. `None` when the
+/// series is absent.
+pub fn metric(exposition: &str, series: &str) -> Option<f64> {
+    exposition.lines().find_map(|line| {
+        let value = line.strip_prefix(series)?.strip_prefix(' ')?;
+        value.split_whitespace().next()?.parse().ok()
+    })
+}
+
+#[cfg(test)]
+mod metric_tests {
+    #[test]
+    fn a_sample_is_found_by_its_whole_series() {
+        let text =
+            "# HELP x_total X.\nx_total{result=\"ok\"} 3\nx_total{result=\"okay\"} 5\ny 1.5\n";
+        assert_eq!(super::metric(text, "x_total{result=\"ok\"}"), Some(3.0));
+        assert_eq!(super::metric(text, "y"), Some(1.5));
+        assert_eq!(super::metric(text, "x_total"), None);
+        assert_eq!(super::metric(text, "z"), None);
+    }
+}
