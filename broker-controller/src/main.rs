@@ -52,11 +52,16 @@ async fn main() -> anyhow::Result<()> {
 
     let leading = metrics.clone();
     let work = controller::run(client.clone(), config, metrics);
-    tokio::select! {
-        result = akri_runtime::leader::lead(client, lease, readiness, move |l| leading.set_leader(l), work) => {
-            result?;
-        }
-        stopped = akri_runtime::stopped() => stopped?,
-    }
+    // SIGTERM hands the Lease over (a rolling update's new pod takes over at once).
+    let stop = akri_runtime::leader::stop_signal();
+    akri_runtime::leader::lead(
+        client,
+        lease,
+        readiness,
+        move |l| leading.set_leader(l),
+        work,
+        stop,
+    )
+    .await?;
     Ok(())
 }

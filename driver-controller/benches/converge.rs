@@ -127,7 +127,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?
         .items
         .len();
-    let (rss, peak) = memory(pid)?;
+    let (rss, peak) = akri_testing::memory_kb(pid)?;
     eprintln!(
         "converge: {total} shared Instances over {NODES} nodes ({CONFIGURATIONS} configurations) published in {:.2}s as {slices} ResourceSlices",
         converged.as_secs_f64()
@@ -159,7 +159,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let reconverged = started.elapsed();
     settle(port).await?;
     let more = writes(port).await? - initial_writes;
-    let (rss, peak) = memory(pid)?;
+    let (rss, peak) = akri_testing::memory_kb(pid)?;
     eprintln!(
         "churn: {} Instances removed, slices updated {:.2}s after the first deletion, {more} API writes",
         gone.len(),
@@ -211,30 +211,11 @@ async fn settle(port: u16) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Object writes (not the Lease) the controller reports in /metrics.
 async fn writes(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .await?;
-    let mut body = String::new();
-    stream.read_to_string(&mut body).await?;
+    let body = akri_testing::scrape(port, "/metrics").await?;
     Ok(body
         .lines()
         .filter(|l| l.starts_with("akri_driver_controller_api_writes_total{"))
         .filter(|l| !l.contains("resource=\"lease\""))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum())
-}
-
-/// Resident and peak resident memory of a process, in kB.
-fn memory(pid: u32) -> Result<(u64, u64), Box<dyn std::error::Error>> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let field = |name: &str| -> u64 {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-            .unwrap_or(0)
-    };
-    Ok((field("VmRSS:"), field("VmHWM:")))
 }

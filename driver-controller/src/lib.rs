@@ -36,14 +36,16 @@ pub enum Error {
 }
 
 /// Waits to be the leader, then runs the controller until leadership is lost (an error: the
-/// process should exit and come back as a standby) or the controller stops. Losing
-/// leadership drops the controller at once: nothing of it runs after this returns.
+/// process should exit and come back as a standby), the controller stops, or `stop`
+/// completes (the Lease is then handed over). Losing leadership drops the controller at once:
+/// nothing of it runs after this returns.
 pub async fn run_as_leader(
     client: kube::Client,
     config: ControllerConfig,
     lease: LeaseConfig,
     metrics: Metrics,
     readiness: Readiness,
+    stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
     let leading = metrics.clone();
     let work = controller::run(client.clone(), config, metrics);
@@ -53,10 +55,12 @@ pub async fn run_as_leader(
         readiness,
         move |l| leading.set_leader(l),
         work,
+        stop,
     )
     .await
     {
-        Ok(result) => result.map_err(Error::from),
+        Ok(Some(result)) => result.map_err(Error::from),
+        Ok(None) => Ok(()),
         Err(leader::LeadError::Lost) => Err(Error::LostLeadership),
         Err(leader::LeadError::Lease(error)) => Err(Error::Leader(error)),
     }

@@ -50,11 +50,8 @@ async fn main() -> anyhow::Result<()> {
     config.debounce = Duration::from_millis(args.debounce_ms);
     config.consumable_capacity = args.consumable_capacity.forced();
 
-    tokio::select! {
-        result = akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness) => {
-            result?;
-        }
-        stopped = akri_runtime::stopped() => stopped?,
-    }
+    // SIGTERM hands the Lease over (a rolling update's new pod takes over at once).
+    let stop = akri_runtime::leader::stop_signal();
+    akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness, stop).await?;
     Ok(())
 }

@@ -416,27 +416,36 @@ pub enum LeadError {
 /// Waits to hold the Lease, then runs `work` until it ends or leadership is lost (then
 /// `work` is dropped at once: nothing of it runs after this returns). `readiness` follows
 /// whether the last election call reached the API server; `on_leading` is told when this
-/// replica starts and stops leading. A replica whose work ended hands the Lease over.
+/// replica starts and stops leading. `stop` (the process being asked to stop, see
+/// [`stop_signal`]) ends waiting or working with `Ok(None)`. A replica whose work ended or
+/// was stopped hands the Lease over, so a standby (or the next pod of a rolling update) takes
+/// over at once instead of after the Lease's expiry.
 pub async fn lead<T>(
     client: kube::Client,
     lease: LeaseConfig,
     readiness: crate::http::Readiness,
     on_leading: impl Fn(bool),
     work: impl std::future::Future<Output = T>,
-) -> Result<T, LeadError> {
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<Option<T>, LeadError> {
     lease.validate()?;
-    let mut leadership = acquire(client, lease, move |reached| {
+    let mut stop = std::pin::pin!(stop);
+    let acquired = acquire(client, lease, move |reached| {
         if reached {
             readiness.ready();
         } else {
             readiness
                 .not_ready("the last leader-election call did not reach the API server in time");
         }
-    })
-    .await;
+    });
+    let mut leadership = tokio::select! {
+        leadership = acquired => leadership,
+        () = &mut stop => return Ok(None),
+    };
     on_leading(true);
     let result = tokio::select! {
-        result = work => Ok(result),
+        result = work => Ok(Some(result)),
+        () = &mut stop => Ok(None),
         _ = leadership.lost() => Err(LeadError::Lost),
     };
     on_leading(false);
@@ -444,6 +453,15 @@ pub async fn lead<T>(
         leadership.release().await;
     }
     result
+}
+
+/// Completes when the process is asked to stop (SIGTERM or Ctrl-C), for [`lead`]'s `stop`;
+/// never when the signals cannot be watched (the default action then still ends the process).
+pub async fn stop_signal() {
+    if let Err(error) = crate::stopped().await {
+        tracing::warn!(%error, "cannot watch for SIGTERM; the Lease will expire instead of being handed over");
+        std::future::pending::<()>().await;
+    }
 }
 
 #[cfg(test)]

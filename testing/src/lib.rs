@@ -103,6 +103,36 @@ pub fn metric(exposition: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The body of `GET <path>` on a component's plain-HTTP endpoint at `127.0.0.1:<port>` (its
+/// `/metrics`), for benchmarks that run the real binaries.
+pub async fn scrape(port: u16, path: &str) -> std::io::Result<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response
+        .split_once("\r\n\r\n")
+        .map_or(response.clone(), |(_, body)| body.to_string()))
+}
+
+/// Resident and peak resident memory of a process, in kB (Linux).
+pub fn memory_kb(pid: u32) -> std::io::Result<(u64, u64)> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let field = |name: &str| -> u64 {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+            .unwrap_or(0)
+    };
+    Ok((field("VmRSS:"), field("VmHWM:")))
+}
+
 #[cfg(test)]
 mod metric_tests {
     #[test]

@@ -39,6 +39,16 @@ fn lease_config(namespace: &str, name: &str) -> LeaseConfig {
 }
 
 async fn replica(client: &kube::Client, namespace: &str, name: &str) -> Replica {
+    replica_until(client, namespace, name, std::future::pending()).await
+}
+
+/// A replica that stops (as on SIGTERM) when `stop` completes.
+async fn replica_until(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    stop: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Replica {
     let metrics = Metrics::default();
     let readiness = Readiness::default();
     let (address, server) = http::serve(
@@ -54,7 +64,7 @@ async fn replica(client: &kube::Client, namespace: &str, name: &str) -> Replica 
     config.debounce = Duration::from_millis(100);
     let task = tokio::spawn({
         let (client, metrics) = (client.clone(), metrics.clone());
-        akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness)
+        akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness, stop)
     });
     Replica {
         task,
@@ -105,6 +115,43 @@ fn work_done(replica: &Replica) -> u64 {
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+#[tokio::test]
+async fn a_stopped_leader_hands_the_lease_over() {
+    let (_cp, client, namespace) = support::control_plane().await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let first = replica_until(&client, &namespace, "first", async {
+        let _ = stopped.await;
+    })
+    .await;
+    eventually("the first replica leads", async || {
+        is_leader(&first).then_some(())
+    })
+    .await;
+    let second = replica(&client, &namespace, "second").await;
+
+    // Stopped (SIGTERM in the binary), it gives the Lease up before it returns: the standby
+    // does not wait for the Lease to expire.
+    stop.send(()).unwrap();
+    first
+        .task
+        .await
+        .unwrap()
+        .expect("a stopped replica ends without error");
+    let lease = Api::<Lease>::namespaced(client.clone(), &namespace)
+        .get("akri-driver-controller")
+        .await
+        .unwrap();
+    assert_ne!(
+        lease.spec.unwrap().holder_identity,
+        Some(first.identity.clone()),
+        "the stopped leader still holds the Lease: it was left to expire"
+    );
+    eventually("the standby leads", async || {
+        is_leader(&second).then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
