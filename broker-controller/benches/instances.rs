@@ -357,7 +357,9 @@ async fn settle(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
 
 /// The controller's /metrics.
 async fn scrape(port: u16) -> std::io::Result<String> {
-    akri_testing::scrape(port, "/metrics").await
+    akri_testing::http_get(("127.0.0.1", port), "/metrics")
+        .await
+        .map(|(_, body)| body)
 }
 
 fn percentile(sorted: &[Duration], p: usize) -> Duration {

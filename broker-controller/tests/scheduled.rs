@@ -159,18 +159,20 @@ impl Cluster {
         Api::namespaced(self.client.clone(), &self.akri)
     }
 
-    async fn apply_template(&self, name: &str, spec: Value) {
+    /// Applies a BrokerTemplate of `examples/brokers/` in the apps namespace; returns its name.
+    async fn apply_example(&self, file: &str) -> String {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../examples/brokers")
+            .join(file);
+        let mut template: Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        template["metadata"]["namespace"] = json!(self.apps);
+        let name = template["metadata"]["name"].as_str().unwrap().to_string();
         Api::<BrokerTemplate>::namespaced(self.client.clone(), &self.apps)
-            .patch(
-                name,
-                &PatchParams::apply("test"),
-                &Patch::Apply(json!({
-                    "apiVersion": "akri.sh/v1", "kind": "BrokerTemplate",
-                    "metadata": { "name": name }, "spec": spec,
-                })),
-            )
+            .patch(&name, &PatchParams::apply("test"), &Patch::Apply(template))
             .await
             .unwrap();
+        name
     }
 
     fn pods(&self) -> Api<Pod> {
@@ -256,13 +258,14 @@ impl Cluster {
     }
 }
 
-/// Akri's `brokerPodSpec` on a shared device: a Pod per Instance per node that sees it (one
-/// claim each, so at most `capacity` of them), a Service per Instance and one for all.
+/// Akri's `brokerPodSpec` on a shared device, as shipped in `examples/brokers/pod-per-node.yaml`:
+/// a Pod per Instance per node that sees it (one claim each, so at most `capacity` of them),
+/// a Service per Instance and one for the configuration.
 #[tokio::test]
 async fn each_broker_is_scheduled_with_its_own_device() {
     // cam-a only on node 0, cam-b only on node 1, cam-shared on both (capacity 2).
     let c = Cluster::start(["cam-b", "cam-a"]).await;
-    let reach = c.discovery("cams", "cam-a, cam-b, cam-shared").await;
+    let reach = c.discovery("echo", "cam-a, cam-b, cam-shared").await;
     let shared = reach
         .iter()
         .find(|(_, nodes)| nodes.len() == 2)
@@ -273,34 +276,17 @@ async fn each_broker_is_scheduled_with_its_own_device() {
         2,
         "the other cameras by one node each: {reach:?}"
     );
-    c.apply_template(
-        "cams",
-        json!({
-            "discoveryReference": { "name": "cams" },
-            "instanceBrokerResources": [
-                { "apiVersion": "v1", "kind": "Pod",
-                  "metadata": { "name": "$(AKRI_INSTANCE)-$(AKRI_NODE)", "labels": { "instance": "$(AKRI_INSTANCE)" } },
-                  "spec": { "containers": [{ "name": "broker", "image": "broker" }] } },
-                { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "$(AKRI_INSTANCE)-svc" },
-                  "spec": { "selector": { "instance": "$(AKRI_INSTANCE)" }, "ports": [{ "port": 80 }] } },
-            ],
-            "globalBrokerResources": [
-                { "apiVersion": "v1", "kind": "Service", "metadata": { "name": "cams-all" },
-                  "spec": { "selector": { "app": "cams" }, "ports": [{ "port": 80 }] } },
-            ],
-        }),
-    )
-    .await;
+    c.apply_example("pod-per-node.yaml").await;
 
     let services = Api::<Service>::namespaced(c.client.clone(), &c.apps);
-    eventually("the global Service", async || {
-        services.get_opt("cams-all").await.ok()?
+    eventually("the configuration's Service", async || {
+        services.get_opt("echo-svc").await.ok()?
     })
     .await;
     let mut brokers = 0;
     for (instance, nodes) in &reach {
         for pinned in nodes {
-            let pod = format!("{instance}-{pinned}");
+            let pod = format!("{pinned}-{instance}-pod");
             brokers += 1;
             // Bound to its own node (the device reachable there), its claim allocated to its
             // own Instance: both pods of cam-shared hold one of its 2 slots.
@@ -314,8 +300,15 @@ async fn each_broker_is_scheduled_with_its_own_device() {
                 env.contains(&format!("DEBUG_ECHO_DESCRIPTION={description}")),
                 "{pod}: {env:?}"
             );
+            let labels = c.pods().get(&pod).await.unwrap().labels().clone();
+            assert_eq!(labels["akri.sh/instance"], *instance, "Akri's labels");
+            assert_eq!(labels["akri.sh/target-node"], *pinned);
         }
-        services.get(&format!("{instance}-svc")).await.unwrap();
+        let service = services.get(&format!("{instance}-svc")).await.unwrap();
+        assert_eq!(
+            service.spec.unwrap().selector.unwrap()["akri.sh/instance"],
+            *instance
+        );
     }
     assert_eq!(
         brokers, 4,
@@ -325,32 +318,20 @@ async fn each_broker_is_scheduled_with_its_own_device() {
     assert_eq!(pods.items.len(), brokers, "no other pods");
 }
 
-/// Akri's `brokerJobSpec`: a Job per Instance runs to completion once, and is neither
-/// recreated when it finishes nor when the controller restarts.
+/// Akri's `brokerJobSpec`, as shipped in `examples/brokers/job-per-instance.yaml`: a Job per
+/// Instance runs to completion once, and is neither recreated when it finishes nor when the
+/// controller restarts.
 #[tokio::test]
 async fn a_job_per_instance_runs_once() {
     let mut c = Cluster::start(["", ""]).await;
-    let reach = c.discovery("sensors", "sensor0, sensor1").await;
-    c.apply_template(
-        "readout",
-        json!({
-            "discoveryReference": { "name": "sensors" },
-            "instanceBrokerResources": [
-                { "apiVersion": "batch/v1", "kind": "Job",
-                  "metadata": { "name": "$(AKRI_INSTANCE)-readout" },
-                  "spec": { "parallelism": 1, "completions": 1, "backoffLimit": 2,
-                    "template": { "spec": { "restartPolicy": "Never",
-                      "containers": [{ "name": "broker", "image": "readout" }] } } } },
-            ],
-        }),
-    )
-    .await;
+    let reach = c.discovery("echo", "sensor0, sensor1").await;
+    c.apply_example("job-per-instance.yaml").await;
 
     let jobs = Api::<Job>::namespaced(c.client.clone(), &c.apps);
     let pods = c.pods();
     let mut uids = BTreeMap::new();
     for instance in reach.keys() {
-        let job = format!("{instance}-readout");
+        let job = format!("{instance}-job");
         let pod = eventually(&format!("the pod of {job}"), async || {
             let list = pods
                 .list(&ListParams::default().labels(&format!("batch.kubernetes.io/job-name={job}")))

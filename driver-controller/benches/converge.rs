@@ -211,7 +211,9 @@ async fn settle(port: u16) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Object writes (not the Lease) the controller reports in /metrics.
 async fn writes(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
-    let body = akri_testing::scrape(port, "/metrics").await?;
+    let body = akri_testing::http_get(("127.0.0.1", port), "/metrics")
+        .await
+        .map(|(_, body)| body)?;
     Ok(body
         .lines()
         .filter(|l| l.starts_with("akri_driver_controller_api_writes_total{"))

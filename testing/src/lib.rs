@@ -103,11 +103,14 @@ pub fn metric(exposition: &str, series: &str) -> Option<f64> {
     })
 }
 
-/// The body of `GET <path>` on a component's plain-HTTP endpoint at `127.0.0.1:<port>` (its
-/// `/metrics`), for benchmarks that run the real binaries.
-pub async fn scrape(port: u16, path: &str) -> std::io::Result<String> {
+/// `GET <path>` on a component's plain-HTTP endpoint (`/metrics`, `/readyz`): the status code
+/// and the body.
+pub async fn http_get(
+    address: impl tokio::net::ToSocketAddrs,
+    path: &str,
+) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
     stream
         .write_all(
             format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
@@ -115,9 +118,13 @@ pub async fn scrape(port: u16, path: &str) -> std::io::Result<String> {
         .await?;
     let mut response = String::new();
     stream.read_to_string(&mut response).await?;
-    Ok(response
-        .split_once("\r\n\r\n")
-        .map_or(response.clone(), |(_, body)| body.to_string()))
+    let invalid = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an HTTP response");
+    let code = response
+        .get(9..12)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(invalid)?;
+    let body = response.split_once("\r\n\r\n").ok_or_else(invalid)?.1;
+    Ok((code, body.to_string()))
 }
 
 /// Resident and peak resident memory of a process, in kB (Linux).

@@ -308,12 +308,20 @@ async fn template_renders_the_components_with_default_values() {
     for off in ["ServiceMonitor", "DiscoveryConfiguration"] {
         assert!(of_kind(&objects, off).is_empty(), "{off} is opt-in");
     }
-    assert!(
-        !names(&objects)
-            .iter()
-            .any(|n| n.contains("broker-controller")),
-        "the broker-controller is off by default"
-    );
+    // The broker-controller is on by default: probed on its metrics port, served by a Service.
+    let broker = &find(&objects, "Deployment", "akri-broker-controller")["spec"]["template"]["spec"]
+        ["containers"][0];
+    assert_eq!(broker["readinessProbe"]["httpGet"]["path"], "/readyz");
+    assert_eq!(broker["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(broker["ports"][0]["containerPort"], 8080);
+    let args = strings(&broker["args"]);
+    for flag in [
+        "--lease-name=akri-broker-controller",
+        "--metrics-address=0.0.0.0:8080",
+    ] {
+        assert!(args.contains(&flag.to_string()), "{flag} in {args:?}");
+    }
+    find(&objects, "Service", "akri-broker-controller-metrics");
     // Nothing lands in a namespace other than the release's (RoleBindings excepted).
     for object in &objects {
         if let Some(ns) = object["metadata"]["namespace"].as_str() {
@@ -330,6 +338,20 @@ async fn template_renders_the_components_with_default_values() {
         .await;
     assert!(of_kind(&without, "ValidatingAdmissionPolicy").is_empty());
     assert!(of_kind(&without, "ValidatingAdmissionPolicyBinding").is_empty());
+
+    let without = helm
+        .template(
+            "akri",
+            "akri-system",
+            &["--set", "brokerController.enabled=false"],
+        )
+        .await;
+    assert!(
+        !names(&without)
+            .iter()
+            .any(|n| n.contains("broker-controller")),
+        "brokerController.enabled=false leaves out the broker-controller and its RBAC"
+    );
 }
 
 #[tokio::test]
@@ -417,7 +439,11 @@ async fn template_renders_every_option_of_the_full_values() {
         "registry.example.com/akri/broker-controller:0.1.0"
     );
     find(&objects, "ServiceAccount", "edge-akri-broker-controller");
-    assert_eq!(of_kind(&objects, "ServiceMonitor").len(), 2);
+    assert_eq!(
+        of_kind(&objects, "ServiceMonitor").len(),
+        3,
+        "one per component"
+    );
 
     // Secret and ConfigMap reads only in the listed namespaces.
     let bindings: Vec<_> = of_kind(&objects, "RoleBinding")
@@ -632,13 +658,13 @@ async fn install_creates_every_object_of_both_releases() {
     let client = cp.client().await.unwrap();
     let helm = Helm::new();
     let kubeconfig = cp.kubeconfig().display().to_string();
-    // akri: 2 ServiceAccounts, 3 ClusterRoles and their bindings, a Role and its binding,
-    // 2 Services, the DaemonSet, the Deployment, 3 admission policies and their bindings.
-    // edge: the broker-controller's 6 objects more, the Secret reads bound by 2 RoleBindings
-    // instead of a ClusterRoleBinding, and 4 DiscoveryConfigurations.
+    // akri: 3 ServiceAccounts, 4 ClusterRoles and their bindings, 2 Roles and their
+    // bindings, 3 Services, the DaemonSet, 2 Deployments, 3 admission policies and their
+    // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
+    // ClusterRoleBinding, and 4 DiscoveryConfigurations.
     for (release, ns, expected) in [
-        ("akri", &installed.default_ns, 20),
-        ("edge", &installed.full_ns, 31),
+        ("akri", &installed.default_ns, 27),
+        ("edge", &installed.full_ns, 32),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -827,15 +853,18 @@ broker-controller  update  coordination.k8s.io/leases                release   a
 ";
 
 /// The same for the `akri` release (default values): no propertyNamespaces, so Secret and
-/// ConfigMap reads (never lists) anywhere; the Lease under its default name; no
-/// broker-controller.
+/// ConfigMap reads (never lists) anywhere; the Leases under their default names; the
+/// broker-controller on.
 const RBAC_DEFAULT_VALUES: &str = "
 kubelet-plugin     get     core/secrets                              other     -             yes
 kubelet-plugin     get     core/configmaps                           other     -             yes
 kubelet-plugin     list    core/secrets                              cluster   -             no
 kubelet-plugin     list    core/configmaps                           other     -             no
 driver-controller  update  coordination.k8s.io/leases                release   akri-driver-controller  yes
-broker-controller  list    akri.sh/brokertemplates                   cluster   -             no
+broker-controller  list    akri.sh/brokertemplates                   cluster   -             yes
+broker-controller  watch   core/pods                                 cluster   -             yes
+broker-controller  patch   akri.sh/instances                         release   -             no
+broker-controller  update  coordination.k8s.io/leases                release   akri-broker-controller  yes
 ";
 
 /// Checks every row of `table` for the ServiceAccounts of `release` (installed in

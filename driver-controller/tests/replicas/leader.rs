@@ -14,7 +14,6 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Scheduling and API latency on a loaded test machine, on top of the bounds that follow from
 /// the Lease timing.
@@ -77,22 +76,7 @@ async fn replica_until(
 
 /// GET `path`: status code and body.
 async fn get(address: SocketAddr, path: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let code = response[9..12].parse().unwrap();
-    let body = response
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    (code, body)
+    akri_testing::http_get(address, path).await.unwrap()
 }
 
 fn is_leader(replica: &Replica) -> bool {
