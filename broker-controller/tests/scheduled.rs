@@ -27,6 +27,8 @@ async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
 struct SimNode {
     name: String,
     peer: KubeletPeer,
+    /// Its debugEcho availability file: the descriptions it does not see, one per line.
+    availability: std::path::PathBuf,
     _agent: agent::Agent,
     _dir: tempfile::TempDir,
 }
@@ -61,11 +63,13 @@ fn start_brokers(client: &kube::Client, namespace: &str) -> (tokio::task::JoinHa
 
 impl Cluster {
     async fn start(offline: [&str; 2]) -> Cluster {
-        let cp = ControlPlane::start(ControlPlaneOptions::full())
-            .await
-            .expect("control plane");
+        let cp = ControlPlane::start(ControlPlaneOptions {
+            crds: akri_api::crds::all(),
+            ..ControlPlaneOptions::full()
+        })
+        .await
+        .expect("control plane");
         let client = cp.client().await.unwrap();
-        cp.install_crds(&akri_api::crds::all()).await.unwrap();
         let akri = cp.create_namespace("akri").await.unwrap();
         let apps = cp.create_namespace("apps").await.unwrap();
         let mut nodes = Vec::new();
@@ -83,12 +87,14 @@ impl Cluster {
             echo.shared = true;
             echo.availability_file = dir.path().join("availability");
             std::fs::write(&echo.availability_file, hidden).unwrap();
+            let availability = echo.availability_file.clone();
             let agent = agent::start(client.clone(), config)
                 .await
                 .expect("agent starts");
             nodes.push(SimNode {
                 name,
                 peer,
+                availability,
                 _agent: agent,
                 _dir: dir,
             });
@@ -316,6 +322,63 @@ async fn each_broker_is_scheduled_with_its_own_device() {
     );
     let pods = c.pods().list(&ListParams::default()).await.unwrap();
     assert_eq!(pods.items.len(), brokers, "no other pods");
+
+    // cam-b unplugged (node 1 no longer sees it): its Instance goes, and with it its broker
+    // and Service; the others are left alone.
+    let only_on = |node: &SimNode| {
+        reach
+            .iter()
+            .find(|(_, nodes)| **nodes == [node.name.clone()])
+            .map(|(i, _)| i.clone())
+            .unwrap()
+    };
+    let (cam_a, cam_b) = (only_on(&c.nodes[0]), only_on(&c.nodes[1]));
+    let kept = format!("{}-{cam_a}-pod", c.nodes[0].name);
+    let kept_uid = c.pods().get(&kept).await.unwrap().uid();
+    let gone = format!("{}-{cam_b}-pod", c.nodes[1].name);
+    let gone_uid = c.pods().get(&gone).await.unwrap().uid();
+    std::fs::write(&c.nodes[1].availability, "cam-a\ncam-b\n").unwrap();
+    eventually("cam-b's broker being deleted", async || {
+        let pod = c.pods().get_opt(&gone).await.ok()?;
+        pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+            .then_some(())
+    })
+    .await;
+    eventually("cam-b's Service deleted", async || {
+        services
+            .get_opt(&format!("{cam_b}-svc"))
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    // The kubelet stops the container and removes the pod (this test plays it).
+    let _ = c
+        .pods()
+        .delete(
+            &gone,
+            &kube::api::DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await;
+    assert_eq!(c.pods().get(&kept).await.unwrap().uid(), kept_uid);
+
+    // Plugged in again: a new broker, scheduled with the camera again.
+    std::fs::write(&c.nodes[1].availability, "cam-a\n").unwrap();
+    eventually("cam-b's broker made again", async || {
+        let pod = c.pods().get_opt(&gone).await.ok()??;
+        (pod.uid() != gone_uid && pod.metadata.deletion_timestamp.is_none()).then_some(())
+    })
+    .await;
+    let (node, allocated) = c.bound_with_device(&gone).await;
+    assert_eq!(
+        (node.as_str(), allocated.as_str()),
+        (c.nodes[1].name.as_str(), cam_b.as_str())
+    );
+    services.get(&format!("{cam_b}-svc")).await.unwrap();
 }
 
 /// Akri's `brokerJobSpec`, as shipped in `examples/brokers/job-per-instance.yaml`: a Job per

@@ -28,6 +28,10 @@ pub struct ControlPlaneOptions {
     pub feature_gates: BTreeMap<String, bool>,
     /// Extra `--runtime-config` entries for kube-apiserver, e.g. `resource.k8s.io/v1alpha3=true`.
     pub runtime_config: Vec<String>,
+    /// CRDs installed before the scheduler and controller-manager start, as on a cluster whose
+    /// CRDs came first: the garbage collector then watches their objects from its start
+    /// (it discovers resources added later only on its periodic resync, up to a minute late).
+    pub crds: Vec<CustomResourceDefinition>,
 }
 
 impl ControlPlaneOptions {
@@ -163,6 +167,7 @@ impl ControlPlane {
         })
         .await?;
         etcd.check_running()?;
+        install_crds(&client, &options.crds).await?;
 
         let mut scheduler = None;
         if options.scheduler {
@@ -338,36 +343,7 @@ impl ControlPlane {
     /// Creates CRDs (an existing one of the same name is kept, so tests sharing a control
     /// plane may all call this) and waits until each is established.
     pub async fn install_crds(&self, crds: &[CustomResourceDefinition]) -> Result<(), Error> {
-        let api = Api::<CustomResourceDefinition>::all(self.client().await?);
-        for crd in crds {
-            match api.create(&PostParams::default(), crd).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 409 => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        let start = Instant::now();
-        for crd in crds {
-            let name = crd.metadata.name.clone().unwrap_or_default();
-            loop {
-                let established = api
-                    .get(&name)
-                    .await?
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                if established {
-                    break;
-                }
-                if start.elapsed() > READY_TIMEOUT {
-                    return Err(Error::Other(format!("CRD {name} not established")));
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-        Ok(())
+        install_crds(&self.client().await?, crds).await
     }
 
     /// Creates a namespace and its `default` ServiceAccount (so pods can be created even
@@ -573,4 +549,41 @@ async fn wait_healthz(component: &mut Component, port: u16) -> Result<(), Error>
         }
     })
     .await
+}
+
+/// Creates `crds` (an existing one is kept) and waits until each is established.
+async fn install_crds(
+    client: &kube::Client,
+    crds: &[CustomResourceDefinition],
+) -> Result<(), Error> {
+    let api = Api::<CustomResourceDefinition>::all(client.clone());
+    for crd in crds {
+        match api.create(&PostParams::default(), crd).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let start = Instant::now();
+    for crd in crds {
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        loop {
+            let established = api
+                .get(&name)
+                .await?
+                .status
+                .and_then(|s| s.conditions)
+                .unwrap_or_default()
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True");
+            if established {
+                break;
+            }
+            if start.elapsed() > READY_TIMEOUT {
+                return Err(Error::Other(format!("CRD {name} not established")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    Ok(())
 }

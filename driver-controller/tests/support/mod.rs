@@ -34,11 +34,13 @@ pub async fn control_plane() -> (ControlPlane, kube::Client, String) {
         )
         .with_test_writer()
         .try_init();
-    let cp = ControlPlane::start(ControlPlaneOptions::full())
-        .await
-        .expect("control plane");
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        crds: akri_api::crds::all(),
+        ..ControlPlaneOptions::full()
+    })
+    .await
+    .expect("control plane");
     let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let namespace = cp.create_namespace("akri").await.unwrap();
     (cp, client, namespace)
 }
