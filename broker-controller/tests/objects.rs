@@ -257,6 +257,19 @@ async fn objects_follow_instances_and_the_template() {
     s.instance("cams", "cams-bbbbbb", "720p").await;
     s.status("cams", 2, 7).await;
 
+    // A broker deleted by hand comes back at once, with nothing else touched (Akri's brokers
+    // stayed away until the Configuration changed).
+    let deleted = s.services().get("cams-bbbbbb-svc").await.unwrap().uid();
+    s.services()
+        .delete("cams-bbbbbb-svc", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the Service made again", async || {
+        let service = s.services().get_opt("cams-bbbbbb-svc").await.ok()??;
+        (service.uid() != deleted).then_some(())
+    })
+    .await;
+
     // The template changed: the Service is changed in place (same UID), the Pod, whose spec
     // cannot change, is replaced.
     let service = s.services().get("cams-aaaaaa-svc").await.unwrap();
