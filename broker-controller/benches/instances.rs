@@ -28,6 +28,7 @@ const SINGLES: usize = 20;
 /// Objects per Instance: the Pod, its ResourceClaimTemplate, the Service.
 const PER_INSTANCE: usize = 3;
 const INSTANCE_ANNOTATION: &str = "akri.sh/instance";
+const EXE: &str = env!("CARGO_BIN_EXE_akri-broker-controller");
 
 type Seen = Arc<Mutex<HashMap<String, Vec<Instant>>>>;
 
@@ -79,16 +80,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .await?;
 
     let port = akri_testing::free_port()?;
-    let controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-broker-controller"))
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env(
-            "RUST_LOG",
-            std::env::var("BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .args(["--instance-namespace", &akri, "--lease-namespace", &akri])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        .kill_on_drop(true)
-        .spawn()?;
+    let controller = akri_testing::spawn_controller(EXE, &cp, &akri, port)?;
     let pid = controller.id().expect("running");
     wait_for("the controller leads", async || {
         Ok(metric(&scrape(port).await?, "akri_broker_controller_leader") == Some(1.0))
@@ -188,13 +180,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .status()?;
     controller.wait().await?;
     let port = akri_testing::free_port()?;
-    let _controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-broker-controller"))
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env("RUST_LOG", "warn")
-        .args(["--instance-namespace", &akri, "--lease-namespace", &akri])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        .kill_on_drop(true)
-        .spawn()?;
+    let _controller = akri_testing::spawn_controller(EXE, &cp, &akri, port)?;
     wait_for("the restarted controller reconciles", async || {
         let text = scrape(port).await?;
         Ok(metric(

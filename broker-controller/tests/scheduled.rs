@@ -91,6 +91,10 @@ impl Cluster {
             let agent = agent::start(client.clone(), config)
                 .await
                 .expect("agent starts");
+            // Registered with its kubelet before a broker is prepared there.
+            peer.wait_for_driver(DRIVER, Duration::from_secs(60))
+                .await
+                .expect("the kubelet-plugin registers");
             nodes.push(SimNode {
                 name,
                 peer,
@@ -236,26 +240,28 @@ impl Cluster {
         (node, instance)
     }
 
-    /// What the pod's node's kubelet does before starting it: prepares its claim; returns
-    /// the container `broker`'s environment from CDI.
-    async fn prepared_env(&self, node: &str, pod: &str) -> Vec<String> {
+    /// What the pod's node's kubelet does before starting it: prepares its claim. Asserts
+    /// that the container `broker` gets the description of `instance` through CDI.
+    async fn assert_prepared_with(&self, node: &str, pod: &str, instance: &str) {
         let peer = &self.node(node).peer;
         let containers = peer.prepare(&self.apps, pod).await.expect("prepared");
         let edits = peer
             .cdi_inject(&containers["broker"])
             .await
             .expect("CDI resolves");
-        serde_json::from_value(edits["env"].clone()).unwrap()
-    }
-
-    async fn description(&self, instance: &str) -> String {
-        self.instances()
+        let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
+        let description = self
+            .instances()
             .get(instance)
             .await
             .unwrap()
             .spec
             .broker_properties["DEBUG_ECHO_DESCRIPTION"]
-            .clone()
+            .clone();
+        assert!(
+            env.contains(&format!("DEBUG_ECHO_DESCRIPTION={description}")),
+            "{pod}: {env:?}"
+        );
     }
 
     /// A counter of the running broker-controller (0 until it has a sample).
@@ -300,12 +306,7 @@ async fn each_broker_is_scheduled_with_its_own_device() {
             assert_eq!(&node, pinned, "{pod} runs on the node it is made for");
             assert_eq!(&allocated, instance, "{pod} got another device");
             // The kubelet prepares it: the CDI env carries that camera's description.
-            let env = c.prepared_env(&node, &pod).await;
-            let description = c.description(instance).await;
-            assert!(
-                env.contains(&format!("DEBUG_ECHO_DESCRIPTION={description}")),
-                "{pod}: {env:?}"
-            );
+            c.assert_prepared_with(&node, &pod, instance).await;
             let labels = c.pods().get(&pod).await.unwrap().labels().clone();
             assert_eq!(labels["akri.sh/instance"], *instance, "Akri's labels");
             assert_eq!(labels["akri.sh/target-node"], *pinned);
@@ -405,12 +406,7 @@ async fn a_job_per_instance_runs_once() {
         .await;
         let (node, allocated) = c.bound_with_device(&pod).await;
         assert_eq!(&allocated, instance, "{pod} got another device");
-        let env = c.prepared_env(&node, &pod).await;
-        let description = c.description(instance).await;
-        assert!(
-            env.contains(&format!("DEBUG_ECHO_DESCRIPTION={description}")),
-            "{pod}: {env:?}"
-        );
+        c.assert_prepared_with(&node, &pod, instance).await;
         // The container runs and exits 0 (this test plays the container runtime); the kubelet
         // unprepares the claim and reports the pod done.
         c.node(&node).peer.unprepare(&c.apps, &pod).await.unwrap();

@@ -105,16 +105,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let port = akri_testing::free_port()?;
     let started = Instant::now();
-    let controller = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-driver-controller"))
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env(
-            "RUST_LOG",
-            std::env::var("BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()),
-        )
-        .args(["--instance-namespace", &ns, "--lease-namespace", &ns])
-        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
-        .kill_on_drop(true)
-        .spawn()?;
+    let controller = akri_testing::spawn_controller(
+        env!("CARGO_BIN_EXE_akri-driver-controller"),
+        &cp,
+        &ns,
+        port,
+    )?;
     let pid = controller.id().expect("running");
 
     let total = (CONFIGURATIONS * INSTANCES_PER_CONFIGURATION) as i32;

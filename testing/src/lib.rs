@@ -127,6 +127,32 @@ pub async fn http_get(
     Ok((code, body.to_string()))
 }
 
+/// One of our controller binaries (`env!("CARGO_BIN_EXE_…")`) against `cp`, its Instances and
+/// Lease in `namespace`, `/metrics` on `127.0.0.1:<port>`; killed when dropped. Logs at
+/// `warn` unless `BENCH_CONTROLLER_LOG` says otherwise. For benchmarks of the real binaries.
+pub fn spawn_controller(
+    exe: &str,
+    cp: &ControlPlane,
+    namespace: &str,
+    port: u16,
+) -> std::io::Result<tokio::process::Child> {
+    tokio::process::Command::new(exe)
+        .env("KUBECONFIG", cp.kubeconfig())
+        .env(
+            "RUST_LOG",
+            std::env::var("BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "warn".into()),
+        )
+        .args([
+            "--instance-namespace",
+            namespace,
+            "--lease-namespace",
+            namespace,
+        ])
+        .args(["--metrics-address", &format!("127.0.0.1:{port}")])
+        .kill_on_drop(true)
+        .spawn()
+}
+
 /// Resident and peak resident memory of a process, in kB (Linux).
 pub fn memory_kb(pid: u32) -> std::io::Result<(u64, u64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
