@@ -175,10 +175,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // hands the Lease over) finds everything as it should be.
     let mut controller = controller;
     let restarted = Instant::now();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()?;
-    controller.wait().await?;
+    akri_testing::terminate(&mut controller, Duration::from_secs(30)).await?;
     let port = akri_testing::free_port()?;
     let _controller = akri_testing::spawn_controller(EXE, &cp, &akri, port)?;
     wait_for("the restarted controller reconciles", async || {

@@ -14,7 +14,7 @@ use crate::desired::{self, Desired};
 use crate::metrics::Metrics;
 use akri_api::v1::{
     BrokerTemplate, BrokerTemplateStatus, DiscoveryConfiguration,
-    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL, Instance,
+    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, Instance, instance_source_selector,
 };
 use futures::StreamExt;
 use k8s_openapi::api::batch::v1::Job;
@@ -24,7 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -79,26 +79,16 @@ struct Context {
 
 /// Runs until the watches end (they do not, short of the task being dropped).
 pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metrics) {
-    let (instances, writer) = reflector::store();
-    let instance_stream = watcher(
+    let (instances, instance_stream) = akri_runtime::reflect(
         Api::<Instance>::namespaced(client.clone(), &config.instance_namespace),
-        watcher::Config::default().labels(&format!(
-            "{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_DISCOVERY_CONFIGURATION}"
+        watcher::Config::default().labels(&instance_source_selector(
+            INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
         )),
-    )
-    .default_backoff()
-    .modify(|i| i.managed_fields_mut().clear())
-    .reflect(writer)
-    .touched_objects();
-    let (configurations, writer) = reflector::store();
-    let configuration_stream = watcher(
+    );
+    let (configurations, configuration_stream) = akri_runtime::reflect(
         Api::<DiscoveryConfiguration>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|c| c.managed_fields_mut().clear())
-    .reflect(writer)
-    .touched_objects();
+    );
 
     let controller = Controller::new(
         Api::<BrokerTemplate>::all(client.clone()),

@@ -5,7 +5,6 @@ use akri_broker_controller::metrics::Metrics;
 use akri_runtime::http::Readiness;
 use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Turns BrokerTemplates into workloads bound to their devices through ResourceClaims.
@@ -17,30 +16,26 @@ struct Args {
     instance_namespace: String,
     #[command(flatten)]
     lease: LeaseArgs,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    metrics_address: SocketAddr,
     /// Milliseconds within which changes are reconciled together.
     #[arg(long, default_value_t = 500)]
     debounce_ms: u64,
     /// Seconds after which every BrokerTemplate is looked at again without a change.
     #[arg(long, default_value_t = 300)]
     resync_seconds: u64,
-    /// Log as JSON.
-    #[arg(long)]
-    log_json: bool,
+    #[command(flatten)]
+    process: akri_runtime::ProcessArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    akri_runtime::init_logging(args.log_json);
+    akri_runtime::init_logging(args.process.log_json);
     let client = kube::Client::try_default().await?;
     let metrics = Metrics::default();
     let readiness = Readiness::default();
     let encoder = metrics.clone();
     let (_, _server) = akri_runtime::http::serve(
-        args.metrics_address,
+        args.process.metrics_address,
         move || encoder.encode(),
         readiness.clone(),
     )

@@ -108,16 +108,9 @@ async fn the_binary_leads_serves_its_endpoints_and_hands_over_on_sigterm() {
     assert_eq!(made.data.unwrap()["address"], "10.0.0.7");
 
     // SIGTERM: it exits cleanly and gives the Lease up on the way.
-    let pid = process.id().unwrap();
-    let status = std::process::Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let exit = tokio::time::timeout(Duration::from_secs(30), process.wait())
+    let exit = akri_testing::terminate(&mut process, Duration::from_secs(30))
         .await
-        .expect("exits after SIGTERM")
-        .unwrap();
+        .expect("exits after SIGTERM");
     assert!(exit.success(), "{exit}");
     let lease = leases.get("akri-broker-controller").await.unwrap();
     assert_eq!(

@@ -3,8 +3,6 @@
 //! kubelet-plugins would) and the template, and the status says what happened.
 
 use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
-use akri_broker_controller::controller::{self, ControllerConfig};
-use akri_broker_controller::metrics::Metrics;
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -12,6 +10,8 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::time::Duration;
+
+mod support;
 
 async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     akri_testing::eventually(what, Duration::from_secs(60), check).await
@@ -51,20 +51,9 @@ async fn setup() -> Setup {
     let apps = cp.create_namespace("apps").await.unwrap();
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();
-    let mut driver = akri_driver_controller::controller::ControllerConfig::new(&instances_ns);
-    driver.debounce = Duration::from_millis(100);
-    let mut brokers = ControllerConfig::new(&instances_ns);
-    brokers.debounce = Duration::from_millis(100);
     let tasks = vec![
-        tokio::spawn({
-            let client = client.clone();
-            async move {
-                akri_driver_controller::controller::run(client, driver, Default::default())
-                    .await
-                    .expect("driver-controller runs")
-            }
-        }),
-        tokio::spawn(controller::run(client.clone(), brokers, Metrics::default())),
+        support::spawn_driver_controller(&client, &instances_ns),
+        support::spawn_broker_controller(&client, &instances_ns).0,
     ];
     Setup {
         _cp: cp,

@@ -5,7 +5,6 @@
 //! properties; a Job per Instance runs once.
 
 use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
-use akri_broker_controller::controller::{self, ControllerConfig};
 use akri_broker_controller::metrics::Metrics;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json, metric};
@@ -17,6 +16,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
+
+mod support;
 
 const DRIVER: &str = "debugecho.akri.sh";
 
@@ -51,14 +52,6 @@ impl Drop for Cluster {
         self.driver.abort();
         self.brokers.abort();
     }
-}
-
-fn start_brokers(client: &kube::Client, namespace: &str) -> (tokio::task::JoinHandle<()>, Metrics) {
-    let mut config = ControllerConfig::new(namespace);
-    config.debounce = Duration::from_millis(100);
-    let metrics = Metrics::default();
-    let task = tokio::spawn(controller::run(client.clone(), config, metrics.clone()));
-    (task, metrics)
 }
 
 impl Cluster {
@@ -103,17 +96,8 @@ impl Cluster {
                 _dir: dir,
             });
         }
-        let mut driver = akri_driver_controller::controller::ControllerConfig::new(&akri);
-        driver.debounce = Duration::from_millis(100);
-        let driver = tokio::spawn({
-            let client = client.clone();
-            async move {
-                akri_driver_controller::controller::run(client, driver, Default::default())
-                    .await
-                    .expect("driver-controller runs")
-            }
-        });
-        let (brokers, metrics) = start_brokers(&client, &akri);
+        let driver = support::spawn_driver_controller(&client, &akri);
+        let (brokers, metrics) = support::spawn_broker_controller(&client, &akri);
         Cluster {
             _cp: cp,
             client,
@@ -129,7 +113,7 @@ impl Cluster {
     /// A fresh broker-controller process in place of the running one.
     fn restart_brokers(&mut self) {
         self.brokers.abort();
-        (self.brokers, self.metrics) = start_brokers(&self.client, &self.akri);
+        (self.brokers, self.metrics) = support::spawn_broker_controller(&self.client, &self.akri);
     }
 
     /// A debugEcho DiscoveryConfiguration; waits for its Instances and returns the nodes

@@ -17,8 +17,8 @@ use crate::property_filter;
 use crate::shared_devices;
 use akri_api::v1::{
     CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration,
-    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL, Instance, PropertyFilter,
-    PropertyFilterStatus, set_condition,
+    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, Instance, PropertyFilter, PropertyFilterStatus,
+    instance_source_selector, set_condition,
 };
 use akri_devices::{ATTR_CONFIGURATION, Sharing};
 use dra_plugin::api_support::ApiSupport;
@@ -132,34 +132,20 @@ pub async fn run(
         "API server support"
     );
 
-    let (instances, writer) = reflector::store();
-    let instance_stream = watcher(
+    let (instances, instance_stream) = akri_runtime::reflect(
         Api::<Instance>::namespaced(client.clone(), &config.instance_namespace),
-        watcher::Config::default().labels(&format!(
-            "{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_DISCOVERY_CONFIGURATION}"
+        watcher::Config::default().labels(&instance_source_selector(
+            INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
         )),
-    )
-    .default_backoff()
-    .modify(|i| i.managed_fields_mut().clear())
-    .reflect(writer)
-    .touched_objects();
-    let (slices, writer) = reflector::store();
-    let slice_stream = watcher(
+    );
+    let (slices, slice_stream) = akri_runtime::reflect(
         Api::<ResourceSlice>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .modify(|s| s.managed_fields_mut().clear())
-    .reflect(writer)
-    .touched_objects();
-    let (filters, writer) = reflector::store();
-    let filter_stream = watcher(
+    );
+    let (filters, filter_stream) = akri_runtime::reflect(
         Api::<PropertyFilter>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .touched_objects();
+    );
 
     // Nodes, to forget the ones deleted for good; a deletion may concern every configuration.
     let (nodes, writer) = reflector::store();

@@ -6,7 +6,6 @@ use akri_driver_controller::metrics::Metrics;
 use akri_runtime::Switch;
 use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Cluster-wide DRA controller: DeviceClasses, shared-device ResourceSlices, PropertyFilter
@@ -19,9 +18,6 @@ struct Args {
     instance_namespace: String,
     #[command(flatten)]
     lease: LeaseArgs,
-    /// Address of /metrics, /healthz and /readyz.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    metrics_address: SocketAddr,
     /// Milliseconds within which changes are reconciled together.
     #[arg(long, default_value_t = 500)]
     debounce_ms: u64,
@@ -30,20 +26,23 @@ struct Args {
     /// shared and node-local devices follow one model.
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
     consumable_capacity: Switch,
-    /// Log as JSON.
-    #[arg(long)]
-    log_json: bool,
+    #[command(flatten)]
+    process: akri_runtime::ProcessArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    akri_runtime::init_logging(args.log_json);
+    akri_runtime::init_logging(args.process.log_json);
     let client = kube::Client::try_default().await?;
     let metrics = Metrics::default();
     let readiness = Readiness::default();
-    let (_, _server) =
-        http::serve(args.metrics_address, metrics.clone(), readiness.clone()).await?;
+    let (_, _server) = http::serve(
+        args.process.metrics_address,
+        metrics.clone(),
+        readiness.clone(),
+    )
+    .await?;
 
     let lease = args.lease.config("akri-driver-controller");
     let mut config = ControllerConfig::new(&args.instance_namespace);

@@ -8,6 +8,7 @@ use crate::node_devices::KnownDevice;
 use akri_api::v0::{Instance, InstanceSpec};
 use akri_api::v1::{
     INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
+    instance_source_selector,
 };
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use std::collections::{BTreeMap, BTreeSet};
@@ -99,9 +100,10 @@ impl InstanceWriter {
         }
 
         // Instances this node wrote before that it no longer sees.
-        let mine = crate::api_call(self.api.list(
-            &ListParams::default().labels(&format!("{INSTANCE_SOURCE_LABEL}={}", self.source)),
-        ))
+        let mine = crate::api_call(
+            self.api
+                .list(&ListParams::default().labels(&instance_source_selector(self.source))),
+        )
         .await?;
         let now = Instant::now();
         for instance in mine.items {

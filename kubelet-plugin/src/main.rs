@@ -6,7 +6,6 @@ use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
 use akri_kubelet_plugin::legacy::LegacyOptions;
 use akri_runtime::Switch;
 use clap::Parser;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -76,18 +75,14 @@ struct Args {
     /// Seconds a slot with no container behind it stays held before it is freed.
     #[arg(long, default_value_t = 300)]
     slot_reclaim_grace_seconds: u64,
-    /// Where `/metrics`, `/healthz` and `/readyz` are served.
-    #[arg(long, default_value = "0.0.0.0:8080")]
-    metrics_address: SocketAddr,
-    /// Log as JSON.
-    #[arg(long)]
-    log_json: bool,
+    #[command(flatten)]
+    process: akri_runtime::ProcessArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    akri_runtime::init_logging(args.log_json);
+    akri_runtime::init_logging(args.process.log_json);
     let client = kube::Client::try_default().await?;
     let debug_echo = args.debug_echo_socket.map(|socket| DebugEchoConfig {
         availability_file: args.debug_echo_availability_file,
@@ -118,7 +113,7 @@ async fn main() -> anyhow::Result<()> {
     let agent = agent::start(client, config).await?;
     let metrics = agent.metrics().clone();
     let (_, _server) = akri_runtime::http::serve(
-        args.metrics_address,
+        args.process.metrics_address,
         move || metrics.encode(),
         agent.readiness().clone(),
     )

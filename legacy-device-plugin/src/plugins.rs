@@ -6,7 +6,7 @@
 use crate::claims::{self, ClaimError};
 use crate::slots::{self, InstanceSlots, SlotClaim};
 use akri_api::v0::Instance;
-use akri_api::v1::{INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_LABEL};
+use akri_api::v1::{INSTANCE_SOURCE_CONFIGURATION, instance_source_selector};
 use akri_proto::deviceplugin::v1beta1 as api;
 use device_plugin::plugin::Device;
 use device_plugin::{DevicePlugin, PluginConfig, ServedPlugin};
@@ -569,7 +569,7 @@ impl Shared {
 /// Keeps [`Shared::instances`] in step with the API server.
 async fn watch_instances(shared: Arc<Shared>) {
     let api = Api::<Instance>::all(shared.client.clone());
-    let selector = format!("{INSTANCE_SOURCE_LABEL}={INSTANCE_SOURCE_CONFIGURATION}");
+    let selector = instance_source_selector(INSTANCE_SOURCE_CONFIGURATION);
     let mut events =
         Box::pin(watcher(api, watcher::Config::default().labels(&selector)).default_backoff());
     let mut relisting: Option<BTreeMap<(String, String), Instance>> = None;

@@ -1,9 +1,42 @@
 //! What every akri binary runs with, so each `main` is flags and wiring only: one tracing
 //! setup ([`init_logging`]), one `/healthz` `/readyz` `/metrics` server ([`http`]), one
-//! shutdown signal ([`stopped`]), one leader elector ([`leader`]).
+//! shutdown signal ([`stopped`]), one leader elector ([`leader`]), one way controllers cache
+//! what they read ([`reflect`]).
 
 pub mod http;
 pub mod leader;
+
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+
+/// A store of what `api` lists (narrowed by `config`), kept current by the returned stream of
+/// touched objects, which a controller watches (`watches_stream`) or polls. Managed fields
+/// are dropped: nothing reads them, and they are much of an object's size in memory.
+pub fn reflect<K>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let (store, writer) = reflector::store();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|o| kube::ResourceExt::managed_fields_mut(o).clear())
+        .reflect(writer)
+        .touched_objects();
+    (store, stream)
+}
 
 /// A flag for an optional API-server feature: `auto` asks the API server at start (the
 /// capability probes of `dra_plugin::api_support`), `on` and `off` force the answer, for
@@ -25,6 +58,17 @@ impl Switch {
             Switch::Off => Some(false),
         }
     }
+}
+
+/// The flags every akri binary has: where its endpoints are served, and how it logs.
+#[derive(Clone, Debug, clap::Args)]
+pub struct ProcessArgs {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_address: std::net::SocketAddr,
+    /// Log as JSON.
+    #[arg(long)]
+    pub log_json: bool,
 }
 
 /// Logs to stderr, filtered by `RUST_LOG` (default `info`), as text or as JSON lines.

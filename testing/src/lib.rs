@@ -22,6 +22,7 @@
 mod bins;
 mod certs;
 mod control_plane;
+pub mod docs;
 mod error;
 mod kubelet_peer;
 mod process;
@@ -151,6 +152,27 @@ pub fn spawn_controller(
         .args(["--metrics-address", &format!("127.0.0.1:{port}")])
         .kill_on_drop(true)
         .spawn()
+}
+
+/// Sends SIGTERM to `child` (what the kubelet sends a container it stops) and waits up to
+/// `timeout` for it to exit; returns its exit status. Uses procps' `kill` (`.ci/run` installs
+/// it), the workspace forbidding the `unsafe` a direct `kill(2)` would need.
+pub async fn terminate(
+    child: &mut tokio::process::Child,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::process::ExitStatus> {
+    let pid = child
+        .id()
+        .ok_or_else(|| std::io::Error::other("the process has already exited"))?;
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()?;
+    if !sent.success() {
+        return Err(std::io::Error::other(format!("kill -TERM {pid}: {sent}")));
+    }
+    tokio::time::timeout(timeout, child.wait())
+        .await
+        .map_err(|_| std::io::Error::other(format!("still running {timeout:?} after SIGTERM")))?
 }
 
 /// Resident and peak resident memory of a process, in kB (Linux).

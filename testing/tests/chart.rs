@@ -1305,43 +1305,14 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
     );
 }
 
-/// The `helm` lines of the ```sh blocks of the docs (README.md, charts/akri/README.md,
-/// docs/*.md; a `\` at a line's end joins the next), per file.
+/// The `helm` lines of the docs' ```sh blocks, per file (absolute path).
 fn documented_helm_commands() -> Vec<(String, Vec<String>)> {
-    let mut files = vec![
-        repo().join("README.md"),
-        repo().join("charts/akri/README.md"),
-    ];
-    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "md"))
-        .collect();
-    docs.sort();
-    files.extend(docs);
-    let mut out = Vec::new();
-    for path in files {
-        let text = std::fs::read_to_string(&path).unwrap();
-        let (mut in_sh, mut commands, mut pending) = (false, Vec::new(), None::<String>);
-        for line in text.lines().map(str::trim) {
-            if line.starts_with("```") {
-                in_sh = line == "```sh";
-                continue;
-            }
-            let line = line.split(" #").next().unwrap_or_default().trim();
-            let joined = match pending.take() {
-                Some(start) => format!("{start} {line}"),
-                None if in_sh && line.starts_with("helm ") => line.to_string(),
-                None => continue,
-            };
-            match joined.strip_suffix('\\') {
-                Some(start) => pending = Some(start.trim().to_string()),
-                None => commands.push(joined),
-            }
-        }
-        if !commands.is_empty() {
-            out.push((path.display().to_string(), commands));
+    let mut out: Vec<(String, Vec<String>)> = Vec::new();
+    for c in akri_testing::docs::documented(&repo(), "helm").unwrap() {
+        let file = repo().join(&c.file).display().to_string();
+        match out.last_mut() {
+            Some((last, commands)) if *last == file => commands.push(c.command),
+            _ => out.push((file, vec![c.command])),
         }
     }
     out

@@ -39,3 +39,8 @@ pub const INSTANCE_SOURCE_DISCOVERY_CONFIGURATION: &str = "DiscoveryConfiguratio
 /// [`INSTANCE_SOURCE_LABEL`] value for Instances of the legacy device-plugin path, whose
 /// `configurationName` names an `akri.sh/v0` Configuration in the Instance's namespace.
 pub const INSTANCE_SOURCE_CONFIGURATION: &str = "Configuration";
+
+/// The label selector of the Instances of one path (`source` is one of the two values above).
+pub fn instance_source_selector(source: &str) -> String {
+    format!("{INSTANCE_SOURCE_LABEL}={source}")
+}

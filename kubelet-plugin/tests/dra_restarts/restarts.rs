@@ -292,16 +292,9 @@ async fn restart_changes_nothing(
     match stop {
         Stop::Kill => plugin.kill().await.unwrap(),
         Stop::Term => {
-            let pid = plugin.id().unwrap().to_string();
-            let sent = std::process::Command::new("kill")
-                .args(["-TERM", &pid])
-                .status()
-                .unwrap();
-            assert!(sent.success());
-            let status = tokio::time::timeout(Duration::from_secs(20), plugin.wait())
+            let status = akri_testing::terminate(&mut plugin, Duration::from_secs(20))
                 .await
-                .expect("the plugin exits within 20 s of SIGTERM")
-                .unwrap();
+                .expect("the plugin exits within 20 s of SIGTERM");
             assert!(status.success(), "a SIGTERM is a clean stop: {status}");
         }
     }

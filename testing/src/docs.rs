@@ -1,0 +1,101 @@
+//! The commands the docs show, so tests and the demo can run them as written: the lines of
+//! the ```sh blocks of README.md, charts/akri/README.md and docs/*.md that start with one
+//! program (`kubectl`, `helm`). A `\` at a line's end joins the next line; ` #` starts a
+//! comment.
+
+use std::path::{Path, PathBuf};
+
+/// A documented command and where it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocCommand {
+    /// The file, relative to the repository.
+    pub file: String,
+    /// 1-based line of the command's start.
+    pub line: usize,
+    pub command: String,
+}
+
+/// The repository's docs, in a fixed order: README.md, charts/akri/README.md, docs/*.md.
+pub fn markdown_files(repo: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut files = vec![repo.join("README.md"), repo.join("charts/akri/README.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(repo.join("docs"))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    files.extend(docs);
+    Ok(files)
+}
+
+/// Every command running `program` in the docs of `repo`.
+pub fn documented(repo: &Path, program: &str) -> std::io::Result<Vec<DocCommand>> {
+    let mut commands = Vec::new();
+    for path in markdown_files(repo)? {
+        let text = std::fs::read_to_string(&path)?;
+        let file = path
+            .strip_prefix(repo)
+            .unwrap_or(&path)
+            .display()
+            .to_string();
+        commands.extend(sh_commands(&file, &text, program));
+    }
+    Ok(commands)
+}
+
+/// The commands running `program` in the ```sh blocks of `text` (the content of `file`).
+pub fn sh_commands(file: &str, text: &str, program: &str) -> Vec<DocCommand> {
+    let prefix = format!("{program} ");
+    let (mut in_sh, mut commands) = (false, Vec::new());
+    let mut pending: Option<DocCommand> = None;
+    for (index, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.starts_with("```") {
+            in_sh = line == "```sh";
+            continue;
+        }
+        let line = line.split(" #").next().unwrap_or_default().trim();
+        let mut command = match pending.take() {
+            Some(mut start) => {
+                start.command = format!("{} {line}", start.command);
+                start
+            }
+            None if in_sh && line.starts_with(&prefix) => DocCommand {
+                file: file.to_string(),
+                line: index + 1,
+                command: line.to_string(),
+            },
+            None => continue,
+        };
+        match command.command.strip_suffix('\\') {
+            Some(start) => {
+                command.command = start.trim().to_string();
+                pending = Some(command);
+            }
+            None => commands.push(command),
+        }
+    }
+    commands
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_programs_lines_of_sh_blocks_count_and_continuations_join() {
+        let text = "intro\n```sh\nkubectl get dc   # the configurations\nhack/demo.sh\nkubectl get pods \\\n  -A\nhelm list\n```\n```text\nkubectl logs x\n```\n";
+        let found: Vec<(usize, String)> = sh_commands("f.md", text, "kubectl")
+            .into_iter()
+            .map(|c| (c.line, c.command))
+            .collect();
+        assert_eq!(
+            found,
+            vec![
+                (3, "kubectl get dc".to_string()),
+                (5, "kubectl get pods -A".to_string())
+            ]
+        );
+        assert_eq!(sh_commands("f.md", text, "helm")[0].command, "helm list");
+    }
+}
