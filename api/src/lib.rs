@@ -7,6 +7,7 @@
 pub mod crds;
 pub mod v0;
 pub mod v1;
+pub mod workload;
 
 /// The API group of every kind in this crate.
 pub const GROUP: &str = "akri.sh";

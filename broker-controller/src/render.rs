@@ -16,6 +16,7 @@
 //! | `$(AKRI_TEMPLATE)` | the BrokerTemplate's name |
 //! | `$(AKRI_PROPERTY_<KEY>)` | the Instance's broker property `<KEY>` |
 
+use akri_api::workload::pod_spec_path;
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 
@@ -123,6 +124,13 @@ pub fn substitute(text: &str, values: &Values) -> Result<String, RenderError> {
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The text that [`substitute`] turns back into `text`: every `$(AKRI_` escaped, for text
+/// written before these values existed (a migrated v0 broker spec), which must reach the
+/// kubelet as it was written.
+pub fn escape(text: &str) -> String {
+    text.replace("$(AKRI_", "$$(AKRI_")
 }
 
 /// Substitutes in every string of `value` (object keys are left as written).
@@ -306,22 +314,6 @@ fn digest(object: &Value) -> String {
     format!("{:016x}", hasher.finish())
 }
 
-/// Where an object of `kind` holds its pod spec: a Pod's own, a workload's pod template's, a
-/// CronJob's job template's. `None` for kinds that run no pods.
-fn pod_spec_path(kind: &str) -> Option<&'static [&'static str]> {
-    Some(match kind {
-        "Pod" => &["spec"],
-        "Deployment"
-        | "ReplicaSet"
-        | "StatefulSet"
-        | "DaemonSet"
-        | "Job"
-        | "ReplicationController" => &["spec", "template", "spec"],
-        "CronJob" => &["spec", "jobTemplate", "spec", "template", "spec"],
-        _ => return None,
-    })
-}
-
 /// Whether objects of `kind` run pods (and so get the Instance's claim).
 pub fn runs_pods(kind: &str) -> bool {
     pod_spec_path(kind).is_some()
@@ -401,14 +393,7 @@ fn pin_to_node(pod_spec: &mut Map<String, Value>, node: &str) {
 /// The ResourceClaimTemplate binding a pod to exactly one Instance: one device of the
 /// configuration's class whose `akri.sh/instance` attribute names it.
 pub fn claim_template(name: &str, instance: &str, device_class: &str, owner: &Owner) -> Rendered {
-    let expression = format!(
-        "device.attributes[\"{}\"].{} == {}",
-        akri_devices::DRIVER_DOMAIN,
-        akri_devices::ATTR_INSTANCE
-            .strip_prefix(&format!("{}/", akri_devices::DRIVER_DOMAIN))
-            .expect("the attribute is in our domain"),
-        serde_json::to_string(instance).expect("a string serializes")
-    );
+    let expression = akri_devices::instance_selector(instance);
     let object = json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -439,6 +424,19 @@ pub fn claim_template_name(instance: &str, template: &str) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn escaped_text_comes_back_as_written() {
+        let values = Values {
+            template: "t",
+            configuration: "c",
+            ..Default::default()
+        };
+        for text in ["$(AKRI_X)", "$$(AKRI_X) and $(HOME)", "plain", "$(AKRI_CONFIGURATION)$"] {
+            assert_eq!(substitute(&escape(text), &values).unwrap(), text);
+        }
+    }
+
     use super::*;
 
     fn props() -> BTreeMap<String, String> {

@@ -34,6 +34,18 @@ pub const MAX_ATTRIBUTES_AND_CAPACITIES: usize = 32;
 /// the same properties whichever model its configuration uses).
 pub const MAX_PROPERTY_ATTRIBUTES: usize = MAX_ATTRIBUTES_AND_CAPACITIES - 3;
 
+/// The CEL expression selecting the device of one Instance (its [`ATTR_INSTANCE`] attribute):
+/// how a claim asks for exactly that device, as the broker-controller's claims and migrated
+/// Instance-level requests do.
+pub fn instance_selector(instance: &str) -> String {
+    let attribute = ATTR_INSTANCE
+        .strip_prefix(&format!("{DRIVER_DOMAIN}/"))
+        .expect("the attribute is in our domain");
+    // A JSON string literal is a valid CEL string literal.
+    let literal = serde_json::to_string(instance).expect("a string serializes");
+    format!("device.attributes[\"{DRIVER_DOMAIN}\"].{attribute} == {literal}")
+}
+
 /// The DRA driver of a discovery handler: `<handler, lower-cased>.akri.sh` (Akri handler
 /// names such as `debugEcho` are mixed case; driver names are DNS subdomains).
 pub fn driver_name(handler: &str) -> String {
