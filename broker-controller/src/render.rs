@@ -432,7 +432,12 @@ mod tests {
             configuration: "c",
             ..Default::default()
         };
-        for text in ["$(AKRI_X)", "$$(AKRI_X) and $(HOME)", "plain", "$(AKRI_CONFIGURATION)$"] {
+        for text in [
+            "$(AKRI_X)",
+            "$$(AKRI_X) and $(HOME)",
+            "plain",
+            "$(AKRI_CONFIGURATION)$",
+        ] {
             assert_eq!(substitute(&escape(text), &values).unwrap(), text);
         }
     }

@@ -12,7 +12,7 @@
 //! Instance's claim. Text is copied verbatim; only `$(AKRI_` is escaped, so that the kubelet
 //! still sees what it saw under Akri.
 
-use akri_broker_controller::render::escape;
+use akri_broker_controller::render::{POD_CLAIM_NAME, escape};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 
@@ -132,7 +132,8 @@ fn service_of(spec: &Value, name: &str, label: &str, value: &str) -> Value {
 }
 
 /// Takes `{{PLACEHOLDER}}` out of every container's limits and requests (dropping what is
-/// left empty) and gives the containers that had it the broker properties as environment.
+/// left empty) and gives the containers that had it the broker properties as environment
+/// (and init containers that had it the Instance's claim).
 fn remove_placeholder(pod_spec: &mut Value, broker_properties: &BTreeMap<String, String>) {
     for list in ["initContainers", "containers"] {
         let Some(containers) = pod_spec.get_mut(list).and_then(Value::as_array_mut) else {
@@ -154,6 +155,14 @@ fn remove_placeholder(pod_spec: &mut Value, broker_properties: &BTreeMap<String,
                 }
                 if resources.is_empty() {
                     container.remove("resources");
+                }
+            }
+            if had && list == "initContainers" {
+                // The broker-controller names the claim in every container; an init container
+                // that Akri gave the device names it itself.
+                let resources = container.entry("resources").or_insert_with(|| json!({}));
+                if let Some(resources) = resources.as_object_mut() {
+                    resources.insert("claims".into(), json!([{ "name": POD_CLAIM_NAME }]));
                 }
             }
             if had && !broker_properties.is_empty() {

@@ -209,7 +209,10 @@ fn rewritten(workload: &Value, path: &[&str], name: &str, requests: &[Request]) 
         let claim = format!("akri-{i}");
         let template = format!("{name}-{claim}");
         let container = container_mut(pod_spec, &request.container_path);
-        if let Some(resources) = container.get_mut("resources").and_then(Value::as_object_mut) {
+        if let Some(resources) = container
+            .get_mut("resources")
+            .and_then(Value::as_object_mut)
+        {
             for field in ["limits", "requests"] {
                 if let Some(map) = resources.get_mut(field).and_then(Value::as_object_mut) {
                     map.remove(&request.resource);
