@@ -208,6 +208,13 @@ pub fn sort(document: Document, input: &mut Input, report: &mut Report) {
             Kind::Error,
             format!("{kind} is already akri.sh/v1: akri-migrate reads akri.sh/v0 Configurations"),
         ),
+        ("akri.sh/v0", kind) => report.add(
+            at,
+            &name,
+            "kind",
+            Kind::Error,
+            format!("akri.sh/v0 has no kind {kind}: akri-migrate reads Configurations (and skips Instances)"),
+        ),
         (version, _) if version.starts_with("akri.sh/") => report.add(
             at,
             &name,
@@ -218,16 +225,13 @@ pub fn sort(document: Document, input: &mut Input, report: &mut Report) {
         (_, kind) if akri_api::workload::pod_spec_path(kind).is_some() => {
             input.workloads.push(document)
         }
+        // Services, ConfigMaps, claim templates (ours included) live beside workloads.
         (version, kind) => report.add(
             at,
             &name,
-            "kind",
-            Kind::Error,
-            format!(
-                "{kind} ({version}) is neither an akri.sh/v0 Configuration nor a workload \
-                 (Pod, Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob, \
-                 ReplicationController): give only those"
-            ),
+            "",
+            Kind::Note,
+            format!("{kind} ({version}) left alone: neither an akri.sh/v0 Configuration nor a workload"),
         ),
     }
 }
@@ -267,7 +271,7 @@ mod tests {
     }
 
     #[test]
-    fn bad_input_is_an_error_naming_the_document() {
+    fn bad_input_is_an_error_naming_the_document_and_other_kinds_are_left_alone() {
         let (_, mut report) = read(
             "apiVersion: v1\nkind: Service\nmetadata: {name: s}\n---\n\
              apiVersion: akri.sh/v2\nkind: Configuration\n---\nkey: [unclosed\n",
@@ -276,8 +280,7 @@ mod tests {
         let errors: Vec<String> = report.findings.iter().map(|f| f.to_string()).collect();
         assert_eq!(errors.len(), 3, "{errors:#?}");
         assert!(
-            errors[0]
-                .starts_with("error: in.yaml, document 0 (s), field kind: Service (v1) is neither"),
+            errors[0].starts_with("note: in.yaml, document 0 (s): Service (v1) left alone"),
             "{}",
             errors[0]
         );
