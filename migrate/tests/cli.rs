@@ -280,3 +280,41 @@ fn an_output_directory_gets_one_file_per_configuration_the_same_every_run() {
     assert_eq!(second.status.code(), Some(0));
     assert_eq!(listing(&out), written, "byte-identical");
 }
+
+/// Every `akri-migrate` command of the docs' `sh` blocks is one the binary accepts: it may
+/// fail on its input (files and a cluster that are not here), never on its flags.
+#[test]
+fn the_documented_commands_are_accepted() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let commands = akri_testing::docs::documented(&repo, "akri-migrate").unwrap();
+    assert!(commands.len() >= 5, "{commands:?}");
+    let dir = tempfile::tempdir().unwrap();
+    for command in commands {
+        // A redirection is the shell's, not an argument.
+        let line = command.command.split(" <").next().unwrap();
+        let args: Vec<&str> = line.split_whitespace().skip(1).collect();
+        let output = Command::new(env!("CARGO_BIN_EXE_akri-migrate"))
+            .args(&args)
+            .current_dir(dir.path())
+            .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(std::process::Stdio::null())
+            .output()
+            .unwrap();
+        let err = stderr(&output);
+        assert_ne!(
+            output.status.code(),
+            Some(2),
+            "{}:{}: {}\n{err}",
+            command.file,
+            command.line,
+            command.command
+        );
+        assert!(
+            !err.contains("Usage:"),
+            "{}:{}: {err}",
+            command.file,
+            command.line
+        );
+    }
+}

@@ -174,7 +174,7 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
     let v0_global = services.get_opt("echo-svc").await.unwrap().is_some();
 
     // The move: Akri's brokers go, the Configuration is migrated from the cluster and applied.
-    for (_, (objects, environments)) in &v0 {
+    for (objects, environments) in v0.values() {
         for pod in environments.keys() {
             let node = nodes.iter().find(|n| pod.starts_with(&n.name)).unwrap();
             node.peer.release(&apps, pod).await.unwrap();
@@ -195,7 +195,7 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
         .delete("echo-svc", &DeleteParams::default())
         .await
         .unwrap();
-    for (_, (objects, _)) in &v0 {
+    for (objects, _) in v0.values() {
         for object in objects.iter().filter(|o| o.starts_with("Pod/")) {
             let name = &object["Pod/".len()..];
             eventually(&format!("{name} gone"), async || {
@@ -310,7 +310,8 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
         for (pod, env) in v1_env {
             let before = &v0_env[pod];
             assert_eq!(
-                env["RESOLUTION"], "1080p",
+                env.get("RESOLUTION").map(String::as_str),
+                Some("1080p"),
                 "{pod}: the Configuration's brokerProperties"
             );
             assert!(env.contains_key("DEBUG_ECHO_DESCRIPTION"), "{pod}: {env:?}");
