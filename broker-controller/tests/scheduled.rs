@@ -131,22 +131,7 @@ impl Cluster {
             .await
             .unwrap();
         let count = descriptions.split(',').count();
-        let instances = self.instances();
-        eventually(&format!("the Instances of {name}"), async || {
-            let list = instances.list(&Default::default()).await.ok()?;
-            let found: BTreeMap<String, Vec<String>> = list
-                .items
-                .iter()
-                .filter(|i| i.spec.configuration_name == name)
-                .map(|i| {
-                    let mut nodes = i.spec.nodes.clone();
-                    nodes.sort();
-                    (i.name_any(), nodes)
-                })
-                .collect();
-            (found.len() == count).then_some(found)
-        })
-        .await
+        support::instances(&self.client, &self.akri, name, |found| found.len() == count).await
     }
 
     fn instances(&self) -> Api<Instance> {

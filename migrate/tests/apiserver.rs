@@ -12,8 +12,10 @@ use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
+
+mod common;
+use common::{listing, repo, stderr};
 
 async fn cluster() -> &'static ControlPlane {
     let cp = ControlPlane::shared_api_server()
@@ -23,21 +25,8 @@ async fn cluster() -> &'static ControlPlane {
     cp
 }
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn migrate(cp: &ControlPlane, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_akri-migrate"))
-        .args(args)
-        .env("KUBECONFIG", cp.kubeconfig())
-        .current_dir(repo())
-        .output()
-        .expect("akri-migrate runs")
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
+    common::migrate(args, Some(cp.kubeconfig()))
 }
 
 /// The golden inputs: Akri's examples and our own shapes, the lossy one too.
@@ -317,20 +306,6 @@ async fn reading_the_cluster_gives_what_reading_the_files_gives() {
     args.extend(["-n", &ns, "--output-dir", from_files.to_str().unwrap()]);
     let read_files = migrate(cp, &args);
     assert_eq!(read_files.status.code(), Some(0), "{}", stderr(&read_files));
-    let listing = |dir: &Path| {
-        let mut files: Vec<(String, String)> = std::fs::read_dir(dir)
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (
-                    e.file_name().to_string_lossy().into_owned(),
-                    std::fs::read_to_string(e.path()).unwrap(),
-                )
-            })
-            .collect();
-        files.sort();
-        files
-    };
     let cluster_files = listing(&from_cluster);
     assert_eq!(cluster_files.len(), 3);
     assert_eq!(cluster_files, listing(&from_files));

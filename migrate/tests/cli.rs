@@ -7,6 +7,9 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
+mod common;
+use common::{listing, stderr};
+
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
@@ -29,10 +32,6 @@ fn migrate(args: &[&str], stdin: Option<&str>) -> Output {
         return child.wait_with_output().unwrap();
     }
     command.output().unwrap()
-}
-
-fn stderr(output: &Output) -> String {
-    String::from_utf8_lossy(&output.stderr).into_owned()
 }
 
 fn path(p: &Path) -> &str {
@@ -251,20 +250,6 @@ fn an_output_directory_gets_one_file_per_configuration_the_same_every_run() {
     let dir = tempfile::tempdir().unwrap();
     let inputs = fixtures().join("v0");
     let out = dir.path().join("out");
-    let listing = |out: &Path| {
-        let mut files: Vec<(String, String)> = std::fs::read_dir(out)
-            .unwrap()
-            .map(|e| {
-                let e = e.unwrap();
-                (
-                    e.file_name().to_string_lossy().into_owned(),
-                    std::fs::read_to_string(e.path()).unwrap(),
-                )
-            })
-            .collect();
-        files.sort();
-        files
-    };
     let first = migrate(&[path(&inputs), "--output-dir", path(&out)], None);
     assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
     let written = listing(&out);

@@ -12,7 +12,6 @@
 //! the container's own).
 
 use akri_api::v0::Configuration;
-use akri_api::v1::Instance;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::legacy::LegacyOptions;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json};
@@ -336,27 +335,15 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
     }
 }
 
-/// The Instances of the configuration in `namespace` (`count` of them, each reached by both
-/// nodes): name -> nodes.
+/// The Instances of the configuration in `namespace` once there are `count`, each reached
+/// by both nodes: name -> nodes.
 async fn instances(
     client: &kube::Client,
     namespace: &str,
     count: usize,
 ) -> BTreeMap<String, Vec<String>> {
-    let api = Api::<Instance>::namespaced(client.clone(), namespace);
-    eventually(&format!("{count} Instances in {namespace}"), async || {
-        let list = api.list(&Default::default()).await.ok()?;
-        let found: BTreeMap<String, Vec<String>> = list
-            .items
-            .iter()
-            .filter(|i| i.spec.configuration_name == CONFIGURATION)
-            .map(|i| {
-                let mut nodes = i.spec.nodes.clone();
-                nodes.sort();
-                (i.name_any(), nodes)
-            })
-            .collect();
-        (found.len() == count && found.values().all(|n| n.len() == 2)).then_some(found)
+    support::instances(client, namespace, CONFIGURATION, |found| {
+        found.len() == count && found.values().all(|n| n.len() == 2)
     })
     .await
 }

@@ -7,19 +7,12 @@
 use akri_broker_controller::render::{self, Owner, Values};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
+mod common;
+use common::repo;
 
-/// Runs the binary in the repository (so that paths in its messages are relative).
 fn migrate(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_akri-migrate"))
-        .args(args)
-        .current_dir(repo())
-        .output()
-        .expect("akri-migrate runs")
+    common::migrate(args, None)
 }
 
 /// Every input of the golden tests, relative to the repository.

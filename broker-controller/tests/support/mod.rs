@@ -1,8 +1,14 @@
-//! What the broker-controller's suites share: both controllers started in the test's runtime,
-//! reacting within 100 ms.
+//! What the broker-controller's suites (and the migration's equivalence test) share: both
+//! controllers started in the test's runtime, reacting within 100 ms, and the Instances of a
+//! configuration with the nodes that reach them.
 
+#![allow(dead_code, reason = "each suite uses some of these")]
+
+use akri_api::v1::Instance;
 use akri_broker_controller::controller::{self, ControllerConfig};
 use akri_broker_controller::metrics::Metrics;
+use kube::{Api, ResourceExt};
+use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
@@ -28,4 +34,31 @@ pub fn spawn_broker_controller(
     let metrics = Metrics::default();
     let task = tokio::spawn(controller::run(client.clone(), config, metrics.clone()));
     (task, metrics)
+}
+
+/// The Instances of `configuration` in `namespace` (name -> sorted nodes that reach it), once
+/// `ready` says they are all there.
+pub async fn instances(
+    client: &kube::Client,
+    namespace: &str,
+    configuration: &str,
+    ready: impl Fn(&BTreeMap<String, Vec<String>>) -> bool,
+) -> BTreeMap<String, Vec<String>> {
+    let api = Api::<Instance>::namespaced(client.clone(), namespace);
+    let what = format!("the Instances of {configuration} in {namespace}");
+    akri_testing::eventually(&what, Duration::from_secs(90), async || {
+        let list = api.list(&Default::default()).await.ok()?;
+        let found: BTreeMap<String, Vec<String>> = list
+            .items
+            .iter()
+            .filter(|i| i.spec.configuration_name == configuration)
+            .map(|i| {
+                let mut nodes = i.spec.nodes.clone();
+                nodes.sort();
+                (i.name_any(), nodes)
+            })
+            .collect();
+        ready(&found).then_some(found)
+    })
+    .await
 }
