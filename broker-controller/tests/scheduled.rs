@@ -6,8 +6,7 @@
 
 use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
 use akri_broker_controller::metrics::Metrics;
-use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json, metric};
+use akri_testing::{ControlPlane, ControlPlaneOptions, from_json, metric};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -18,20 +17,12 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 mod support;
+use support::SimNode;
 
 const DRIVER: &str = "debugecho.akri.sh";
 
 async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     akri_testing::eventually(what, Duration::from_secs(90), check).await
-}
-
-struct SimNode {
-    name: String,
-    peer: KubeletPeer,
-    /// Its debugEcho availability file: the descriptions it does not see, one per line.
-    availability: std::path::PathBuf,
-    _agent: agent::Agent,
-    _dir: tempfile::TempDir,
 }
 
 /// Two nodes whose debugEcho handlers register as shared, each hiding the descriptions in
@@ -67,34 +58,13 @@ impl Cluster {
         let apps = cp.create_namespace("apps").await.unwrap();
         let mut nodes = Vec::new();
         for hidden in offline {
-            let name = ControlPlane::unique_name("node");
-            cp.create_node(&name).await.unwrap();
-            let peer = KubeletPeer::start(&cp, &name).await.unwrap();
-            let dir = tempfile::tempdir().unwrap();
-            let mut config = AgentConfig::embedded(&name, &akri, dir.path()).kubelet_dirs(
-                peer.registry_dir(),
-                peer.plugins_dir(),
-                peer.cdi_dir(),
-            );
-            let echo = config.debug_echo_mut();
-            echo.shared = true;
-            echo.availability_file = dir.path().join("availability");
-            std::fs::write(&echo.availability_file, hidden).unwrap();
-            let availability = echo.availability_file.clone();
-            let agent = agent::start(client.clone(), config)
-                .await
-                .expect("agent starts");
-            // Registered with its kubelet before a broker is prepared there.
-            peer.wait_for_driver(DRIVER, Duration::from_secs(60))
-                .await
-                .expect("the kubelet-plugin registers");
-            nodes.push(SimNode {
-                name,
-                peer,
-                availability,
-                _agent: agent,
-                _dir: dir,
-            });
+            let node = support::start_node(&cp, &client, &akri, |config, _, dir| {
+                let echo = config.debug_echo_mut();
+                echo.availability_file = dir.join("availability");
+                std::fs::write(&echo.availability_file, hidden).unwrap();
+            })
+            .await;
+            nodes.push(node);
         }
         let driver = support::spawn_driver_controller(&client, &akri);
         let (brokers, metrics) = support::spawn_broker_controller(&client, &akri);
@@ -307,7 +277,7 @@ async fn each_broker_is_scheduled_with_its_own_device() {
     let kept_uid = c.pods().get(&kept).await.unwrap().uid();
     let gone = format!("{}-{cam_b}-pod", c.nodes[1].name);
     let gone_uid = c.pods().get(&gone).await.unwrap().uid();
-    std::fs::write(&c.nodes[1].availability, "cam-a\ncam-b\n").unwrap();
+    std::fs::write(c.nodes[1].dir.path().join("availability"), "cam-a\ncam-b\n").unwrap();
     eventually("cam-b's broker being deleted", async || {
         let pod = c.pods().get_opt(&gone).await.ok()?;
         pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
@@ -337,7 +307,7 @@ async fn each_broker_is_scheduled_with_its_own_device() {
     assert_eq!(c.pods().get(&kept).await.unwrap().uid(), kept_uid);
 
     // Plugged in again: a new broker, scheduled with the camera again.
-    std::fs::write(&c.nodes[1].availability, "cam-a\n").unwrap();
+    std::fs::write(c.nodes[1].dir.path().join("availability"), "cam-a\n").unwrap();
     eventually("cam-b's broker made again", async || {
         let pod = c.pods().get_opt(&gone).await.ok()??;
         (pod.uid() != gone_uid && pod.metadata.deletion_timestamp.is_none()).then_some(())

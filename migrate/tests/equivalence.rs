@@ -12,9 +12,8 @@
 //! the container's own).
 
 use akri_api::v0::Configuration;
-use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::legacy::LegacyOptions;
-use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json};
+use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -26,18 +25,10 @@ use std::time::Duration;
 #[path = "../../broker-controller/tests/support/mod.rs"]
 mod support;
 
-const DRIVER: &str = "debugecho.akri.sh";
 const CONFIGURATION: &str = "echo";
 
 async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
     akri_testing::eventually(what, Duration::from_secs(90), check).await
-}
-
-struct SimNode {
-    name: String,
-    peer: KubeletPeer,
-    _agent: agent::Agent,
-    _dir: tempfile::TempDir,
 }
 
 /// Per Instance: its broker objects (`<kind>/<name>`, names with the node) and, per broker
@@ -76,34 +67,16 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
     let apps = cp.create_namespace("apps").await.unwrap();
     let mut nodes = Vec::new();
     for _ in 0..2 {
-        let name = ControlPlane::unique_name("node");
-        cp.create_node(&name).await.unwrap();
-        let peer = KubeletPeer::start(&cp, &name).await.unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let mut config = AgentConfig::embedded(&name, &akri, dir.path()).kubelet_dirs(
-            peer.registry_dir(),
-            peer.plugins_dir(),
-            peer.cdi_dir(),
-        );
-        config.debug_echo_mut().shared = true;
-        config.legacy = Some(LegacyOptions {
-            device_plugin_dir: peer.device_plugin_dir(),
-            pod_resources_socket: Some(peer.pod_resources_socket()),
-            reclaim_grace: Duration::from_secs(300),
-            reclaim_interval: Duration::from_secs(1),
-        });
-        let agent = agent::start(client.clone(), config)
-            .await
-            .expect("agent starts");
-        peer.wait_for_driver(DRIVER, Duration::from_secs(60))
-            .await
-            .expect("the kubelet-plugin registers");
-        nodes.push(SimNode {
-            name,
-            peer,
-            _agent: agent,
-            _dir: dir,
-        });
+        let node = support::start_node(&cp, &client, &akri, |config, peer, _| {
+            config.legacy = Some(LegacyOptions {
+                device_plugin_dir: peer.device_plugin_dir(),
+                pod_resources_socket: Some(peer.pod_resources_socket()),
+                reclaim_grace: Duration::from_secs(300),
+                reclaim_interval: Duration::from_secs(1),
+            });
+        })
+        .await;
+        nodes.push(node);
     }
     let _driver = support::spawn_driver_controller(&client, &akri);
     let _brokers = support::spawn_broker_controller(&client, &akri);
