@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds real Kubernetes control-plane binaries (and our kubelet-peer harness) from the
-# Go module proxy, as plain processes for tests: no containers, no downloads of prebuilt
-# binaries.
+# Builds real Kubernetes control-plane binaries, the kubelet (for the real test node, with
+# hack/node-bins.sh) and our kubelet-peer harness from the Go module proxy, as plain processes
+# for tests: no containers, no downloads of prebuilt binaries.
 #
 #   hack/k8s-bins.sh            # the main version (hack/k8s/VERSION), with the kubelet peer
 #   hack/k8s-bins.sh 1.34.4     # another version: control plane only
@@ -35,7 +35,7 @@ stamp_inputs() {
   fi
 }
 stamp=$(stamp_inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ]; then
+if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kubelet" ]; then
   log "v$version is up to date in $bin"
   echo "$bin"
   exit 0
@@ -91,9 +91,10 @@ for var in "gitVersion=v$version" "gitMajor=${version%%.*}" "gitMinor=$(echo "$v
 done
 
 start=$(date +%s)
-log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl for v$version"
+log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet for v$version"
 (cd "$src" && go build -ldflags "$ldflags" -o "$bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
+  k8s.io/kubernetes/cmd/kubelet \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kubectl)

@@ -10,6 +10,8 @@ echo "== cargo clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== Kubernetes binaries (built from the Go module proxy, reused when up to date)"
 hack/k8s-bins.sh >/dev/null
+echo "== containerd, runc, CNI plugins and images for the real test node (reused when up to date)"
+hack/node-bins.sh >/dev/null
 echo "== Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
 hack/helm.sh >/dev/null
 echo "== cargo test"

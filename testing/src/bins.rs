@@ -87,3 +87,74 @@ pub(crate) fn repo_root() -> PathBuf {
         .expect("testing/ has a parent")
         .to_path_buf()
 }
+
+/// What `hack/node-bins.sh` builds for a real test node: containerd, its runc shim, ctr, runc,
+/// the CNI plugins, and the pause and busybox images as OCI archives.
+#[derive(Clone, Debug)]
+pub struct NodeBins {
+    root: PathBuf,
+}
+
+impl NodeBins {
+    /// `$AKRI_NODE_BINS_ROOT` if set, else `_output/node`; an error naming the script when
+    /// something is missing.
+    pub fn from_env() -> Result<Self, Error> {
+        let root = std::env::var_os("AKRI_NODE_BINS_ROOT")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| repo_root().join("_output/node"));
+        let bins = NodeBins { root };
+        for name in ["containerd", "containerd-shim-runc-v2", "ctr", "runc"] {
+            bins.require(name)?;
+        }
+        for plugin in ["bridge", "host-local", "loopback"] {
+            bins.require(&format!("cni/{plugin}"))?;
+        }
+        for image in ["pause", "busybox"] {
+            bins.image_archive(image)?;
+        }
+        Ok(bins)
+    }
+
+    /// The directory with containerd, the shim, ctr and runc (the shim is found on `PATH`).
+    pub fn bin_dir(&self) -> PathBuf {
+        self.root.join("bin")
+    }
+
+    /// The directory with the CNI plugins.
+    pub fn cni_dir(&self) -> PathBuf {
+        self.root.join("bin/cni")
+    }
+
+    /// The path of one binary under `bin/`.
+    pub fn require(&self, name: &str) -> Result<PathBuf, Error> {
+        let path = self.root.join("bin").join(name);
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::NodeBinariesMissing { missing: path })
+        }
+    }
+
+    /// The OCI archive of image `image` (`pause` or `busybox`).
+    pub fn image_archive(&self, image: &str) -> Result<PathBuf, Error> {
+        let path = self.root.join("images").join(format!("{image}.tar"));
+        if path.is_file() {
+            Ok(path)
+        } else {
+            Err(Error::NodeBinariesMissing { missing: path })
+        }
+    }
+
+    /// The name an image is imported under (`hack/node-bins.sh` writes them to
+    /// `images/names`), e.g. `docker.io/library/busybox:akri-test` for `busybox`.
+    pub fn image_name(&self, image: &str) -> Result<String, Error> {
+        let path = self.root.join("images/names");
+        let names = std::fs::read_to_string(&path)
+            .map_err(Error::io(format!("read {}", path.display())))?;
+        names
+            .lines()
+            .find_map(|line| line.strip_prefix(&format!("{image}=")))
+            .map(str::to_string)
+            .ok_or(Error::NodeBinariesMissing { missing: path })
+    }
+}

@@ -24,10 +24,7 @@ pub(crate) struct Certs {
 impl Certs {
     pub fn generate(dir: &Path) -> Result<Self, Error> {
         let ca_key = KeyPair::generate()?;
-        let mut ca_params = CertificateParams::default();
-        ca_params.distinguished_name = name("akri-testing-ca", None);
-        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_params = ca_params();
         let ca_cert = ca_params.self_signed(&ca_key)?;
         let issuer = Issuer::new(ca_params, &ca_key);
 
@@ -69,6 +66,36 @@ impl Certs {
             sa_pub: write("sa.pub", sa_key.public_key_pem())?,
         })
     }
+}
+
+/// The CA's parameters: the same each time, so that [`client_cert`] can sign with the CA key
+/// alone.
+fn ca_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name("akri-testing-ca", None);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    params
+}
+
+/// A client certificate and its key (PEM) for `common_name` in `organization`, signed by the
+/// CA whose key [`Certs::generate`] wrote to `ca_key`: e.g. a kubelet's identity,
+/// `system:node:<name>` in `system:nodes`, which the Node authorizer recognises.
+pub(crate) fn client_cert(
+    ca_key: &Path,
+    common_name: &str,
+    organization: &str,
+) -> Result<(String, String), Error> {
+    let pem =
+        std::fs::read_to_string(ca_key).map_err(Error::io(format!("read {}", ca_key.display())))?;
+    let ca_key = KeyPair::from_pem(&pem)?;
+    let issuer = Issuer::new(ca_params(), &ca_key);
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name(common_name, Some(organization));
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok((cert.pem(), key.serialize_pem()))
 }
 
 fn name(common_name: &str, organization: Option<&str>) -> DistinguishedName {

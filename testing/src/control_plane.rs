@@ -146,6 +146,10 @@ impl ControlPlane {
                 "--service-cluster-ip-range=10.96.0.0/16".into(),
                 "--authorization-mode=Node,RBAC".into(),
                 "--allow-privileged=true".into(),
+                // A real test node's kubelet serves on loopback and reports it as its
+                // InternalIP; its Hostname (the node name) resolves nowhere. Logs and exec
+                // reach it by the address.
+                "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
                 "--enable-priority-and-fairness=false".into(),
                 format!("--runtime-config={}", runtime_config.join(",")),
                 format!("--feature-gates={feature_gates}"),
@@ -284,6 +288,34 @@ impl ControlPlane {
         // JSON is YAML: every kubeconfig reader takes it.
         let json = serde_json::to_vec(&kubeconfig).map_err(|e| Error::Kubeconfig(e.to_string()))?;
         std::fs::write(path, json).map_err(Error::io("write a kubeconfig"))
+    }
+
+    /// Writes the kubeconfig of the kubelet of node `node`: a client certificate for
+    /// `system:node:<node>` in `system:nodes`, so the Node authorizer and the NodeRestriction
+    /// admission plugin treat it as they treat any kubelet.
+    pub fn write_node_kubeconfig(&self, path: &Path, node: &str) -> Result<(), Error> {
+        let (cert, key) = crate::certs::client_cert(
+            &self.dir.path().join("ca.key"),
+            &format!("system:node:{node}"),
+            "system:nodes",
+        )?;
+        let ca = std::fs::read(self.dir.path().join("ca.crt")).map_err(Error::io("read ca.crt"))?;
+        let base64 = |pem: &[u8]| base64::engine::general_purpose::STANDARD.encode(pem);
+        let kubeconfig = serde_json::json!({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{ "name": "akri-testing", "cluster": {
+                "server": format!("https://{}", self.api_server_address()),
+                "certificate-authority-data": base64(&ca),
+            }}],
+            "users": [{ "name": node, "user": {
+                "client-certificate-data": base64(cert.as_bytes()),
+                "client-key-data": base64(key.as_bytes()),
+            }}],
+            "contexts": [{ "name": node, "context": { "cluster": "akri-testing", "user": node } }],
+            "current-context": node,
+        });
+        std::fs::write(path, kubeconfig.to_string()).map_err(Error::io("write a kubeconfig"))
     }
 
     /// The admin kubeconfig file, for processes under test.

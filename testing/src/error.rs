@@ -13,6 +13,8 @@ pub enum Error {
         missing: String,
         version_arg: String,
     },
+    #[error("real node binaries: {missing} not found: run `hack/node-bins.sh` first")]
+    NodeBinariesMissing { missing: PathBuf },
     #[error("{what}: {source}")]
     Io {
         what: String,

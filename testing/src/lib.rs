@@ -28,14 +28,16 @@ mod kubelet_peer;
 mod process;
 mod proxy;
 pub mod rbac;
+mod real_node;
 mod slow_lists;
 
-pub use bins::BinDir;
+pub use bins::{BinDir, NodeBins};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use error::Error;
 pub use kubelet_peer::KubeletPeer;
 pub use process::Component;
 pub use proxy::TcpProxy;
+pub use real_node::RealNode;
 pub use slow_lists::SlowLists;
 
 /// A free TCP port on 127.0.0.1 (bound and released; tests run on one machine).

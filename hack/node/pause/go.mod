@@ -1,0 +1,3 @@
+module akri-dra.test/pause
+
+go 1.22
