@@ -2,6 +2,7 @@
 //! directory, CDI specs read from the node's CDI directory, runc and the CNI plugins from
 //! `hack/node-bins.sh`, and the pause and busybox images imported from archives.
 
+use super::namespace::MountNamespace;
 use crate::Error;
 use crate::bins::NodeBins;
 use crate::process::Component;
@@ -119,17 +120,25 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         })
     }
 
-    /// Starts containerd and waits until it answers.
-    pub async fn start(&self, bins: &NodeBins) -> Result<Component, Error> {
+    /// Starts containerd in the node's mount namespace and waits until it answers.
+    pub async fn start(
+        &self,
+        bins: &NodeBins,
+        namespace: &MountNamespace,
+    ) -> Result<Component, Error> {
         let path = format!(
             "{}:{}",
             bins.bin_dir().display(),
             std::env::var("PATH").unwrap_or_default()
         );
-        let mut component = Component::start_with_env(
-            "containerd",
+        let (program, args) = namespace.command(
             &bins.require("containerd")?,
             &[format!("--config={}", self.config.display())],
+        );
+        let mut component = Component::start_with_env(
+            "containerd",
+            &program,
+            &args,
             &[("PATH", path.as_ref())],
             &self.log_dir,
         )?;

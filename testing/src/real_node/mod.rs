@@ -4,10 +4,12 @@
 //! the device plugin's Allocate answer, runc runs the container.
 //!
 //! Everything lives under one temporary directory (`akri-node-<pid>-<n>-*`): containerd's
-//! root and state, the kubelet's root (its `plugins_registry/`, `plugins/` and
-//! `device-plugins/`, where our plugins register), the CDI spec directory containerd reads,
-//! the pods' logs. Pods run in the cgroup of the same name. The images come from archives
-//! (`pause` for sandboxes, `busybox` for tests); nothing is ever pulled.
+//! root and state, the kubelet's root (its `plugins_registry/` and `plugins/`, where DRA
+//! plugins register), the device-plugin directory, the CDI spec directory containerd reads,
+//! the pods' logs. containerd and the kubelet share a mount namespace of the node's own
+//! ([`namespace`]: the kubelet's device-plugin path is fixed, and each node needs its own).
+//! Pods run in the cgroup of the same name, on the node's bridge ([`network`]). The images
+//! come from archives (`pause` for sandboxes, `busybox` for tests); nothing is ever pulled.
 //!
 //! What this machine needs of the kubelet, and why, is in [`kubelet`]'s configuration: the
 //! cgroupfs driver, `failCgroupV1: false`, no eviction or image GC. The kubelet also sets the
@@ -20,6 +22,7 @@
 
 mod containerd;
 mod kubelet;
+mod namespace;
 mod network;
 mod teardown;
 
@@ -30,6 +33,7 @@ use containerd::Containerd;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, Patch, PatchParams};
 use kubelet::{Kubelet, KubeletSettings};
+use namespace::MountNamespace;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -43,6 +47,7 @@ pub struct RealNode {
     kubelet_binary: PathBuf,
     containerd: Containerd,
     kubelet: Kubelet,
+    namespace: MountNamespace,
     client: kube::Client,
     // Option: taken (stopped) in order by `Drop` and by the restarts.
     kubelet_process: Option<Component>,
@@ -106,12 +111,14 @@ impl RealNode {
         teardown::create_cgroup_root(&cgroup_root)
             .map_err(Error::io(format!("create cgroup {cgroup_root}")))?;
         network::create_bridge(&bridge, address)?;
+        let namespace = MountNamespace::create(dir.path(), &dir.path().join("device-plugins"))?;
         let mut node = RealNode {
             name: name.to_string(),
             bins,
             kubelet_binary,
             containerd,
             kubelet,
+            namespace,
             client: control_plane.client().await?,
             kubelet_process: None,
             containerd_process: None,
@@ -119,7 +126,7 @@ impl RealNode {
             bridge,
             dir,
         };
-        node.containerd_process = Some(node.containerd.start(&node.bins).await?);
+        node.containerd_process = Some(node.containerd.start(&node.bins, &node.namespace).await?);
         for image in ["pause", "busybox"] {
             let archive = node.bins.image_archive(image)?;
             node.containerd.import(&node.bins, &archive).await?;
@@ -145,9 +152,16 @@ impl RealNode {
         self.kubelet.root_dir.join("plugins")
     }
 
-    /// The kubelet's device-plugin directory (`kubelet.sock` and the plugins' sockets).
+    /// The kubelet's device-plugin directory (`kubelet.sock` and the plugins' sockets): the
+    /// node's own, which the kubelet sees at `/var/lib/kubelet/device-plugins`
+    /// ([`namespace`]).
     pub fn device_plugin_dir(&self) -> PathBuf {
-        self.kubelet.root_dir.join("device-plugins")
+        self.dir.path().join("device-plugins")
+    }
+
+    /// The kubelet's pod-resources socket (`<root-dir>/pod-resources/kubelet.sock`).
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.kubelet.root_dir.join("pod-resources/kubelet.sock")
     }
 
     /// The directory containerd reads CDI specs from: where a DRA plugin writes them.
@@ -205,7 +219,7 @@ impl RealNode {
     /// containerd restart) and starts it again; returns once it answers.
     pub async fn restart_containerd(&mut self) -> Result<(), Error> {
         drop(self.containerd_process.take());
-        self.containerd_process = Some(self.containerd.start(&self.bins).await?);
+        self.containerd_process = Some(self.containerd.start(&self.bins, &self.namespace).await?);
         Ok(())
     }
 
@@ -215,12 +229,10 @@ impl RealNode {
     }
 
     async fn start_kubelet(&mut self) -> Result<(), Error> {
-        let mut process = Component::start(
-            "kubelet",
-            &self.kubelet_binary,
-            &self.kubelet.args,
-            self.dir.path(),
-        )?;
+        let (program, args) = self
+            .namespace
+            .command(&self.kubelet_binary, &self.kubelet.args);
+        let mut process = Component::start("kubelet", &program, &args, self.dir.path())?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(2))
             .build()?;
@@ -279,6 +291,24 @@ impl RealNode {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+}
+
+/// Runs a tool of the machine (`ip`, `mount`, `unshare`, `nsenter`) to completion; an error
+/// with its stderr when it fails.
+fn run(program: &str, args: &[&str]) -> Result<(), Error> {
+    let output = std::process::Command::new(program)
+        .args(args)
+        .output()
+        .map_err(Error::io(format!("run {program}")))?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(Error::Other(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
     }
 }
 

@@ -29,19 +29,7 @@ pub(super) fn node_address(pid: u32, n: u32) -> Ipv4Addr {
 }
 
 fn ip(args: &[&str]) -> Result<(), Error> {
-    let output = std::process::Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(Error::io("run ip"))?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(Error::Other(format!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
+    super::run("ip", args)
 }
 
 #[cfg(test)]

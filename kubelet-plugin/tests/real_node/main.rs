@@ -1,0 +1,265 @@
+//! Devices reaching real containers: the real scheduler, the real kubelet (DRA manager and
+//! device manager), containerd applying CDI edits and the device plugin's Allocate answer,
+//! runc starting busybox. What the container prints is what these tests check.
+
+mod support;
+
+use akri_testing::{ControlPlane, from_json};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use std::time::Duration;
+use support::{Cluster, DEVICE_PATH, FIXTURE, GREETING, MOUNT_PATH};
+
+/// What each test container prints about its devices: the handlers' properties in its
+/// environment, the fixture's mount and device node.
+fn report() -> String {
+    format!(
+        "env | grep -E '^(DEBUG_ECHO|FIXTURE|RESOLUTION)' | sort\n\
+         cat {MOUNT_PATH}/greeting 2>/dev/null && echo\n\
+         stat -c 'device %n: %F %t:%T' {DEVICE_PATH} 2>/dev/null\n\
+         true"
+    )
+}
+
+/// The lines a container holding the fixture device prints.
+fn fixture_lines() -> Vec<String> {
+    vec![
+        "FIXTURE_MODEL=bench rig".into(),
+        "FIXTURE_SERIAL=SN-0042".into(),
+        GREETING.into(),
+        format!("device {DEVICE_PATH}: character special file 1:3"),
+    ]
+}
+
+fn assert_shows(output: &str, expected: &[String]) {
+    for line in expected {
+        assert!(
+            output.lines().any(|l| l == line),
+            "the container does not show {line:?}; it printed:\n{output}"
+        );
+    }
+}
+
+impl Cluster {
+    /// A DiscoveryConfiguration of `handler` with `details`, its DeviceClass (the
+    /// driver-controller's job, written here as it writes it) and a ResourceClaimTemplate
+    /// `<name>` asking for one of its devices.
+    async fn dra_configuration(&self, name: &str, handler: &str, details: &str) {
+        let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "spec": { "discoveryHandler": { "name": handler, "discoveryDetails": details } },
+        }));
+        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+        let class: DeviceClass = from_json(json!({
+            "metadata": { "name": name },
+            "spec": { "selectors": [{ "cel": { "expression": format!(
+                "device.attributes['akri.sh'].configuration == '{name}'"
+            ) } }] },
+        }));
+        Api::<DeviceClass>::all(self.client.clone())
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+        let template: ResourceClaimTemplate = from_json(json!({
+            "metadata": { "name": name },
+            "spec": { "spec": { "devices": { "requests": [
+                { "name": "device", "exactly": { "deviceClassName": name } },
+            ] } } },
+        }));
+        Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+    }
+
+    /// A pod whose container holds one claim from each template in `templates`.
+    async fn claiming_pod(&self, name: &str, templates: &[&str]) {
+        let claims: Vec<_> = templates
+            .iter()
+            .map(|t| json!({ "name": t, "resourceClaimTemplateName": t }))
+            .collect();
+        let uses: Vec<_> = templates.iter().map(|t| json!({ "name": t })).collect();
+        self.pod(
+            name,
+            &report(),
+            json!({ "resourceClaims": claims }),
+            json!({ "resources": { "claims": uses } }),
+        )
+        .await;
+    }
+
+    /// A v0 Configuration of the fixture handler, served as device plugins; returns its
+    /// configuration-level resource once the node offers it.
+    async fn legacy_configuration(&self) -> String {
+        let config = ControlPlane::unique_name("legacy");
+        let configuration: akri_api::v0::Configuration = from_json(json!({
+            "apiVersion": "akri.sh/v0", "kind": "Configuration",
+            "metadata": { "name": config },
+            "spec": {
+                "discoveryHandler": { "name": FIXTURE, "discoveryDetails": "{}" },
+                "capacity": 2,
+                "brokerProperties": { "RESOLUTION": "1080p" },
+            },
+        }));
+        Api::<akri_api::v0::Configuration>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+        let resource = format!("akri.sh/{config}");
+        self.wait_allocatable(&resource).await;
+        resource
+    }
+
+    async fn wait_allocatable(&self, resource: &str) {
+        let nodes = Api::<Node>::all(self.client.clone());
+        self.node
+            .eventually(
+                &format!("{resource} allocatable on the node"),
+                Duration::from_secs(60),
+                async || {
+                    let node = nodes.get(self.node.node_name()).await.ok()?;
+                    let allocatable = node.status?.allocatable?;
+                    (allocatable.get(resource)?.0 != "0").then_some(())
+                },
+            )
+            .await;
+    }
+
+    /// A pod whose container asks for one `resource` (a device plugin's).
+    async fn legacy_pod(&self, name: &str, resource: &str) {
+        self.pod(
+            name,
+            &report(),
+            json!({}),
+            json!({ "resources": { "limits": { resource: "1" } } }),
+        )
+        .await;
+    }
+
+    async fn node_of(&self, pod: &str) -> String {
+        self.pods()
+            .get(pod)
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .node_name
+            .expect("a pod with output is bound")
+    }
+}
+
+/// `(container id, restart count)` of a pod's one container.
+async fn container(pods: &Api<Pod>, pod: &str) -> (String, i32) {
+    let status = pods.get(pod).await.unwrap().status.unwrap();
+    let container = &status.container_statuses.unwrap()[0];
+    (
+        container.container_id.clone().unwrap_or_default(),
+        container.restart_count,
+    )
+}
+
+#[tokio::test]
+async fn a_claimed_device_reaches_the_container_through_cdi_and_leaves_with_the_pod() {
+    let c = Cluster::start().await;
+    let echo = ControlPlane::unique_name("echo");
+    let fixture = ControlPlane::unique_name("fixture");
+    c.dra_configuration(&echo, "debugEcho", "descriptions: [lobby]")
+        .await;
+    c.dra_configuration(&fixture, FIXTURE, "{}").await;
+    assert!(c.cdi_specs().is_empty(), "no claim prepared yet");
+
+    c.claiming_pod("broker", &[&echo, &fixture]).await;
+    let output = c.output("broker").await;
+    assert_eq!(
+        c.node_of("broker").await,
+        c.node.node_name(),
+        "scheduled onto the real node"
+    );
+    let mut expected = fixture_lines();
+    expected.push("DEBUG_ECHO_DESCRIPTION=lobby".into());
+    assert_shows(&output, &expected);
+    let specs = c.cdi_specs();
+    assert!(
+        !specs.is_empty(),
+        "containerd got the devices from CDI specs"
+    );
+
+    c.delete_pod("broker").await;
+    c.node
+        .eventually(
+            "the claims' CDI specs removed",
+            Duration::from_secs(30),
+            async || specs.iter().all(|s| !s.exists()).then_some(()),
+        )
+        .await;
+    assert!(c.cdi_specs().is_empty(), "{:?}", c.cdi_specs());
+}
+
+#[tokio::test]
+async fn a_device_plugin_slot_reaches_the_container_with_the_allocate_answer() {
+    let c = Cluster::start().await;
+    let resource = c.legacy_configuration().await;
+    c.legacy_pod("legacy", &resource).await;
+    let output = c.output("legacy").await;
+    let mut expected = fixture_lines();
+    expected.push("RESOLUTION=1080p".into());
+    assert_shows(&output, &expected);
+}
+
+#[tokio::test]
+async fn a_running_pod_survives_kubelet_and_containerd_restarts_and_new_pods_still_get_devices() {
+    let mut c = Cluster::start().await;
+    let echo = ControlPlane::unique_name("echo");
+    c.dra_configuration(&echo, "debugEcho", "descriptions: [one, two]")
+        .await;
+    let resource = c.legacy_configuration().await;
+    c.claiming_pod("first", &[&echo]).await;
+    let first = c.output("first").await;
+    assert!(first.contains("DEBUG_ECHO_DESCRIPTION="), "{first}");
+    let pods = c.pods();
+    let before = container(&pods, "first").await;
+
+    c.node.restart_kubelet().await.unwrap();
+    c.node.restart_containerd().await.unwrap();
+    c.node.restart_kubelet().await.unwrap();
+
+    // The second pod needs the plugin registered with the new kubelet and containerd serving.
+    c.claiming_pod("second", &[&echo]).await;
+    let second = c.output("second").await;
+    let description = |output: &str| {
+        output
+            .lines()
+            .find_map(|l| l.strip_prefix("DEBUG_ECHO_DESCRIPTION="))
+            .map(str::to_string)
+    };
+    assert!(description(&second).is_some(), "{second}");
+    assert_ne!(
+        description(&first),
+        description(&second),
+        "two devices, one each"
+    );
+
+    // The new kubelet emptied its device-plugin directory; the plugins registered again.
+    c.wait_allocatable(&resource).await;
+    c.legacy_pod("legacy", &resource).await;
+    assert_shows(&c.output("legacy").await, &fixture_lines());
+
+    assert_eq!(
+        container(&pods, "first").await,
+        before,
+        "the first pod's container was never restarted or replaced"
+    );
+    let phase = pods.get("first").await.unwrap().status.unwrap().phase;
+    assert_eq!(phase.as_deref(), Some("Running"));
+    assert_eq!(
+        c.output("first").await,
+        first,
+        "its process is the one that started"
+    );
+}

@@ -1,0 +1,245 @@
+//! One real node (containerd + kubelet) with the agent next to it, on a control plane of its
+//! own (every agent discovers every configuration of its handlers), and the `fixture`
+//! discovery handler: an external handler, speaking Akri's protocol, whose one device carries
+//! properties, a mount and a device node, as udev devices do.
+
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, connect};
+use akri_kubelet_plugin::legacy::LegacyOptions;
+use akri_proto::discovery::v0 as proto;
+use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, LogParams, PostParams};
+use serde_json::{Value, json};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio_stream::wrappers::ReceiverStream;
+
+/// The fixture handler's name, as configurations name it.
+pub const FIXTURE: &str = "fixture";
+/// What the fixture device's mount shows inside a container, and where.
+pub const GREETING: &str = "hello from the host";
+pub const MOUNT_PATH: &str = "/fixture";
+/// Where the fixture device's node (the host's /dev/null) appears inside a container.
+pub const DEVICE_PATH: &str = "/dev/fixture-null";
+
+pub struct Cluster {
+    pub client: kube::Client,
+    pub ns: String,
+    pub node: RealNode,
+    // Field order is drop order: the agent and handler before the node, the control plane
+    // last.
+    _agent: agent::Agent,
+    _fixture: FixtureHandler,
+    _dir: tempfile::TempDir,
+    _cp: ControlPlane,
+}
+
+impl Cluster {
+    /// A control plane, the real node, the agent (DRA and the legacy device plugins) and the
+    /// fixture handler registered with it.
+    pub async fn start() -> Cluster {
+        let cp = ControlPlane::start(ControlPlaneOptions::full())
+            .await
+            .expect("control plane");
+        cp.install_crds(&akri_api::crds::all()).await.unwrap();
+        let client = cp.client().await.unwrap();
+        let ns = cp.create_namespace("real").await.unwrap();
+        let name = ControlPlane::unique_name("real");
+        let node = RealNode::start(&cp, &name).await.expect("real node");
+
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = AgentConfig::embedded(&name, &ns, dir.path()).kubelet_dirs(
+            node.registry_dir(),
+            node.plugins_dir(),
+            node.cdi_dir(),
+        );
+        config.legacy = Some(LegacyOptions {
+            device_plugin_dir: node.device_plugin_dir(),
+            pod_resources_socket: Some(node.pod_resources_socket()),
+            reclaim_grace: Duration::from_secs(5),
+            reclaim_interval: Duration::from_secs(1),
+        });
+        let registration = config.discovery_socket.clone();
+        let agent = agent::start(client.clone(), config)
+            .await
+            .expect("agent starts");
+        let fixture = FixtureHandler::serve(dir.path()).await;
+        fixture.register(&registration).await;
+        Cluster {
+            client,
+            ns,
+            node,
+            _agent: agent,
+            _fixture: fixture,
+            _dir: dir,
+            _cp: cp,
+        }
+    }
+
+    pub fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Creates a pod of one busybox container running `script` (then sleeping), with
+    /// `spec` merged into its pod spec and `container` into its container.
+    pub async fn pod(&self, name: &str, script: &str, spec: Value, container: Value) {
+        let mut container_json = json!({
+            "name": "main",
+            "image": self.node.busybox_image().unwrap(),
+            "imagePullPolicy": "Never",
+            "command": ["sh", "-c", format!("{script}\necho END-OF-OUTPUT\nexec sleep 3600")],
+        });
+        merge(&mut container_json, container);
+        let mut pod = json!({
+            "metadata": { "name": name },
+            "spec": {
+                "automountServiceAccountToken": false,
+                "terminationGracePeriodSeconds": 1,
+                "containers": [container_json],
+            },
+        });
+        merge(&mut pod["spec"], spec);
+        self.pods()
+            .create(&PostParams::default(), &from_json(pod))
+            .await
+            .unwrap();
+    }
+
+    /// The pod's output once its script has finished (the line `END-OF-OUTPUT`).
+    pub async fn output(&self, pod: &str) -> String {
+        let pods = self.pods();
+        self.node
+            .eventually(
+                &format!("pod {pod}'s output"),
+                Duration::from_secs(90),
+                async || {
+                    let logs = pods.logs(pod, &LogParams::default()).await.ok()?;
+                    logs.contains("END-OF-OUTPUT").then_some(logs)
+                },
+            )
+            .await
+    }
+
+    /// Deletes a pod and waits until it is gone (the kubelet has stopped it and released
+    /// its resources).
+    pub async fn delete_pod(&self, pod: &str) {
+        let pods = self.pods();
+        pods.delete(pod, &DeleteParams::default()).await.unwrap();
+        self.node
+            .eventually(
+                &format!("pod {pod} gone"),
+                Duration::from_secs(60),
+                async || pods.get_opt(pod).await.ok()?.is_none().then_some(()),
+            )
+            .await;
+    }
+
+    /// The CDI spec files in the directory containerd reads.
+    pub fn cdi_specs(&self) -> Vec<PathBuf> {
+        let mut specs: Vec<PathBuf> = std::fs::read_dir(self.node.cdi_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "json" || e == "yaml"))
+            .collect();
+        specs.sort();
+        specs
+    }
+}
+
+fn merge(into: &mut Value, from: Value) {
+    match (into, from) {
+        (Value::Object(into), Value::Object(from)) => {
+            for (key, value) in from {
+                merge(into.entry(key).or_insert(Value::Null), value);
+            }
+        }
+        (into, from) if !from.is_null() => *into = from,
+        _ => {}
+    }
+}
+
+/// The `fixture` discovery handler: one device, `fixture-0`, whatever the details say.
+pub struct FixtureHandler {
+    socket: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+    _host: tempfile::TempDir,
+}
+
+impl FixtureHandler {
+    async fn serve(dir: &Path) -> FixtureHandler {
+        let host = tempfile::tempdir().unwrap();
+        std::fs::write(host.path().join("greeting"), GREETING).unwrap();
+        let device = proto::Device {
+            id: "fixture-0".into(),
+            properties: [
+                ("FIXTURE_SERIAL".to_string(), "SN-0042".to_string()),
+                ("FIXTURE_MODEL".to_string(), "bench rig".to_string()),
+            ]
+            .into(),
+            mounts: vec![proto::Mount {
+                container_path: MOUNT_PATH.into(),
+                host_path: host.path().display().to_string(),
+                read_only: true,
+            }],
+            device_specs: vec![proto::DeviceSpec {
+                container_path: DEVICE_PATH.into(),
+                host_path: "/dev/null".into(),
+                permissions: "rw".into(),
+            }],
+        };
+        let socket = dir.join("fixture.sock");
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Fixture(device));
+        let server = tokio::spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
+                .await;
+        });
+        FixtureHandler {
+            socket,
+            server,
+            _host: host,
+        }
+    }
+
+    async fn register(&self, registration_socket: &Path) {
+        let handler = RegisteredHandler {
+            name: FIXTURE.into(),
+            endpoint: Endpoint::Uds(self.socket.clone()),
+            shared: false,
+        };
+        connect::register(registration_socket, &handler)
+            .await
+            .expect("the agent takes the fixture handler");
+    }
+}
+
+impl Drop for FixtureHandler {
+    fn drop(&mut self) {
+        self.server.abort();
+    }
+}
+
+struct Fixture(proto::Device);
+
+#[tonic::async_trait]
+impl proto::discovery_handler_server::DiscoveryHandler for Fixture {
+    type DiscoverStream = ReceiverStream<Result<proto::DiscoverResponse, tonic::Status>>;
+
+    async fn discover(
+        &self,
+        _: tonic::Request<proto::DiscoverRequest>,
+    ) -> Result<tonic::Response<Self::DiscoverStream>, tonic::Status> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        let devices = vec![self.0.clone()];
+        tokio::spawn(async move {
+            let _ = tx.send(Ok(proto::DiscoverResponse { devices })).await;
+            // The stream stays open: closing it would tell the agent the handler is gone.
+            tx.closed().await;
+        });
+        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+    }
+}
