@@ -1,9 +1,10 @@
-//! The demo's cluster: a local control plane, two simulated nodes (the kubelet's own DRA
-//! code as their kubelet, the real kubelet-plugin binary with the embedded debugEcho handler
-//! beside each) and the real driver-controller binary.
+//! The demo's cluster: a local control plane, two nodes (real ones, containerd + kubelet,
+//! where this machine can run them; else simulated, the kubelet's own DRA code as their
+//! kubelet), the real kubelet-plugin binary with the embedded debugEcho handler beside each,
+//! and the real driver-controller binary.
 
 use crate::progress::step;
-use akri_testing::{Component, ControlPlane, ControlPlaneOptions, KubeletPeer};
+use akri_testing::{Component, ControlPlane, ControlPlaneOptions, KubeletPeer, RealNode};
 use anyhow::Context as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
@@ -42,9 +43,21 @@ impl Binaries {
     }
 }
 
+/// The image the example pod runs (`examples/debug-echo/03-claim-and-pod.yaml`). Nothing is
+/// pulled here: on a real node it is the test image (Debian's busybox-static) under this name.
+pub const EXAMPLE_IMAGE: &str = "docker.io/library/busybox:1.37";
+
+/// What a node's kubelet is.
+pub enum Kubelet {
+    /// containerd + the kubelet: pods really run.
+    Real(RealNode),
+    /// The kubelet's DRA and device managers only; the demo plays the kubelet's part.
+    Simulated(KubeletPeer),
+}
+
 pub struct Node {
     pub name: String,
-    pub peer: KubeletPeer,
+    pub kubelet: Kubelet,
     /// The plugin's `/metrics`, `/healthz`, `/readyz`.
     pub metrics: String,
     _plugin: Component,
@@ -52,6 +65,8 @@ pub struct Node {
 
 pub struct Cluster {
     pub cp: ControlPlane,
+    /// Real nodes (pods run), not simulated ones.
+    pub real: bool,
     pub client: kube::Client,
     pub nodes: Vec<Node>,
     pub kubectl: PathBuf,
@@ -61,7 +76,9 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    pub async fn start(binaries: &Binaries) -> anyhow::Result<Cluster> {
+    /// Starts everything; real nodes when `prefer_real` and this machine can run them (else
+    /// simulated ones, saying why).
+    pub async fn start(binaries: &Binaries, prefer_real: bool) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("akri-demo-").tempdir()?;
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs)?;
@@ -86,6 +103,14 @@ impl Cluster {
         })
         .await?;
 
+        let real = prefer_real
+            && match RealNode::available(&cp) {
+                Ok(()) => true,
+                Err(why) => {
+                    println!("  real nodes are not available here ({why}): simulated nodes");
+                    false
+                }
+            };
         let kubeconfig = cp.kubeconfig().as_os_str().to_owned();
         let env: [(&str, &OsStr); 2] = [
             ("KUBECONFIG", &kubeconfig),
@@ -93,11 +118,26 @@ impl Cluster {
         ];
         let mut nodes = Vec::new();
         for (name, hidden) in NODES {
+            let what = if real {
+                "containerd, kubelet"
+            } else {
+                "kubelet peer"
+            };
             let node = step(
-                &format!("{name}: kubelet peer and kubelet-plugin with debugEcho"),
+                &format!("{name}: {what} and kubelet-plugin with debugEcho"),
                 async {
-                    cp.create_node(name).await?;
-                    let peer = KubeletPeer::start(&cp, name).await?;
+                    let kubelet = if real {
+                        let node = RealNode::start(&cp, name).await?;
+                        node.tag_image("busybox", EXAMPLE_IMAGE).await?;
+                        Kubelet::Real(node)
+                    } else {
+                        cp.create_node(name).await?;
+                        Kubelet::Simulated(KubeletPeer::start(&cp, name).await?)
+                    };
+                    let (registry, plugins, cdi) = match &kubelet {
+                        Kubelet::Real(n) => (n.registry_dir(), n.plugins_dir(), n.cdi_dir()),
+                        Kubelet::Simulated(p) => (p.registry_dir(), p.plugins_dir(), p.cdi_dir()),
+                    };
                     let home = dir.path().join(name);
                     std::fs::create_dir_all(home.join("handlers"))?;
                     let availability = home.join("debug-echo-availability.txt");
@@ -106,9 +146,9 @@ impl Cluster {
                     let args: Vec<String> = [
                         ("--node-name", name.into()),
                         ("--instance-namespace", NAMESPACE.into()),
-                        ("--registry-dir", peer.registry_dir()),
-                        ("--plugins-dir", peer.plugins_dir()),
-                        ("--cdi-dir", peer.cdi_dir()),
+                        ("--registry-dir", registry),
+                        ("--plugins-dir", plugins),
+                        ("--cdi-dir", cdi),
                         ("--state-dir", home.join("state")),
                         (
                             "--discovery-socket",
@@ -131,20 +171,19 @@ impl Cluster {
                         &env,
                         &logs,
                     )?;
-                    peer.wait_for_driver(DRIVER, Duration::from_secs(60))
-                        .await
-                        .with_context(|| {
-                            format!(
-                                "the plugin did not register; see {}",
-                                plugin.log().display()
-                            )
-                        })?;
-                    anyhow::Ok(Node {
+                    let node = Node {
                         name: name.to_string(),
-                        peer,
+                        kubelet,
                         metrics,
                         _plugin: plugin,
-                    })
+                    };
+                    node.wait_registered().await.with_context(|| {
+                        format!(
+                            "the plugin did not register; see {}",
+                            node._plugin.log().display()
+                        )
+                    })?;
+                    anyhow::Ok(node)
                 },
             )
             .await?;
@@ -174,6 +213,7 @@ impl Cluster {
 
         Ok(Cluster {
             cp,
+            real,
             client,
             nodes,
             kubectl,
@@ -206,6 +246,25 @@ impl Cluster {
 }
 
 impl Node {
+    /// Waits until the kubelet knows the plugin's driver: the peer says so; a real kubelet's
+    /// registration shows in the plugin's readiness.
+    async fn wait_registered(&self) -> anyhow::Result<()> {
+        match &self.kubelet {
+            Kubelet::Simulated(peer) => {
+                peer.wait_for_driver(DRIVER, Duration::from_secs(60))
+                    .await?;
+            }
+            Kubelet::Real(_) => {
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while !matches!(self.http_get("/readyz").await, Ok((200, _))) {
+                    anyhow::ensure!(std::time::Instant::now() < deadline, "not ready after 60 s");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// GET one of the plugin's HTTP endpoints: (status, body).
     pub async fn http_get(&self, path: &str) -> anyhow::Result<(u16, String)> {
         let response = reqwest::get(format!("http://{}{path}", self.metrics)).await?;

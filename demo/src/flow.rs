@@ -1,7 +1,7 @@
 //! The user's side of the demo: apply the debugEcho examples with kubectl, wait for each
 //! component to do its part, and gather what a person wants to see.
 
-use crate::cluster::{Cluster, DRIVER, NAMESPACE};
+use crate::cluster::{Cluster, DRIVER, Kubelet, NAMESPACE};
 use crate::progress::wait_for;
 use crate::report::{Allocation, InstanceRow, Report, SliceDevice, SliceRow};
 use akri_api::v0::Instance;
@@ -96,24 +96,43 @@ pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
     })
     .await?;
 
-    // What the node's kubelet does before starting the container: NodePrepareResources on
-    // the plugin, then the runtime resolves the CDI ids.
-    let peer = &cluster
+    let demo_node = cluster
         .node(&node)
-        .ok_or_else(|| anyhow::anyhow!("the pod was bound to {node}, not a demo node"))?
-        .peer;
-    let prepared = wait_for(
-        &format!("{node}'s kubelet prepares the claim"),
-        WAIT,
-        async || Ok(Some(peer.prepare(USER_NAMESPACE, POD).await?)),
-    )
-    .await?;
-    let cdi_ids = prepared.get("broker").cloned().unwrap_or_default();
-    let edits = peer.cdi_inject(&cdi_ids).await?;
-    let env = serde_json::from_value(edits["env"].clone()).unwrap_or_default();
+        .ok_or_else(|| anyhow::anyhow!("the pod was bound to {node}, not a demo node"))?;
+    let (cdi_ids, env, container) = match &demo_node.kubelet {
+        // The kubelet prepares the claim, containerd applies the CDI spec, the container
+        // prints its environment.
+        Kubelet::Real(real) => {
+            let output = wait_for(&format!("the container runs on {node}"), WAIT, async || {
+                let logs = pods.logs(POD, &Default::default()).await.ok();
+                Ok(logs.filter(|l| l.contains("DEBUG_ECHO")))
+            })
+            .await?;
+            let env = output
+                .lines()
+                .filter(|l| l.contains('='))
+                .map(str::to_string)
+                .collect();
+            (cdi_devices(&real.cdi_dir())?, env, true)
+        }
+        // What the node's kubelet does before starting the container: NodePrepareResources
+        // on the plugin, then the runtime resolves the CDI ids.
+        Kubelet::Simulated(peer) => {
+            let prepared = wait_for(
+                &format!("{node}'s kubelet prepares the claim"),
+                WAIT,
+                async || Ok(Some(peer.prepare(USER_NAMESPACE, POD).await?)),
+            )
+            .await?;
+            let cdi_ids = prepared.get("broker").cloned().unwrap_or_default();
+            let edits = peer.cdi_inject(&cdi_ids).await?;
+            let env = serde_json::from_value(edits["env"].clone()).unwrap_or_default();
+            (cdi_ids, env, false)
+        }
+    };
 
     // The plugin that prepared it counts the preparation, and is ready.
-    let plugin = cluster.node(&node).expect("checked above");
+    let plugin = demo_node;
     let (ready, _) = plugin.http_get("/readyz").await?;
     let metrics = plugin.http_get("/metrics").await?.1;
     let metric_lines = metrics
@@ -136,8 +155,30 @@ pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
         claim: (CLAIM.to_string(), allocation),
         cdi_ids,
         env,
+        container,
         kubectl,
     })
+}
+
+/// The CDI devices (`<kind>=<name>`) of the specs in a real node's CDI directory: what the
+/// plugin wrote when it prepared the claim, and containerd applied.
+fn cdi_devices(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let mut ids = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let spec: serde_json::Value = match std::fs::read(entry?.path()) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_default(),
+            Err(_) => continue,
+        };
+        let kind = spec["kind"].as_str().unwrap_or_default();
+        for device in spec["devices"].as_array().into_iter().flatten() {
+            ids.push(format!(
+                "{kind}={}",
+                device["name"].as_str().unwrap_or_default()
+            ));
+        }
+    }
+    ids.sort();
+    Ok(ids)
 }
 
 async fn instance_rows(api: &Api<Instance>) -> anyhow::Result<Vec<InstanceRow>> {

@@ -1,8 +1,9 @@
 //! akri-demo: the whole flow on this machine (`hack/demo.sh` builds what is missing and runs
-//! it). A local control plane, two simulated nodes, each with the kubelet's own DRA code and
-//! the real kubelet-plugin binary discovering debugEcho devices, the real driver-controller,
-//! then the examples in `examples/debug-echo/` applied with kubectl, and what each component
-//! did printed. The cluster stays up until Ctrl-C; `--check` exits instead, non-zero when
+//! it). A local control plane, two nodes (real, containerd + kubelet, where this machine can
+//! run them; else simulated, the kubelet's own DRA code), each with the real kubelet-plugin
+//! binary discovering debugEcho devices, the real driver-controller, then the examples in
+//! `examples/debug-echo/` applied with kubectl, and what each component did printed, down to
+//! what the pod's container prints. The cluster stays up until Ctrl-C; `--check` exits instead, non-zero when
 //! what it saw is wrong.
 
 #![allow(clippy::print_stdout)]
@@ -23,6 +24,10 @@ struct Args {
     /// cluster running.
     #[arg(long)]
     check: bool,
+    /// Simulated nodes (the kubelet's DRA code only, no containers) even where real ones
+    /// (containerd + kubelet, root, `hack/node-bins.sh`) can run.
+    #[arg(long)]
+    simulated_nodes: bool,
     /// Where akri-kubelet-plugin and akri-driver-controller are; default: beside this binary.
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -44,7 +49,7 @@ async fn main() -> anyhow::Result<()> {
     // Ctrl-C while starting drops what has started so far, and with it the cluster's
     // directory, as Ctrl-C does later.
     let cluster = tokio::select! {
-        cluster = cluster::Cluster::start(&binaries) => cluster?,
+        cluster = cluster::Cluster::start(&binaries, !args.simulated_nodes) => cluster?,
         _ = tokio::signal::ctrl_c() => return stopping(),
     };
     println!("Applying the debugEcho examples:");
@@ -56,9 +61,17 @@ async fn main() -> anyhow::Result<()> {
     let documented = docs::commands()?;
     let doc_run = docs::run(&cluster, documented);
     println!(
-        "\nThe docs' kubectl commands: {} ran against this cluster, {} failed",
+        "\nThe docs' kubectl commands: {} ran against this cluster, {} failed{}",
         doc_run.ran,
-        doc_run.failed.len()
+        doc_run.failed.len(),
+        if doc_run.skipped > 0 {
+            format!(
+                ", {} not run (they need containers; simulated nodes have none)",
+                doc_run.skipped
+            )
+        } else {
+            String::new()
+        }
     );
     for (command, why) in &doc_run.failed {
         println!(
@@ -90,10 +103,15 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!(
-        "\nThe cluster keeps running. In another shell:\n  export KUBECONFIG={}\n  {} get dc,akrii,resourceslices -A\nLogs: {}\nCtrl-C stops it.",
+        "\nThe cluster keeps running. In another shell:\n  export KUBECONFIG={}\n  {kubectl} get dc,akrii,resourceslices -A{}\nLogs: {}\nCtrl-C stops it.",
         cluster.cp.kubeconfig().display(),
-        cluster.kubectl.display(),
+        if cluster.real {
+            format!("\n  {} logs lobby-broker", cluster.kubectl.display())
+        } else {
+            String::new()
+        },
         cluster.logs.display(),
+        kubectl = cluster.kubectl.display(),
     );
     tokio::signal::ctrl_c().await?;
     stopping()

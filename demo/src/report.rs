@@ -43,6 +43,9 @@ pub struct Report {
     pub claim: (String, Allocation),
     pub cdi_ids: Vec<String>,
     pub env: Vec<String>,
+    /// `env` is what the container printed (a real node), not the CDI edits the simulated
+    /// kubelet resolved.
+    pub container: bool,
     /// `/readyz` of the preparing node's plugin answered 200.
     pub plugin_ready: bool,
     /// Its prepare and published-devices metrics.
@@ -88,7 +91,11 @@ impl Report {
         let (pod, node) = &self.pod;
         println!("Pod default/{pod}: bound to {node}");
         println!("CDI devices for its container: {}", self.cdi_ids.join(", "));
-        println!("Environment the container gets from CDI:");
+        if self.container {
+            println!("What the container printed (kubectl logs {pod}):");
+        } else {
+            println!("Environment the container gets from CDI:");
+        }
         for e in &self.env {
             println!("  {e}");
         }

@@ -137,6 +137,43 @@ impl RealNode {
         Ok(node)
     }
 
+    /// Whether this machine can run a real node for `control_plane`'s version: `Err` says
+    /// what is missing (the binaries, root, a tool). For callers with a fallback, as the
+    /// demo's simulated nodes; tests call [`start`](Self::start) and fail.
+    pub fn available(control_plane: &ControlPlane) -> Result<(), String> {
+        NodeBins::from_env().map_err(|e| e.to_string())?;
+        control_plane
+            .bins()
+            .require("kubelet")
+            .map_err(|e| e.to_string())?;
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let root = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|uids| uids.split_whitespace().nth(1))
+            == Some("0");
+        if !root {
+            return Err("a real node needs root (cgroups, mounts, a bridge)".into());
+        }
+        for tool in ["ip", "mount", "umount", "unshare", "nsenter", "setpriv"] {
+            let found = std::env::var_os("PATH")
+                .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(tool).is_file()));
+            if !found {
+                return Err(format!("a real node needs `{tool}` on PATH"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes image `image` (`busybox`, `pause`) also known as `name`, e.g. the tag a user's
+    /// manifest names: nothing is ever pulled, so a manifest's image must be there already.
+    pub async fn tag_image(&self, image: &str, name: &str) -> Result<(), Error> {
+        let source = self.bins.image_name(image)?;
+        self.ctr(&["images", "tag", "--force", &source, name])
+            .await
+            .map(drop)
+    }
+
     /// The Node's name.
     pub fn node_name(&self) -> &str {
         &self.name
