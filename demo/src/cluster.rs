@@ -50,7 +50,7 @@ pub const EXAMPLE_IMAGE: &str = "docker.io/library/busybox:1.37";
 /// What a node's kubelet is.
 pub enum Kubelet {
     /// containerd + the kubelet: pods really run.
-    Real(RealNode),
+    Real(Box<RealNode>),
     /// The kubelet's DRA and device managers only; the demo plays the kubelet's part.
     Simulated(KubeletPeer),
 }
@@ -129,7 +129,7 @@ impl Cluster {
                     let kubelet = if real {
                         let node = RealNode::start(&cp, name).await?;
                         node.tag_image("busybox", EXAMPLE_IMAGE).await?;
-                        Kubelet::Real(node)
+                        Kubelet::Real(Box::new(node))
                     } else {
                         cp.create_node(name).await?;
                         Kubelet::Simulated(KubeletPeer::start(&cp, name).await?)
