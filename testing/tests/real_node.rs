@@ -59,3 +59,118 @@ async fn a_pod_runs_on_the_real_node_and_nothing_outlives_it() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(!mounts.contains(&*dir.to_string_lossy()), "mounts are left");
 }
+
+/// The child process of [`a_killed_runs_node_is_swept_by_the_next_start`]: a real node with a
+/// running pod, then it waits to be killed.
+#[tokio::test]
+#[ignore = "run only as the child process of a_killed_runs_node_is_swept_by_the_next_start"]
+async fn child_with_a_running_pod() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let node = RealNode::start(cp, "doomed").await.unwrap();
+    let ns = cp.create_namespace("doomed").await.unwrap();
+    let pods = Api::<Pod>::namespaced(cp.client().await.unwrap(), &ns);
+    let pod: Pod = from_json(serde_json::json!({
+        "metadata": { "name": "doomed" },
+        "spec": {
+            "nodeName": "doomed",
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": node.busybox_image().unwrap(),
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    }));
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    node.eventually("the pod running", Duration::from_secs(60), async || {
+        let pod = pods.get("doomed").await.ok()?;
+        (pod.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    #[allow(clippy::print_stdout)] // the parent reads this line
+    {
+        println!("READY {}", node.dir().display());
+    }
+    std::future::pending::<()>().await;
+}
+
+#[tokio::test]
+async fn a_killed_runs_node_is_swept_by_the_next_start() {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child_with_a_running_pod",
+            "--ignored",
+            "--nocapture",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let dir = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        while stdout.read_line(&mut line).unwrap() > 0 {
+            if let Some(dir) = line.trim().strip_prefix("READY ") {
+                return std::path::PathBuf::from(dir);
+            }
+            line.clear();
+        }
+        panic!("the child ended without a running pod");
+    })
+    .await
+    .unwrap();
+    let bridge = format!("akn{}-", child.id());
+    let links = || {
+        let out = std::process::Command::new("ip")
+            .args(["-o", "link"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(links().contains(&bridge), "the child's node has its bridge");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let root = dir.file_name().unwrap().to_string_lossy().into_owned();
+    let left = |dir: &std::path::Path| {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .filter(|cmd| String::from_utf8_lossy(cmd).contains(&*dir.to_string_lossy()))
+            .count()
+    };
+    assert!(
+        left(&dir) > 0,
+        "the killed run's shims and containers outlive it"
+    );
+    assert!(
+        std::path::Path::new("/sys/fs/cgroup/pids")
+            .join(&root)
+            .exists()
+    );
+
+    let cp = ControlPlane::shared().await.unwrap();
+    let _node = RealNode::start(cp, &ControlPlane::unique_name("sweeper"))
+        .await
+        .unwrap();
+    assert_eq!(
+        left(&dir),
+        0,
+        "processes of the killed run's node still run"
+    );
+    assert!(!dir.exists(), "its directory is left");
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
+        assert!(
+            !hierarchy.path().join(&root).exists(),
+            "its cgroup is left in {hierarchy:?}"
+        );
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(&*dir.to_string_lossy()),
+        "its mounts are left"
+    );
+}

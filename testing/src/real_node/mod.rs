@@ -3,7 +3,7 @@
 //! really start: the kubelet asks our plugins to prepare, containerd applies the CDI edits and
 //! the device plugin's Allocate answer, runc runs the container.
 //!
-//! Everything lives under one temporary directory (`akri-node-<pid>-<n>-*`): containerd's
+//! Everything lives under one temporary directory ([`teardown::root_prefix`]): containerd's
 //! root and state, the kubelet's root (its `plugins_registry/` and `plugins/`, where DRA
 //! plugins register), the device-plugin directory, the CDI spec directory containerd reads,
 //! the pods' logs. containerd and the kubelet share a mount namespace of the node's own
@@ -80,7 +80,7 @@ impl RealNode {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let pid = std::process::id();
         let dir = tempfile::Builder::new()
-            .prefix(&format!("akri-node-{pid}-{n}-"))
+            .prefix(&teardown::root_prefix(pid, n))
             .tempdir()
             .map_err(Error::io("create the node directory"))?;
         let cgroup_root = dir
@@ -89,7 +89,7 @@ impl RealNode {
             .expect("a temporary directory has a name")
             .to_string_lossy()
             .into_owned();
-        let bridge = format!("akn{pid}-{n}");
+        let bridge = teardown::bridge_name(pid, n);
         let address = network::node_address(pid, n);
 
         let cdi_dir = dir.path().join("cdi");
@@ -107,6 +107,7 @@ impl RealNode {
             port: free_port()?,
             healthz_port: free_port()?,
         })?;
+        let client = control_plane.client().await?;
         // Made last before the node exists, whose Drop removes them.
         teardown::create_cgroup_root(&cgroup_root)
             .map_err(Error::io(format!("create cgroup {cgroup_root}")))?;
@@ -119,7 +120,7 @@ impl RealNode {
             containerd,
             kubelet,
             namespace,
-            client: control_plane.client().await?,
+            client,
             kubelet_process: None,
             containerd_process: None,
             cgroup_root,

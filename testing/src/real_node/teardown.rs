@@ -2,8 +2,8 @@
 //! (which containerd's shims keep running whatever happens to containerd and the kubelet),
 //! the shims, the mounts under its directory, its cgroups and its bridge.
 //!
-//! Names carry the test process's pid (`akri-node-<pid>-<n>`, bridge `akn<pid>-<n>`), so that
-//! a later run also sweeps what a killed run left behind.
+//! Names carry the test process's pid ([`root_prefix`], [`bridge_name`]), so that a later run
+//! also sweeps what a killed run left behind.
 
 use std::path::{Path, PathBuf};
 
@@ -137,37 +137,38 @@ pub(super) fn delete_link(name: &str) {
         .status();
 }
 
+/// The prefix of node number `n` of process `pid`: its directory's name starts with it, and
+/// that whole name is its cgroup's.
+pub(super) fn root_prefix(pid: u32, n: u32) -> String {
+    format!("akri-node-{pid}-{n}-")
+}
+
+/// The bridge of node number `n` of process `pid` (at most 15 bytes, as links must be).
+pub(super) fn bridge_name(pid: u32, n: u32) -> String {
+    format!("akn{pid}-{n}")
+}
+
+/// The pid in a name made by [`root_prefix`] or [`bridge_name`].
+fn pid_in(name: &str) -> Option<&str> {
+    let rest = name
+        .strip_prefix("akri-node-")
+        .or_else(|| name.strip_prefix("akn"))?;
+    let pid = rest.split('-').next()?;
+    (!pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit())).then_some(pid)
+}
+
 /// Removes what nodes of test processes that no longer run left behind: their pods'
 /// processes and cgroups, shims, mounts, bridges and directories.
 pub(super) fn sweep_dead_runs() {
-    let alive = |pid: &str| Path::new("/proc").join(pid).exists();
-    // Node roots are `akri-node-<pid>-<n>`: cgroups and the temporary directories.
+    let dead = |name: &str| pid_in(name).is_some_and(|pid| !Path::new("/proc").join(pid).exists());
+    let tmp = std::env::temp_dir();
     let mut dead_roots = std::collections::BTreeSet::new();
-    for hierarchy in hierarchies() {
-        for entry in std::fs::read_dir(&hierarchy)
-            .into_iter()
-            .flatten()
-            .flatten()
-        {
+    for parent in hierarchies().into_iter().chain([tmp.clone()]) {
+        for entry in std::fs::read_dir(&parent).into_iter().flatten().flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name
-                .strip_prefix("akri-node-")
-                .and_then(|r| r.split('-').next())
-                && !alive(pid)
-            {
+            if name.starts_with("akri-node-") && dead(&name) {
                 dead_roots.insert(name);
             }
-        }
-    }
-    let tmp = std::env::temp_dir();
-    for entry in std::fs::read_dir(&tmp).into_iter().flatten().flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = name
-            .strip_prefix("akri-node-")
-            .and_then(|r| r.split('-').next())
-            && !alive(pid)
-        {
-            dead_roots.insert(name);
         }
     }
     for root in &dead_roots {
@@ -177,7 +178,6 @@ pub(super) fn sweep_dead_runs() {
         unmount_below(&dir.display().to_string());
         let _ = std::fs::remove_dir_all(&dir);
     }
-    // Bridges are `akn<pid>-<n>`.
     let Ok(output) = std::process::Command::new("ip")
         .args(["-o", "link", "show", "type", "bridge"])
         .output()
@@ -185,12 +185,9 @@ pub(super) fn sweep_dead_runs() {
         return;
     };
     for line in String::from_utf8_lossy(&output.stdout).lines() {
-        let Some(name) = line.split(": ").nth(1) else {
-            continue;
-        };
-        if let Some(pid) = name.strip_prefix("akn").and_then(|r| r.split('-').next())
-            && pid.bytes().all(|b| b.is_ascii_digit())
-            && !alive(pid)
+        if let Some(name) = line.split(": ").nth(1)
+            && name.starts_with("akn")
+            && dead(name)
         {
             delete_link(name);
         }
@@ -218,5 +215,21 @@ pub(super) fn remove_shim_sockets(state: &Path) {
                 let _ = std::fs::remove_file(socket);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_pid_is_read_back_from_each_name() {
+        let root = format!("{}AbC123", root_prefix(4_194_304, 12));
+        assert_eq!(pid_in(&root), Some("4194304"));
+        assert_eq!(pid_in(&bridge_name(77, 3)), Some("77"));
+        assert!(bridge_name(4_194_304, 9999).len() <= 15);
+        assert_eq!(pid_in("akri-node-x-1"), None);
+        assert_eq!(pid_in("akn-1"), None);
+        assert_eq!(pid_in("eth0"), None);
     }
 }
