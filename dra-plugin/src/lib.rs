@@ -10,11 +10,13 @@
 //!   exactly what it prepared and prepares again with the same CDI ids.
 //! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
 //! - [`api_support`]: which optional DRA fields the API server keeps (asked, not guessed).
+//! - [`device_status`]: a claim's `status.devices` entries of one driver, by server-side apply.
 
 pub mod api_support;
 pub mod authority;
 pub mod cdi;
 pub mod checkpoint;
+pub mod device_status;
 pub mod health;
 pub mod plugin;
 pub mod registration;

@@ -2,11 +2,13 @@
 //!
 //! For each device allocated to this driver the container gets, through one CDI spec per
 //! claim: the device's discovered properties as environment variables (as Akri's agent does
-//! for its brokers), its mounts and its device nodes.
+//! for its brokers), its mounts and its device nodes. The claim's `status.devices` gets an
+//! entry per device (configuration, Instance, properties), removed again at unprepare.
 
-use crate::node_devices::NodeDevices;
+use crate::node_devices::{KnownDevice, NodeDevices};
 use dra_plugin::cdi::{self, CdiDevice, CdiRoot, DeviceNode, Mount};
 use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
+use dra_plugin::device_status::{self, DeviceStatus};
 use dra_plugin::service::{ClaimRef, Driver};
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -114,6 +116,19 @@ impl Driver for AkriDriver {
             .cdi
             .write_claim_spec(&self.cdi_class, &claim.uid, &cdi_devices)
             .map_err(|e| format!("writing the CDI spec: {e}"))?;
+        let statuses: Vec<DeviceStatus> = results
+            .iter()
+            .filter_map(|result| {
+                let known = self.devices.lookup(&self.driver, &result.device)?;
+                Some(DeviceStatus {
+                    pool: result.pool.clone(),
+                    device: result.device.clone(),
+                    share_id: result.share_id.clone(),
+                    data: Some(status_data(&known)),
+                })
+            })
+            .collect();
+        write_status(&self.client, &self.driver, claim, &statuses).await;
         Ok(PreparedClaim {
             uid: claim.uid.clone(),
             namespace: claim.namespace.clone(),
@@ -157,8 +172,81 @@ impl Driver for AkriDriver {
             cdi::remove_claim_spec(&file)
                 .map_err(|e| format!("removing {}: {e}", file.display()))?;
         }
+        // In the background: unprepare must not wait for the API server (the kubelet
+        // unprepares through outages), and the claim is usually being deallocated, which
+        // drops its device status anyway.
+        let (client, driver, claim) = (self.client.clone(), self.driver.clone(), claim.clone());
+        tokio::spawn(async move { write_status(&client, &driver, &claim, &[]).await });
         Ok(())
     }
+}
+
+/// How long a prepare waits for the claim's device status to be written: the claim was just
+/// read, so the API server answers; if it stops, the container must not wait for a status.
+const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Makes `devices` the driver's entries in the claim's `status.devices`. For workloads and
+/// operators only: a failure is logged and never fails the kubelet's call (the container gets
+/// its device from the CDI spec either way).
+async fn write_status(
+    client: &kube::Client,
+    driver: &str,
+    claim: &ClaimRef,
+    devices: &[DeviceStatus],
+) {
+    let target = device_status::Claim {
+        namespace: &claim.namespace,
+        name: &claim.name,
+        uid: &claim.uid,
+    };
+    let apply = device_status::apply(client, target, driver, devices);
+    let error = match tokio::time::timeout(STATUS_TIMEOUT, apply).await {
+        Ok(Ok(())) => return,
+        Ok(Err(error)) => error.to_string(),
+        Err(_) => format!("no answer within {STATUS_TIMEOUT:?}"),
+    };
+    tracing::warn!(
+        claim = %format!("{}/{}", claim.namespace, claim.name),
+        driver,
+        %error,
+        "could not write the claim's device status"
+    );
+}
+
+/// What a claim's `status.devices` entry says about an Akri device: its configuration,
+/// Instance and the discovered properties that are safe to show (see [`shown_property`]).
+fn status_data(known: &KnownDevice) -> serde_json::Value {
+    let properties: serde_json::Map<String, serde_json::Value> = known
+        .device
+        .properties
+        .iter()
+        .filter(|(key, _)| shown_property(key))
+        .map(|(key, value)| (key.clone(), value.clone().into()))
+        .collect();
+    serde_json::json!({
+        "configuration": known.configuration,
+        "instance": known.instance,
+        "properties": properties,
+    })
+}
+
+/// Whether a property may appear in a claim's status, which anyone who can read the claim
+/// reads: not when a `_`-separated word of its name says it holds a credential (`PASSWORD`,
+/// `ONVIF_SECRET`, `API_TOKEN`, `TLS_KEY`...). Containers still get every property.
+pub fn shown_property(key: &str) -> bool {
+    const CREDENTIAL_WORDS: [&str; 8] = [
+        "PASSWORD",
+        "PASSWD",
+        "PASS",
+        "SECRET",
+        "TOKEN",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "KEY",
+    ];
+    !key.to_ascii_uppercase()
+        .split(['_', '-', '.'])
+        .any(|word| CREDENTIAL_WORDS.contains(&word))
 }
 
 /// Whether an allocation's node selector admits `node`, as far as it names nodes: by the
@@ -193,6 +281,28 @@ mod tests {
 
     fn selector(value: serde_json::Value) -> NodeSelector {
         serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn credentials_stay_out_of_claim_status() {
+        for hidden in [
+            "PASSWORD",
+            "onvif_password",
+            "API_TOKEN",
+            "TLS_KEY",
+            "DB-PASS",
+            "x.secret",
+        ] {
+            assert!(!shown_property(hidden), "{hidden}");
+        }
+        for shown in [
+            "ONVIF_DEVICE_IP_ADDRESS",
+            "DEBUG_ECHO_DESCRIPTION",
+            "KEYBOARD_LAYOUT",
+            "PASSAGE",
+        ] {
+            assert!(shown_property(shown), "{shown}");
+        }
     }
 
     #[test]

@@ -781,7 +781,11 @@ kubelet-plugin     delete  resource.k8s.io/resourceslices            cluster   -
 kubelet-plugin     watch   resource.k8s.io/resourceslices            cluster   -             yes
 kubelet-plugin     get     resource.k8s.io/resourceclaims            other     -             yes
 kubelet-plugin     list    resource.k8s.io/resourceclaims            other     -             no
+kubelet-plugin     patch   resource.k8s.io/resourceclaims/status     other     -             yes
 kubelet-plugin     update  resource.k8s.io/resourceclaims/status     other     -             no
+kubelet-plugin     associated-node:patch resource.k8s.io/resourceclaims/driver other - yes
+kubelet-plugin     arbitrary-node:patch resource.k8s.io/resourceclaims/driver other - yes
+kubelet-plugin     patch   resource.k8s.io/resourceclaims            other     -             no
 kubelet-plugin     create  resource.k8s.io/deviceclasses             cluster   -             no
 kubelet-plugin     delete  resource.k8s.io/deviceclasses             cluster   -             no
 kubelet-plugin     create  events.k8s.io/events                      other     -             yes

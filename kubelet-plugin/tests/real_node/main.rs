@@ -6,7 +6,7 @@ mod support;
 
 use akri_testing::{ControlPlane, from_json};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::time::Duration;
@@ -165,7 +165,8 @@ async fn container(pods: &Api<Pod>, pod: &str) -> (String, i32) {
 }
 
 #[tokio::test]
-async fn a_claimed_device_reaches_the_container_through_cdi_and_leaves_with_the_pod() {
+async fn a_claimed_device_reaches_the_container_through_cdi_shows_in_the_claim_and_leaves_with_the_pod()
+ {
     let c = Cluster::start().await;
     let echo = ControlPlane::unique_name("echo");
     let fixture = ControlPlane::unique_name("fixture");
@@ -188,6 +189,35 @@ async fn a_claimed_device_reaches_the_container_through_cdi_and_leaves_with_the_
     assert!(
         !specs.is_empty(),
         "containerd got the devices from CDI specs"
+    );
+
+    // Each claim's status shows its device: the driver's entry, with Instance and properties.
+    let claims = Api::<ResourceClaim>::namespaced(c.client.clone(), &c.ns);
+    let pod = c.pods().get("broker").await.unwrap();
+    let mut shown = std::collections::BTreeMap::new();
+    for status in pod
+        .status
+        .unwrap()
+        .resource_claim_statuses
+        .unwrap_or_default()
+    {
+        let claim = claims
+            .get(&status.resource_claim_name.unwrap())
+            .await
+            .unwrap();
+        for entry in claim.status.unwrap().devices.unwrap_or_default() {
+            let data = entry.data.expect("the entry has data").0;
+            assert_eq!(data["instance"], entry.device, "{data}");
+            shown.insert(entry.driver, data["properties"].clone());
+        }
+    }
+    assert_eq!(
+        shown["debugecho.akri.sh"]["DEBUG_ECHO_DESCRIPTION"], "lobby",
+        "{shown:?}"
+    );
+    assert_eq!(
+        shown["fixture.akri.sh"]["FIXTURE_SERIAL"], "SN-0042",
+        "{shown:?}"
     );
 
     c.delete_pod("broker").await;

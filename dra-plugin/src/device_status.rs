@@ -1,0 +1,109 @@
+//! `ResourceClaim.status.devices`: what a driver tells workloads and operators about the
+//! devices it prepared for a claim.
+//!
+//! Written with server-side apply under a field manager of the driver's own (its name), so a
+//! claim holding devices of several drivers keeps every driver's entries: each apply owns, and
+//! changes, only the entries of its manager. A read-modify-write update of the whole list, as
+//! some drivers do, loses the entry another driver wrote in between. The claim's UID is part
+//! of the applied object, so a claim that was deleted and re-created under the same name is
+//! not written into (the API server refuses the UID as immutable).
+//!
+//! Kubernetes 1.36 (`DRAResourceClaimGranularStatusAuthorization`) also authorizes each
+//! driver's entries: the writer needs `associated-node:patch` (its pod is on the claim's node)
+//! or `arbitrary-node:patch` on `resourceclaims/driver` with the driver's name, besides
+//! `patch` on `resourceclaims/status`.
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, Patch, PatchParams};
+
+/// One prepared device's entry.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DeviceStatus {
+    pub pool: String,
+    pub device: String,
+    /// The allocation's share ID, for a device allocated with consumable capacity.
+    pub share_id: Option<String>,
+    /// Driver-specific data (any JSON object) for workloads and operators.
+    pub data: Option<serde_json::Value>,
+}
+
+/// Errors of writing a claim's device status.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("applying status.devices of claim {namespace}/{name} for driver {driver}: {source}")]
+    Apply {
+        namespace: String,
+        name: String,
+        driver: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// The claim `namespace/name` (UID `uid`).
+#[derive(Clone, Copy, Debug)]
+pub struct Claim<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+/// Makes `devices` the entries of `driver` in the claim's `status.devices` (an empty slice
+/// removes them). A claim that is gone, or was replaced (another UID), is left alone: its
+/// status is not this driver's to write any more.
+pub async fn apply(
+    client: &kube::Client,
+    claim: Claim<'_>,
+    driver: &str,
+    devices: &[DeviceStatus],
+) -> Result<(), Error> {
+    let entries: Vec<serde_json::Value> = devices
+        .iter()
+        .map(|d| {
+            let mut entry = serde_json::json!({
+                "driver": driver,
+                "pool": d.pool,
+                "device": d.device,
+            });
+            if let Some(share_id) = &d.share_id {
+                entry["shareID"] = share_id.clone().into();
+            }
+            if let Some(data) = &d.data {
+                entry["data"] = data.clone();
+            }
+            entry
+        })
+        .collect();
+    let patch = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": { "name": claim.name, "namespace": claim.namespace, "uid": claim.uid },
+        "status": { "devices": entries },
+    });
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), claim.namespace);
+    // Forced: the entries of this driver are this driver's, whoever touched them last.
+    let params = PatchParams::apply(driver).force();
+    match claims
+        .patch_status(claim.name, &params, &Patch::Apply(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Gone (404), or replaced: the applied UID is then refused as a change of an
+        // immutable field (422 on `metadata.uid`). Nothing of ours to keep either way.
+        Err(kube::Error::Api(status)) if status.code == 404 || uid_refused(&status) => Ok(()),
+        Err(source) => Err(Error::Apply {
+            namespace: claim.namespace.to_string(),
+            name: claim.name.to_string(),
+            driver: driver.to_string(),
+            source,
+        }),
+    }
+}
+
+fn uid_refused(status: &kube::core::Status) -> bool {
+    status.code == 422
+        && status
+            .details
+            .as_ref()
+            .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
+}

@@ -1,0 +1,115 @@
+//! A claim's `status.devices` written by two drivers against a real kube-apiserver: each
+//! driver's apply changes its own entries only.
+
+use akri_testing::{ControlPlane, from_json};
+use dra_plugin::device_status::{self, Claim, DeviceStatus};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// The claim's `status.devices` as `(driver, device, data)`, sorted.
+async fn entries(
+    claims: &Api<ResourceClaim>,
+    name: &str,
+) -> Vec<(String, String, serde_json::Value)> {
+    let claim = claims.get(name).await.unwrap();
+    let mut entries: Vec<_> = claim
+        .status
+        .and_then(|s| s.devices)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| (d.driver, d.device, d.data.map(|d| d.0).unwrap_or_default()))
+        .collect();
+    entries.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    entries
+}
+
+#[tokio::test]
+async fn each_driver_owns_only_its_entries_in_a_shared_claim() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("status").await.unwrap();
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
+    let (a, b) = ("a.status.example.com", "b.status.example.com");
+
+    // A claim with one device of each driver, allocated as the scheduler would.
+    let claim: ResourceClaim = from_json(json!({
+        "metadata": { "name": "shared" },
+        "spec": { "devices": { "requests": [
+            { "name": "ra", "exactly": { "deviceClassName": "any" } },
+            { "name": "rb", "exactly": { "deviceClassName": "any" } },
+        ] } },
+    }));
+    let uid = claims
+        .create(&PostParams::default(), &claim)
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
+    let allocation = json!({ "status": { "allocation": { "devices": { "results": [
+        { "request": "ra", "driver": a, "pool": "pool", "device": "dev-a" },
+        { "request": "rb", "driver": b, "pool": "pool", "device": "dev-b" },
+    ] } } } });
+    claims
+        .patch_status(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(&allocation),
+        )
+        .await
+        .unwrap();
+    let target = Claim {
+        namespace: &ns,
+        name: "shared",
+        uid: &uid,
+    };
+    let status = |device: &str, data: serde_json::Value| DeviceStatus {
+        pool: "pool".into(),
+        device: device.into(),
+        share_id: None,
+        data: Some(data),
+    };
+
+    device_status::apply(&client, target, a, &[status("dev-a", json!({ "v": 1 }))])
+        .await
+        .unwrap();
+    device_status::apply(&client, target, b, &[status("dev-b", json!({ "v": 1 }))])
+        .await
+        .unwrap();
+    device_status::apply(&client, target, a, &[status("dev-a", json!({ "v": 2 }))])
+        .await
+        .unwrap();
+    assert_eq!(
+        entries(&claims, "shared").await,
+        [
+            (a.to_string(), "dev-a".to_string(), json!({ "v": 2 })),
+            (b.to_string(), "dev-b".to_string(), json!({ "v": 1 })),
+        ],
+        "a's second apply changed its entry and left b's"
+    );
+
+    device_status::apply(&client, target, a, &[]).await.unwrap();
+    assert_eq!(
+        entries(&claims, "shared").await,
+        [(b.to_string(), "dev-b".to_string(), json!({ "v": 1 }))],
+        "a's empty apply removed its entry only"
+    );
+
+    // A claim replaced under the same name is not written into; one that is gone is fine.
+    let other = Claim {
+        uid: "00000000-0000-0000-0000-000000000000",
+        ..target
+    };
+    device_status::apply(&client, other, b, &[]).await.unwrap();
+    assert_eq!(
+        entries(&claims, "shared").await.len(),
+        1,
+        "another UID's apply changed nothing"
+    );
+    let gone = Claim {
+        name: "gone",
+        ..target
+    };
+    device_status::apply(&client, gone, a, &[]).await.unwrap();
+}
