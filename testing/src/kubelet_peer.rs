@@ -219,6 +219,19 @@ impl KubeletPeer {
         self.call("GET", "/dra/health", None).await
     }
 
+    /// The DRA health the kubelet would write into a prepared pod's status, with its rules
+    /// (a device not heard of for its health-check timeout is Unknown):
+    /// `{"containers": {"<container>": [{"name": "claim:<claim>", "resources": [{"resourceID",
+    /// "health"}]}]}}`.
+    pub async fn pod_health(&self, namespace: &str, name: &str) -> Result<Value, Error> {
+        self.call(
+            "POST",
+            "/dra/health/pod",
+            Some(json!({ "namespace": namespace, "name": name })),
+        )
+        .await
+    }
+
     /// Tells the device manager that the pod stopped running: its devices are freed and the
     /// pod-resources API no longer lists it.
     pub async fn release(&self, namespace: &str, pod: &str) -> Result<(), Error> {
