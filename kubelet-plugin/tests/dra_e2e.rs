@@ -68,6 +68,52 @@ async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// The DiscoveryConfiguration `config` of debugEcho device `foo0`, and (the driver-controller's
+/// job, written here as it writes it) its DeviceClass.
+async fn echo_configuration(client: &kube::Client, config: &str) {
+    let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": config },
+        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [foo0]" } },
+    }))
+    .unwrap();
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &discovery)
+        .await
+        .unwrap();
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": config },
+            "spec": { "selectors": [{ "cel": { "expression": format!(
+                "device.driver == '{DRIVER}' && device.attributes['akri.sh'].configuration == '{config}'"
+            ) } }] },
+        })).unwrap())
+        .await
+        .unwrap();
+}
+
+/// A ResourceClaimTemplate `echo` for one device of `config`, and pod `broker` whose container
+/// `broker` holds a claim from it; the scheduler places it.
+async fn broker_pod(client: &kube::Client, ns: &str, config: &str) {
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "echo" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "echo", "exactly": { "deviceClassName": config } }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "broker" },
+            "spec": {
+                "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
+                "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
+            },
+        })).unwrap())
+        .await
+        .unwrap();
+}
+
 fn device_health(health: &Value, device: &str) -> Option<String> {
     health["drivers"][DRIVER]
         .as_array()?
@@ -99,26 +145,7 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
             .unwrap();
     }
 
-    // The DiscoveryConfiguration, and (until the driver-controller exists) its DeviceClass.
-    let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
-        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-        "metadata": { "name": config },
-        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [foo0]" } },
-    }))
-    .unwrap();
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &discovery)
-        .await
-        .unwrap();
-    Api::<DeviceClass>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": config },
-            "spec": { "selectors": [{ "cel": { "expression": format!(
-                "device.driver == '{DRIVER}' && device.attributes['akri.sh'].configuration == '{config}'"
-            ) } }] },
-        })).unwrap())
-        .await
-        .unwrap();
+    echo_configuration(&client, &config).await;
 
     // Each node publishes its own local device, and writes its Instance.
     let mut device_of = Vec::new();
@@ -158,23 +185,8 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
     }
 
     // A pod asking for one device lands on a node that has it and is prepared there.
-    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": "echo" },
-            "spec": { "spec": { "devices": { "requests": [{ "name": "echo", "exactly": { "deviceClassName": config } }] } } },
-        })).unwrap())
-        .await
-        .unwrap();
+    broker_pod(&client, &ns, &config).await;
     let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": { "name": "broker" },
-        "spec": {
-            "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
-            "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
-        },
-    })).unwrap())
-    .await
-    .unwrap();
     let bound_to = eventually("pod bound", async || {
         pods.get("broker").await.ok()?.spec?.node_name
     })
@@ -568,44 +580,8 @@ async fn a_held_devices_health_stays_known_without_changes_and_turns_unhealthy_w
         .wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": config },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [foo0]" } },
-        })).unwrap())
-        .await
-        .unwrap();
-    Api::<DeviceClass>::all(client.clone())
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "metadata": { "name": config },
-                "spec": { "selectors": [{ "cel": { "expression": format!(
-                    "device.attributes['akri.sh'].configuration == '{config}'"
-                ) } }] },
-            }))
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": "echo" },
-            "spec": { "spec": { "devices": { "requests": [{ "name": "echo", "exactly": { "deviceClassName": config } }] } } },
-        })).unwrap())
-        .await
-        .unwrap();
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": { "name": "broker" },
-        "spec": {
-            "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
-            "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
-        },
-    })).unwrap())
-    .await
-    .unwrap();
+    echo_configuration(&client, &config).await;
+    broker_pod(&client, &ns, &config).await;
     eventually("the pod prepared", async || {
         node.peer.prepare(&ns, "broker").await.ok()
     })
