@@ -176,15 +176,20 @@ mod tests {
     use api::dra_resource_health_server::DraResourceHealth;
     use tokio_stream::StreamExt;
 
+    /// The stream the kubelet opens.
+    async fn watch(reporter: &HealthReporter) -> HealthStream {
+        reporter
+            .node_watch_resources(Request::new(api::NodeWatchResourcesRequest {}))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn resends_the_unchanged_list_within_the_timeout_it_declares() {
         let reporter = HealthReporter::default();
         reporter.set("node-a", "dev-0", true, "");
-        let mut stream = reporter
-            .node_watch_resources(Request::new(api::NodeWatchResourcesRequest {}))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = watch(&reporter).await;
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(
             first.devices[0].health_check_timeout_seconds,
@@ -204,11 +209,7 @@ mod tests {
     async fn streams_the_current_snapshot_then_changes() {
         let reporter = HealthReporter::default();
         reporter.set("node-a", "dev-0", true, "");
-        let mut stream = reporter
-            .node_watch_resources(Request::new(api::NodeWatchResourcesRequest {}))
-            .await
-            .unwrap()
-            .into_inner();
+        let mut stream = watch(&reporter).await;
         let first = stream.next().await.unwrap().unwrap();
         assert_eq!(first.devices.len(), 1);
         assert_eq!(first.devices[0].health, api::HealthStatus::Healthy as i32);

@@ -68,6 +68,19 @@ async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// A control plane of its own (every agent discovers every cluster-scoped configuration of its
+/// handlers, so tests sharing a cluster would see each other's devices) with the CRDs, a
+/// namespace for the Instances, and a configuration name.
+async fn cluster() -> (ControlPlane, kube::Client, String, String) {
+    let cp = ControlPlane::start(ControlPlaneOptions::full())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("akri").await.unwrap();
+    (cp, client, ns, ControlPlane::unique_name("echo"))
+}
+
 /// The DiscoveryConfiguration `config` of debugEcho device `foo0`, and (the driver-controller's
 /// job, written here as it writes it) its DeviceClass.
 async fn echo_configuration(client: &kube::Client, config: &str) {
@@ -124,15 +137,8 @@ fn device_health(health: &Value, device: &str) -> Option<String> {
 
 #[tokio::test]
 async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
-    // Its own control plane: every agent discovers every (cluster-scoped) configuration of
-    // its handlers, so tests sharing a cluster would see each other's devices.
-    let cp = &ControlPlane::start(ControlPlaneOptions::full())
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let config = ControlPlane::unique_name("echo");
+    let (cp, client, ns, config) = cluster().await;
+    let cp = &cp;
 
     let nodes = [
         start_node(cp, &client, &ns).await,
@@ -568,13 +574,8 @@ async fn pod_health(peer: &KubeletPeer, ns: &str, pod: &str) -> Vec<String> {
 
 #[tokio::test]
 async fn a_held_devices_health_stays_known_without_changes_and_turns_unhealthy_when_it_goes() {
-    let cp = &ControlPlane::start(ControlPlaneOptions::full())
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let config = ControlPlane::unique_name("echo");
+    let (cp, client, ns, config) = cluster().await;
+    let cp = &cp;
     let node = start_node(cp, &client, &ns).await;
     node.peer
         .wait_for_driver(DRIVER, Duration::from_secs(30))
