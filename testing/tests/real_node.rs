@@ -174,3 +174,139 @@ async fn a_killed_runs_node_is_swept_by_the_next_start() {
         "its mounts are left"
     );
 }
+
+/// The child process of [`a_nearly_full_disk_neither_marks_the_node_nor_refuses_pods`], run
+/// with `TMPDIR` on the nearly full filesystem: the control plane, the node's directory,
+/// containerd's images and the pods' logs all live there.
+#[tokio::test]
+#[ignore = "run only as the child process of a_nearly_full_disk_neither_marks_the_node_nor_refuses_pods"]
+async fn child_on_a_nearly_full_disk() {
+    use k8s_openapi::api::core::v1::Node;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let node = RealNode::start(cp, "full-disk").await.unwrap();
+    let client = cp.client().await.unwrap();
+    let nodes = Api::<Node>::all(client.clone());
+    // The kubelet's eviction manager looks every 10 s; give it two looks before the pod.
+    let watched_until = std::time::Instant::now() + Duration::from_secs(25);
+    while std::time::Instant::now() < watched_until {
+        let status = nodes.get("full-disk").await.unwrap().status.unwrap();
+        let pressure = status
+            .conditions
+            .unwrap_or_default()
+            .into_iter()
+            .find(|c| c.type_ == "DiskPressure" && c.status == "True");
+        assert!(pressure.is_none(), "the node reports {pressure:?}");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    let ns = cp.create_namespace("full-disk").await.unwrap();
+    let pods = Api::<Pod>::namespaced(client, &ns);
+    let pod: Pod = from_json(serde_json::json!({
+        "metadata": { "name": "late" },
+        "spec": {
+            "nodeName": "full-disk",
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "main",
+                "image": node.busybox_image().unwrap(),
+                "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"],
+            }],
+        },
+    }));
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    node.eventually(
+        "the late pod running",
+        Duration::from_secs(60),
+        async || {
+            let pod = pods.get("late").await.ok()?;
+            (pod.status?.phase? == "Running").then_some(())
+        },
+    )
+    .await;
+}
+
+/// CI machines share their disk with the build and have run with under 1% of it free. The
+/// kubelet's default eviction thresholds (and any low ones) then report DiskPressure and
+/// refuse every new pod; test nodes must not: they evict nothing and garbage-collect no
+/// images, whatever the disk. A sparse 30 GiB ext4 filesystem, filled to 250 MiB free
+/// (below 1%), stands in for such a disk without taking the space.
+#[tokio::test]
+async fn a_nearly_full_disk_neither_marks_the_node_nor_refuses_pods() {
+    let work = tempfile::tempdir().unwrap();
+    let disk = NearlyFullDisk::create(work.path(), 30 << 10, 250);
+    let status = tokio::task::spawn_blocking(move || {
+        let status = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "child_on_a_nearly_full_disk",
+                "--ignored",
+                "--nocapture",
+            ])
+            .env("TMPDIR", &disk.mount)
+            .status()
+            .unwrap();
+        drop(disk);
+        status
+    })
+    .await
+    .unwrap();
+    assert!(status.success(), "the child failed: {status}");
+}
+
+/// A loop-mounted ext4 filesystem on a sparse file, filled with one preallocated (not
+/// written) file, so that it reports little free space while the file beneath it stays small.
+struct NearlyFullDisk {
+    mount: std::path::PathBuf,
+}
+
+impl NearlyFullDisk {
+    fn create(dir: &std::path::Path, size_mib: u64, free_mib: u64) -> NearlyFullDisk {
+        let run = |program: &str, args: &[&str]| {
+            let status = std::process::Command::new(program)
+                .args(args)
+                .status()
+                .unwrap_or_else(|e| panic!("{program}: {e}"));
+            assert!(status.success(), "{program} {args:?}: {status}");
+        };
+        let image = dir.join("disk.img");
+        let mount = dir.join("mnt");
+        std::fs::create_dir(&mount).unwrap();
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size_mib << 20)
+            .unwrap();
+        let image = image.to_str().unwrap();
+        run("mkfs.ext4", &["-q", "-F", "-m", "0", image]);
+        run("mount", &["-o", "loop", image, mount.to_str().unwrap()]);
+        let disk = NearlyFullDisk { mount };
+        let available = free_space_mib(&disk.mount);
+        let fill = disk.mount.join("fill");
+        let fill_mib = (available - free_mib).to_string() + "M";
+        run("fallocate", &["-l", &fill_mib, fill.to_str().unwrap()]);
+        disk
+    }
+}
+
+/// Free MiB of the filesystem at `path`, as df reports it.
+fn free_space_mib(path: &std::path::Path) -> u64 {
+    let out = std::process::Command::new("df")
+        .args(["-BM", "--output=avail"])
+        .arg(path)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .and_then(|l| l.trim().trim_end_matches('M').parse().ok())
+        .expect("df prints the free space")
+}
+
+impl Drop for NearlyFullDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount)
+            .status();
+    }
+}

@@ -61,14 +61,17 @@ impl Kubelet {
             // /sys/fs/cgroup/unified) are such hosts. A no-op on cgroup v2.
             "failCgroupV1": false,
             "failSwapOn": false,
-            // The machine's disk is shared with the build: eviction and image GC would only
-            // take the imported images (which cannot be pulled back) away.
+            // The machine's disk is shared with the build and may be nearly full (CI once had
+            // under 1% free): eviction would reject every new pod with DiskPressure, and image
+            // GC would take the imported images (which cannot be pulled back) away. The kubelet
+            // ignores a "0%" threshold, so these turn each signal off rather than lowering it;
+            // signals left out of the map are not defaulted back in.
             "evictionHard": {
-                "memory.available": "1Mi",
-                "nodefs.available": "1%",
-                "nodefs.inodesFree": "1%",
-                "imagefs.available": "1%",
-                "imagefs.inodesFree": "1%",
+                "memory.available": "0%",
+                "nodefs.available": "0%",
+                "nodefs.inodesFree": "0%",
+                "imagefs.available": "0%",
+                "imagefs.inodesFree": "0%",
             },
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
