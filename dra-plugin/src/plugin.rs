@@ -4,7 +4,7 @@
 use crate::health::HealthReporter;
 use crate::registration::{self, PluginInfo, Registration, RegistrationStatus};
 use crate::service::{DraService, Driver};
-use akri_proto::dra::{v1, v1beta1};
+use akri_proto::dra::{health, v1, v1beta1};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -77,6 +77,7 @@ impl KubeletPlugin {
             supported_versions: vec![
                 v1::SUPPORTED_VERSION.into(),
                 v1beta1::SUPPORTED_VERSION.into(),
+                health::v1alpha1::SUPPORTED_VERSION.into(),
             ],
         };
         std::fs::create_dir_all(&config.registry_dir).map_err(|source| Error::Socket {

@@ -2,6 +2,8 @@
 //! scheduler: a small driver built on `dra-plugin` is found, prepares through the kubelet,
 //! survives its own restart through the checkpoint, and registers again after the kubelet's.
 
+use akri_proto::pluginregistration::InfoRequest;
+use akri_proto::pluginregistration::registration_client::RegistrationClient;
 use akri_testing::{ControlPlane, KubeletPeer};
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
 use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
@@ -184,6 +186,24 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         plugin.registration_status() == RegistrationStatus::Registered
     })
     .await;
+    // What the kubelet read: both DRA versions and the health service, as upstream lists them.
+    let registration =
+        dra_plugin::authority::connect(&peer.registry_dir().join(format!("{driver}-reg.sock")))
+            .await
+            .unwrap();
+    let info = RegistrationClient::new(registration)
+        .get_info(InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.supported_versions,
+        [
+            "v1.DRAPlugin",
+            "v1beta1.DRAPlugin",
+            "v1alpha1.DRAResourceHealth"
+        ]
+    );
 
     // A pod with one claim for both gadgets.
     Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)

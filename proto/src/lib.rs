@@ -48,6 +48,11 @@ pub mod dra {
         /// `v1alpha1.DRAResourceHealth`.
         pub mod v1alpha1 {
             tonic::include_proto!("v1alpha1");
+
+            /// How a driver advertises this service in `PluginInfo.supported_versions`, as
+            /// upstream's `kubeletplugin` helper does. Kubelets up to 1.36 open the health
+            /// stream whatever the list says and ignore services they do not know.
+            pub const SUPPORTED_VERSION: &str = "v1alpha1.DRAResourceHealth";
         }
     }
 }
