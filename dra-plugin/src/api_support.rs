@@ -8,8 +8,8 @@
 
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
-    Device, DeviceAttribute, DeviceCapacity, DeviceClass, DeviceClassSpec, ResourcePool,
-    ResourceSlice, ResourceSliceSpec,
+    Device, DeviceAttribute, DeviceCapacity, DeviceClass, DeviceClassSpec, DeviceTaint,
+    ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -35,6 +35,8 @@ pub struct ApiSupport {
     pub per_device_node_selection: bool,
     /// DeviceClasses with `extendedResourceName` (DRAExtendedResource).
     pub extended_resource_name: bool,
+    /// Devices with `taints` (DRADeviceTaints).
+    pub device_taints: bool,
 }
 
 /// Name of the probe objects (never stored: every request is a dry run).
@@ -47,6 +49,7 @@ impl ApiSupport {
             consumable_capacity: consumable_capacity(client).await?,
             per_device_node_selection: per_device_node_selection(client).await?,
             extended_resource_name: extended_resource_name(client).await?,
+            device_taints: device_taints(client).await?,
         })
     }
 }
@@ -94,6 +97,25 @@ pub async fn per_device_node_selection(client: &kube::Client) -> Result<bool, Er
                 .and_then(|d| d.into_iter().next())
                 .is_some_and(|d| d.node_selector.is_some())
     }))
+}
+
+/// Whether devices keep `taints` (and so whether the device-taint eviction controller can act
+/// on them). Needs `create` on resourceslices.
+pub async fn device_taints(client: &kube::Client) -> Result<bool, Error> {
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let mut slice = probe_slice(false, false);
+    if let Some(device) = slice.spec.devices.as_mut().and_then(|d| d.first_mut()) {
+        device.taints = Some(vec![DeviceTaint {
+            key: "dra-plugin.probe/api-support".into(),
+            effect: "NoSchedule".into(),
+            ..DeviceTaint::default()
+        }]);
+    }
+    let stored = create_or_rejected(&slices, &dry_run(), &slice, "ResourceSlice").await?;
+    Ok(stored
+        .and_then(|s| s.spec.devices)
+        .and_then(|d| d.into_iter().next())
+        .is_some_and(|d| d.taints.is_some_and(|t| !t.is_empty())))
 }
 
 /// Whether DeviceClasses keep `extendedResourceName`. Needs `create` on deviceclasses.

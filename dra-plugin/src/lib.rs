@@ -22,3 +22,4 @@ pub mod plugin;
 pub mod registration;
 pub mod service;
 pub mod slices;
+pub mod vanished;

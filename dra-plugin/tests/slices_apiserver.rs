@@ -132,6 +132,7 @@ async fn api_support_is_read_back_from_the_server_and_nothing_is_stored() {
         gate("DRAPartitionableDevices")
     );
     assert_eq!(support.extended_resource_name, gate("DRAExtendedResource"));
+    assert_eq!(support.device_taints, gate("DRADeviceTaints"));
     let probes = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default())
         .await
