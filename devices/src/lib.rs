@@ -20,6 +20,10 @@ pub const ATTR_INSTANCE: &str = "akri.sh/instance";
 /// Domain of the attributes carrying discovered properties (`property.akri.sh/<KEY>`), apart
 /// from ours so that a property can never shadow them.
 pub const PROPERTY_DOMAIN: &str = "property.akri.sh";
+/// Device taint on a device that no node's discovery handler reports any more while a claim
+/// still holds it: `NoSchedule` at once, `NoExecute` after the grace ([`dra_plugin`'s
+/// `vanished`](https://docs.rs/dra-plugin)).
+pub const NOT_DISCOVERED_TAINT: &str = "akri.sh/not-discovered";
 /// The consumable capacity of a shared device: how many claims may hold it at once.
 pub const SLOTS_CAPACITY: &str = "akri.sh/slots";
 /// The longest string attribute value resource.k8s.io/v1 accepts.

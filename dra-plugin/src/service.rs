@@ -70,6 +70,8 @@ pub struct DraService<D> {
     state: Arc<Mutex<State>>,
     claim_locks: Arc<ClaimLocks>,
     set_aside: Option<Arc<SetAside>>,
+    /// Ticks after each recorded change of the prepared claims.
+    changed: Arc<tokio::sync::watch::Sender<()>>,
 }
 
 impl<D> Clone for DraService<D> {
@@ -79,6 +81,7 @@ impl<D> Clone for DraService<D> {
             state: self.state.clone(),
             claim_locks: self.claim_locks.clone(),
             set_aside: self.set_aside.clone(),
+            changed: self.changed.clone(),
         }
     }
 }
@@ -115,7 +118,15 @@ impl<D: Driver> DraService<D> {
             state: Arc::new(Mutex::new(State { checkpoint, claims })),
             claim_locks: Arc::default(),
             set_aside: set_aside.map(Arc::new),
+            changed: Arc::new(tokio::sync::watch::channel(()).0),
         })
+    }
+
+    /// Changes after every recorded prepare or unprepare, once [`prepared`](Self::prepared)
+    /// shows it: e.g. for a driver that keeps a vanished device published while a claim
+    /// holds it ([`crate::vanished`]).
+    pub fn prepared_changes(&self) -> tokio::sync::watch::Receiver<()> {
+        self.changed.subscribe()
     }
 
     /// The corrupt checkpoint [`new`](Self::new) set aside, if it did: tell the operator.
@@ -167,6 +178,9 @@ impl<D: Driver> DraService<D> {
             .map(|(claim, prepared)| state.claims.insert(claim.uid.clone(), prepared.clone()))
             .collect();
         let stored = state.checkpoint.store(&state.claims);
+        if stored.is_ok() {
+            self.changed.send_replace(());
+        }
         if let Err(error) = stored {
             // Not recorded means not prepared: memory goes back to what the disk has, and the
             // driver undoes, so nothing leaks.
@@ -286,6 +300,9 @@ impl<D: Driver> DraService<D> {
             .checkpoint
             .store(&state.claims)
             .map_err(|e| format!("recording the unprepared claim failed: {e}"));
+        if stored.is_ok() {
+            self.changed.send_replace(());
+        }
         if stored.is_err() {
             // The disk still has them: so must memory, or the kubelet's retry would find
             // nothing to record and a restart would bring them back.

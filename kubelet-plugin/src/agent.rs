@@ -25,6 +25,7 @@ use dra_plugin::health::HealthReporter;
 use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
 use dra_plugin::service::DraService;
 use dra_plugin::slices::{PoolScope, SlicePublisher};
+use dra_plugin::vanished::VanishedDevices;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -60,6 +61,11 @@ pub struct AgentConfig {
     pub consumable_capacity: Option<bool>,
     /// How long an Instance outlives its device's disappearance from this node.
     pub instance_grace: Duration,
+    /// How long a device that vanished while a claim holds it stays `NoSchedule`-tainted
+    /// before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
+    pub vanished_grace: Duration,
+    /// Whether the API server keeps device taints; `None` asks it at start (a dry-run probe).
+    pub device_taints: Option<bool>,
     /// How long a (re)started agent leaves the node's slices and Instances as they are while
     /// it waits for every configuration's discovery to answer ([`StartupGate`]).
     pub startup_wait: Duration,
@@ -74,7 +80,8 @@ impl AgentConfig {
     /// specs, state, the registration socket) and runs the embedded debugEcho handler, its
     /// availability file `dir/availability.txt` polled every 100 ms: the agent embedded in a
     /// test or a benchmark. Instances go as soon as their device does, start-up waits at most
-    /// 10 s, the capacity model is asked of the API server, legacy mode is off. Point the
+    /// 10 s, the capacity model and device taints are asked of the API server, a vanished held
+    /// device turns `NoExecute` after 5 minutes, legacy mode is off. Point the
     /// kubelet directories at a kubelet with [`AgentConfig::kubelet_dirs`].
     pub fn embedded(node_name: &str, instance_namespace: &str, dir: &Path) -> Self {
         let mut echo = DebugEchoConfig::new(dir.join("debug-echo.sock"));
@@ -91,6 +98,8 @@ impl AgentConfig {
             debug_echo: Some(echo),
             consumable_capacity: None,
             instance_grace: Duration::ZERO,
+            vanished_grace: Duration::from_secs(300),
+            device_taints: None,
             startup_wait: Duration::from_secs(10),
             property_namespaces: None,
             legacy: None,
@@ -189,9 +198,13 @@ impl Agent {
 
 /// One served DRA driver (one discovery handler).
 struct ServedDriver {
-    _service: DraService<Timed<AkriDriver>>,
+    service: DraService<Timed<AkriDriver>>,
     health: HealthReporter,
     publisher: SlicePublisher,
+    /// Devices kept (tainted) while prepared claims hold them after they vanished.
+    vanished: VanishedDevices,
+    /// Whether `vanished` has read what a previous process published.
+    seeded: bool,
     /// Every device name this driver published on this node since it started.
     ever_published: BTreeSet<String>,
     _plugin: KubeletPlugin,
@@ -226,6 +239,14 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         None => dra_plugin::api_support::consumable_capacity(&client).await?,
     };
     tracing::info!(consumable_capacity, "device sharing model");
+    let device_taints = match config.device_taints {
+        Some(known) => known,
+        None => dra_plugin::api_support::device_taints(&client).await?,
+    };
+    tracing::info!(
+        device_taints,
+        "vanished held devices are kept tainted (or, without device taints, dropped)"
+    );
     let devices = NodeDevices::with_names_file(
         &config.node_name,
         consumable_capacity,
@@ -238,6 +259,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         client: client.clone(),
         config: config.clone(),
         node_uid,
+        device_taints,
+        next_taint_change: None,
         devices: devices.clone(),
         drivers: BTreeMap::new(),
         streams: Streams::default(),
@@ -279,6 +302,10 @@ struct AgentState {
     client: kube::Client,
     config: AgentConfig,
     node_uid: String,
+    /// Whether the API server keeps device taints.
+    device_taints: bool,
+    /// When some vanished device's taint turns `NoExecute`.
+    next_taint_change: Option<tokio::time::Instant>,
     devices: NodeDevices,
     drivers: BTreeMap<String, ServedDriver>,
     streams: Streams,
@@ -330,6 +357,8 @@ impl AgentState {
             },
         ));
         let (events_tx, mut events) = mpsc::channel::<StreamEvent>(64);
+        // Drivers whose prepared claims changed: a vanished device may have lost its last holder.
+        let (claims_tx, mut claims_changed) = mpsc::unbounded_channel::<String>();
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         let mut dirty: BTreeSet<String> = BTreeSet::new();
         let startup_deadline = tokio::time::sleep(self.startup.remaining());
@@ -369,6 +398,13 @@ impl AgentState {
                     }
                 }
                 _ = resync.tick() => dirty.extend(self.drivers.keys().cloned()),
+                Some(driver) = claims_changed.recv() => {
+                    dirty.insert(driver);
+                }
+                _ = sleep_until_some(self.next_taint_change) => {
+                    self.next_taint_change = None;
+                    dirty.extend(self.drivers.keys().cloned());
+                }
                 event = slice_changes.next() => match event {
                     Some(WatchEvent::Failed) => continue,
                     _ => dirty.extend(self.drivers.keys().cloned()),
@@ -378,7 +414,7 @@ impl AgentState {
                 store.state().iter().map(|c| (**c).clone()).collect();
             let registered = handlers.borrow().clone();
             dirty.extend(self.sync_streams(&configs, &registered, &events_tx).await);
-            dirty.extend(self.sync_drivers(&registered));
+            dirty.extend(self.sync_drivers(&registered, &claims_tx));
             self.errors
                 .report(&self.client, &self.config.node_name)
                 .await;
@@ -536,7 +572,11 @@ impl AgentState {
     }
 
     /// Serves a kubelet plugin per registered handler. Returns drivers newly served.
-    fn sync_drivers(&mut self, handlers: &BTreeMap<String, RegisteredHandler>) -> Vec<String> {
+    fn sync_drivers(
+        &mut self,
+        handlers: &BTreeMap<String, RegisteredHandler>,
+        claims_changed: &mpsc::UnboundedSender<String>,
+    ) -> Vec<String> {
         let mut started = Vec::new();
         for handler in handlers.values() {
             let driver = akri_devices::driver_name(&handler.name);
@@ -545,6 +585,11 @@ impl AgentState {
             }
             match self.serve_driver(&handler.name, &driver) {
                 Ok(served) => {
+                    tokio::spawn(forward_claim_changes(
+                        served.service.prepared_changes(),
+                        driver.clone(),
+                        claims_changed.clone(),
+                    ));
                     self.drivers.insert(driver.clone(), served);
                     started.push(driver);
                 }
@@ -613,9 +658,15 @@ impl AgentState {
             &akri_devices::node_field_manager(&self.config.node_name),
         );
         Ok(ServedDriver {
-            _service: service,
+            service,
             health,
             publisher,
+            vanished: VanishedDevices::new(
+                akri_devices::NOT_DISCOVERED_TAINT,
+                self.config.vanished_grace,
+                self.device_taints,
+            ),
+            seeded: false,
             ever_published: BTreeSet::new(),
             _plugin: plugin,
         })
@@ -628,7 +679,46 @@ impl AgentState {
         let Some(served) = self.drivers.get_mut(driver) else {
             return;
         };
-        let slice_devices: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
+        let reported: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
+        if !served.seeded {
+            // What a previous process published: its vanished devices and their graces.
+            match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.publisher.list()).await {
+                Ok(Ok(stored)) => {
+                    served.vanished.seed(
+                        stored
+                            .into_iter()
+                            .flat_map(|s| s.spec.devices.unwrap_or_default()),
+                    );
+                    served.seeded = true;
+                }
+                _ => {
+                    tracing::warn!(%driver, "reading the published pool failed; retrying on the next change or resync");
+                    return;
+                }
+            }
+        }
+        let held = crate::vanished::held_devices(&served.service.prepared().await, &pool);
+        let plan = served
+            .vanished
+            .plan(reported, &held, k8s_openapi::jiff::Timestamp::now());
+        if let Some(at) = plan.next_change {
+            let wait = k8s_openapi::jiff::Timestamp::now()
+                .duration_until(at)
+                .unsigned_abs();
+            let at = tokio::time::Instant::now() + wait;
+            self.next_taint_change = Some(self.next_taint_change.map_or(at, |t| t.min(at)));
+        }
+        for device in &plan.newly_vanished {
+            crate::vanished::announce(
+                &self.client,
+                &self.config.node_name,
+                &self.node_uid,
+                driver,
+                device,
+                self.device_taints,
+            );
+        }
+        let slice_devices = plan.devices;
         let published = tokio::time::timeout(
             crate::API_CALL_TIMEOUT,
             served.publisher.publish(&slice_devices),
@@ -651,6 +741,17 @@ impl AgentState {
         // Health: published devices are healthy; a device published before and gone now is
         // unhealthy (pods that still hold it learn it from the kubelet) until it returns.
         let now: BTreeSet<String> = local.iter().map(|(d, _)| d.name.clone()).collect();
+        // Gone from the health map once nothing holds them: nobody asks about them any more.
+        let forget: Vec<String> = served
+            .ever_published
+            .iter()
+            .filter(|name| !now.contains(*name) && !held.contains(*name))
+            .cloned()
+            .collect();
+        for name in &forget {
+            served.health.remove(&pool, name);
+            served.ever_published.remove(name);
+        }
         for name in &now {
             served.health.set(&pool, name, true, "");
         }
@@ -680,6 +781,27 @@ impl AgentState {
         }
         if let Err(error) = self.instances.sync(&known).await {
             tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends `driver` on `to` after each change of its prepared claims, until either side goes.
+async fn forward_claim_changes(
+    mut changes: tokio::sync::watch::Receiver<()>,
+    driver: String,
+    to: mpsc::UnboundedSender<String>,
+) {
+    while changes.changed().await.is_ok() {
+        if to.send(driver.clone()).is_err() {
+            return;
         }
     }
 }

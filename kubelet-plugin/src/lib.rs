@@ -14,6 +14,7 @@ pub mod properties;
 pub mod startup;
 pub mod state_dir;
 pub mod streams;
+pub mod vanished;
 
 use std::time::Duration;
 

@@ -26,15 +26,26 @@ struct SimNode {
 }
 
 async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -> SimNode {
+    start_node_with(cp, client, namespace, |_| {}).await
+}
+
+/// [`start_node`] with the agent's configuration adjusted by `adjust`.
+async fn start_node_with(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    namespace: &str,
+    adjust: impl FnOnce(&mut AgentConfig),
+) -> SimNode {
     let name = ControlPlane::unique_name("node");
     cp.create_node(&name).await.unwrap();
     let peer = KubeletPeer::start(cp, &name).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::embedded(&name, namespace, dir.path()).kubelet_dirs(
+    let mut config = AgentConfig::embedded(&name, namespace, dir.path()).kubelet_dirs(
         peer.registry_dir(),
         peer.plugins_dir(),
         peer.cdi_dir(),
     );
+    adjust(&mut config);
     let availability = config
         .debug_echo
         .as_ref()
@@ -66,6 +77,33 @@ async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
         .flat_map(|s| s.spec.devices.unwrap_or_default())
         .map(|d| d.name)
         .collect()
+}
+
+/// The devices of `node`'s debugEcho pool with the effects of their `akri.sh/not-discovered`
+/// taints.
+async fn pool_taints(client: &kube::Client, node: &str) -> Vec<(String, Vec<String>)> {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap();
+    let mut devices: Vec<_> = slices
+        .items
+        .into_iter()
+        .filter(|s| s.spec.driver == DRIVER)
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| {
+            let effects = d
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key == akri_devices::NOT_DISCOVERED_TAINT)
+                .map(|t| t.effect)
+                .collect();
+            (d.name, effects)
+        })
+        .collect();
+    devices.sort();
+    devices
 }
 
 /// A control plane of its own (every agent discovers every cluster-scoped configuration of its
@@ -222,13 +260,13 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
         "{env:?}"
     );
 
-    // The device disappears: it leaves the slice and turns unhealthy; it comes back.
+    // The device disappears while the pod holds it: it stays in the slice, tainted so that
+    // nothing new gets it, and turns unhealthy; it comes back untainted.
     std::fs::write(&node.availability, "OFFLINE").unwrap();
-    eventually("device removed from the slice", async || {
-        pool_devices(&client, &node.name)
-            .await
-            .is_empty()
-            .then_some(())
+    eventually("device tainted in the slice", async || {
+        (pool_taints(&client, &node.name).await
+            == [(device_of[index].clone(), vec!["NoSchedule".to_string()])])
+        .then_some(())
     })
     .await;
     eventually("device unhealthy in the kubelet", async || {
@@ -237,8 +275,9 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
     })
     .await;
     std::fs::write(&node.availability, "").unwrap();
-    eventually("device back in the slice", async || {
-        (!pool_devices(&client, &node.name).await.is_empty()).then_some(())
+    eventually("device back in the slice untainted", async || {
+        (pool_taints(&client, &node.name).await == [(device_of[index].clone(), vec![])])
+            .then_some(())
     })
     .await;
     eventually("device healthy again", async || {
@@ -617,4 +656,142 @@ async fn a_held_devices_health_stays_known_without_changes_and_turns_unhealthy_w
         "offline to Unhealthy in the pod's status: {:?}",
         gone.elapsed()
     );
+}
+
+/// A pod `name` holding a claim from the template `echo` of [`broker_pod`].
+async fn echo_pod(client: &kube::Client, ns: &str, name: &str) {
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "resourceClaims": [{ "name": "echo", "resourceClaimTemplateName": "echo" }],
+                "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "echo" }] } }],
+            },
+        })).unwrap())
+        .await
+        .unwrap();
+}
+
+/// The condition `type_` of pod `name`, if it has one.
+async fn pod_condition(
+    pods: &Api<Pod>,
+    name: &str,
+    type_: &str,
+) -> Option<k8s_openapi::api::core::v1::PodCondition> {
+    let pod = pods.get(name).await.ok()?;
+    pod.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)
+}
+
+#[tokio::test]
+async fn a_vanished_held_device_is_tainted_its_pod_evicted_and_replaced_and_it_returns_untainted() {
+    let (cp, client, ns, config) = cluster().await;
+    let cp = &cp;
+    let grace = Duration::from_secs(15);
+    let a = start_node_with(cp, &client, &ns, |c| c.vanished_grace = grace).await;
+    a.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    echo_configuration(&client, &config).await;
+    broker_pod(&client, &ns, &config).await;
+    eventually("the pod prepared on the only node", async || {
+        a.peer.prepare(&ns, "broker").await.ok()
+    })
+    .await;
+    let device = pool_devices(&client, &a.name).await.remove(0);
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+
+    // The device vanishes while the pod holds it: NoSchedule at once, so the replacement
+    // created now finds no device it may have.
+    std::fs::write(&a.availability, "OFFLINE").unwrap();
+    eventually("the device NoSchedule-tainted", async || {
+        (pool_taints(&client, &a.name).await == [(device.clone(), vec!["NoSchedule".into()])])
+            .then_some(())
+    })
+    .await;
+    let tainted = std::time::Instant::now();
+    echo_pod(&client, &ns, "replacement").await;
+    eventually("the replacement unschedulable", async || {
+        let scheduled = pod_condition(&pods, "replacement", "PodScheduled").await?;
+        (scheduled.status == "False" && scheduled.reason.as_deref() == Some("Unschedulable"))
+            .then_some(())
+    })
+    .await;
+
+    // After the grace: NoExecute, and the device-taint eviction controller evicts the holder.
+    eventually("the taint NoExecute", async || {
+        (pool_taints(&client, &a.name).await == [(device.clone(), vec!["NoExecute".into()])])
+            .then_some(())
+    })
+    .await;
+    assert!(
+        tainted.elapsed() >= grace - Duration::from_secs(2),
+        "NoExecute after {:?}, before the grace of {grace:?}",
+        tainted.elapsed()
+    );
+    let evicted = eventually("the holder evicted", async || {
+        let condition = pod_condition(&pods, "broker", "DisruptionTarget").await?;
+        (condition.status == "True").then_some(condition)
+    })
+    .await;
+    assert_eq!(
+        evicted.reason.as_deref(),
+        Some("DeletionByDeviceTaintManager")
+    );
+    assert!(
+        pods.get("broker")
+            .await
+            .unwrap()
+            .metadata
+            .deletion_timestamp
+            .is_some(),
+        "the evicted pod is being deleted"
+    );
+
+    // The kubelet's part of the deletion: unprepare, then the pod goes. Released, the device
+    // leaves the slice.
+    a.peer.unprepare(&ns, "broker").await.unwrap();
+    pods.delete(
+        "broker",
+        &kube::api::DeleteParams::default().grace_period(0),
+    )
+    .await
+    .unwrap();
+    eventually("the released device gone from the slice", async || {
+        pool_taints(&client, &a.name).await.is_empty().then_some(())
+    })
+    .await;
+    assert!(
+        pods.get("replacement")
+            .await
+            .unwrap()
+            .spec
+            .and_then(|s| s.node_name)
+            .is_none(),
+        "the replacement stays unscheduled while no device exists"
+    );
+
+    // A node whose device exists: the replacement lands there.
+    let b = start_node(cp, &client, &ns).await;
+    eventually("the replacement on the other node", async || {
+        let pod = pods.get("replacement").await.ok()?;
+        (pod.spec?.node_name? == b.name).then_some(())
+    })
+    .await;
+
+    // The device comes back: untainted, and a new pod gets it.
+    std::fs::write(&a.availability, "").unwrap();
+    eventually("the device back untainted", async || {
+        (pool_taints(&client, &a.name).await == [(device.clone(), vec![])]).then_some(())
+    })
+    .await;
+    echo_pod(&client, &ns, "third").await;
+    eventually("a new pod on the returned device", async || {
+        let pod = pods.get("third").await.ok()?;
+        (pod.spec?.node_name? == a.name).then_some(())
+    })
+    .await;
 }
