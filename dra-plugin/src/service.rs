@@ -425,10 +425,25 @@ fn claim_ref(namespace: String, name: String, uid: String) -> ClaimRef {
     }
 }
 
+/// The request a result's request name belongs to: `req/sub`, a subrequest of a
+/// `firstAvailable` list, belongs to `req`. Containers name the request, and the kubelet
+/// matches them against the names a prepare reports, so it is told base names (as upstream's
+/// kubelet-plugin helper does); a driver may record either form.
+pub fn base_request_name(request: &str) -> &str {
+    request.split_once('/').map_or(request, |(base, _)| base)
+}
+
+fn base_request_names(names: Vec<String>) -> Vec<String> {
+    names
+        .iter()
+        .map(|n| base_request_name(n).to_string())
+        .collect()
+}
+
 impl From<PreparedDevice> for v1::Device {
     fn from(d: PreparedDevice) -> Self {
         v1::Device {
-            request_names: d.request_names,
+            request_names: base_request_names(d.request_names),
             pool_name: d.pool_name,
             device_name: d.device_name,
             cdi_device_ids: d.cdi_device_ids,
@@ -441,7 +456,7 @@ impl From<PreparedDevice> for v1::Device {
 impl From<PreparedDevice> for v1beta1::Device {
     fn from(d: PreparedDevice) -> Self {
         v1beta1::Device {
-            request_names: d.request_names,
+            request_names: base_request_names(d.request_names),
             pool_name: d.pool_name,
             device_name: d.device_name,
             cdi_device_ids: d.cdi_device_ids,
@@ -526,3 +541,27 @@ macro_rules! dra_plugin_version {
 
 dra_plugin_version!(V1, v1);
 dra_plugin_version!(V1beta1, v1beta1);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubelet_is_told_base_request_names() {
+        let device = PreparedDevice {
+            request_names: vec!["echo/any".into(), "plain".into()],
+            pool_name: "pool".into(),
+            device_name: "dev".into(),
+            cdi_device_ids: vec![],
+            share_id: None,
+        };
+        assert_eq!(
+            v1::Device::from(device.clone()).request_names,
+            ["echo", "plain"]
+        );
+        assert_eq!(
+            v1beta1::Device::from(device).request_names,
+            ["echo", "plain"]
+        );
+    }
+}

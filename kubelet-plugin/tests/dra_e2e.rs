@@ -795,3 +795,111 @@ async fn a_vanished_held_device_is_tainted_its_pod_evicted_and_replaced_and_it_r
     })
     .await;
 }
+
+/// Claims of today's request forms prepare, and each container gets the devices it names: a
+/// request with `firstAvailable` subrequests (its result is named `echo/<subrequest>`, the
+/// container names `echo`), and an `adminAccess` claim on a device another pod holds.
+#[tokio::test]
+async fn first_available_subrequests_and_admin_access_claims_prepare() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let (cp, client, ns, config) = cluster().await;
+    let node = start_node(&cp, &client, &ns).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    echo_configuration(&client, &config).await;
+    // The first subrequest matches nothing, so the scheduler takes the second.
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "either" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "echo", "firstAvailable": [
+                { "name": "absent", "deviceClassName": config, "selectors": [{ "cel": { "expression": "device.attributes['akri.sh'].configuration == 'no-such-configuration'" } }] },
+                { "name": "any", "deviceClassName": config },
+            ] }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": { "name": "either" },
+        "spec": {
+            "resourceClaims": [{ "name": "c", "resourceClaimTemplateName": "either" }],
+            "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "c", "request": "echo" }] } }],
+        },
+    })).unwrap())
+    .await
+    .unwrap();
+    let containers = eventually("the firstAvailable pod prepared", async || {
+        node.peer.prepare(&ns, "either").await.ok()
+    })
+    .await;
+    let claim_name = pods
+        .get("either")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .resource_claim_statuses
+        .unwrap()[0]
+        .resource_claim_name
+        .clone()
+        .unwrap();
+    let claim = Api::<ResourceClaim>::namespaced(client.clone(), &ns)
+        .get(&claim_name)
+        .await
+        .unwrap();
+    let results = claim
+        .status
+        .unwrap()
+        .allocation
+        .unwrap()
+        .devices
+        .unwrap()
+        .results
+        .unwrap();
+    assert_eq!(results[0].request, "echo/any");
+    assert_eq!(
+        containers["broker"].len(),
+        1,
+        "the container naming request echo gets its subrequest's device: {containers:?}"
+    );
+
+    // The namespace may ask for admin access; the device is already held by "either".
+    let namespaces = Api::<k8s_openapi::api::core::v1::Namespace>::all(client.clone());
+    namespaces
+        .patch(
+            &ns,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "metadata": { "labels": { "resource.kubernetes.io/admin-access": "true" } } })),
+        )
+        .await
+        .unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "monitor" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "watch", "exactly": { "deviceClassName": config, "adminAccess": true } }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": { "name": "monitor" },
+        "spec": {
+            "resourceClaims": [{ "name": "m", "resourceClaimTemplateName": "monitor" }],
+            "containers": [{ "name": "broker", "image": "none", "resources": { "claims": [{ "name": "m" }] } }],
+        },
+    })).unwrap())
+    .await
+    .unwrap();
+    let monitor = eventually("the admin-access pod prepared", async || {
+        node.peer.prepare(&ns, "monitor").await.ok()
+    })
+    .await;
+    assert_eq!(monitor["broker"].len(), 1, "{monitor:?}");
+    let edits = node.peer.cdi_inject(&monitor["broker"]).await.unwrap();
+    let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
+    assert!(
+        env.contains(&"DEBUG_ECHO_DESCRIPTION=foo0".to_string()),
+        "the monitor sees the held device: {env:?}"
+    );
+}
