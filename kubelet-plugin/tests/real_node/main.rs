@@ -253,7 +253,18 @@ async fn a_running_pod_survives_kubelet_and_containerd_restarts_and_new_pods_sti
     let first = c.output("first").await;
     assert!(first.contains("DEBUG_ECHO_DESCRIPTION="), "{first}");
     let pods = c.pods();
-    let before = container(&pods, "first").await;
+    // The log can be read before the kubelet posts the container's ID in the pod's status.
+    let before = c
+        .node
+        .eventually(
+            "the first container's ID",
+            Duration::from_secs(30),
+            async || {
+                let (id, restarts) = container(&pods, "first").await;
+                (!id.is_empty()).then_some((id, restarts))
+            },
+        )
+        .await;
 
     c.node.restart_kubelet().await.unwrap();
     c.node.restart_containerd().await.unwrap();
