@@ -24,6 +24,33 @@ pub const PROPERTY_DOMAIN: &str = "property.akri.sh";
 /// still holds it: `NoSchedule` at once, `NoExecute` after the grace ([`dra_plugin`'s
 /// `vanished`](https://docs.rs/dra-plugin)).
 pub const NOT_DISCOVERED_TAINT: &str = "akri.sh/not-discovered";
+
+/// The reason and note of the Warning Event that says device `device` of `driver` vanished
+/// (`how`: e.g. "is no longer reported by its discovery handler") while a claim holds it, and
+/// what follows: with device taints it stays tainted until released; without them its holders
+/// keep running on a device that is gone.
+pub fn vanished_while_held(
+    driver: &str,
+    device: &str,
+    how: &str,
+    device_taints: bool,
+) -> (&'static str, String) {
+    if device_taints {
+        (
+            "DeviceVanishedWhileHeld",
+            format!(
+                "Device {device} of {driver} {how} while a claim holds it: it stays published with the {NOT_DISCOVERED_TAINT} taint (NoSchedule, NoExecute after the grace, which evicts its pods) until no claim holds it."
+            ),
+        )
+    } else {
+        (
+            "DeviceVanishedHoldersNotEvicted",
+            format!(
+                "Device {device} of {driver} {how} while a claim holds it. This API server does not keep device taints (feature gate DRADeviceTaints), so the device left its slice and the pods that hold it are not evicted."
+            ),
+        )
+    }
+}
 /// The consumable capacity of a shared device: how many claims may hold it at once.
 pub const SLOTS_CAPACITY: &str = "akri.sh/slots";
 /// The longest string attribute value resource.k8s.io/v1 accepts.

@@ -140,6 +140,12 @@ impl VanishedDevices {
         self.gone.contains_key(name)
     }
 
+    /// Whether any device is kept only because a claim holds it: the caller must plan again
+    /// when a claim is released.
+    pub fn any_vanished(&self) -> bool {
+        !self.gone.is_empty()
+    }
+
     fn grace_signed(&self) -> SignedDuration {
         SignedDuration::try_from(self.grace).unwrap_or(SignedDuration::MAX)
     }
@@ -214,13 +220,14 @@ mod tests {
 
         let plan = v.plan(vec![device("b")], &held(&["a"]), at(70));
         assert_eq!(shown(&plan), pairs(&[("a", NO_EXECUTE), ("b", "")]));
+        assert!(v.is_vanished("a") && v.any_vanished());
         let taint = &plan.devices[0].taints.as_ref().unwrap()[0];
         assert_eq!(taint.time_added, Some(Time(at(70))));
         assert_eq!(plan.next_change, None);
 
         let plan = v.plan(vec![device("b")], &held(&[]), at(80));
         assert_eq!(shown(&plan), pairs(&[("b", "")]));
-        assert!(!v.is_vanished("a"));
+        assert!(!v.is_vanished("a") && !v.any_vanished());
     }
 
     #[test]

@@ -9,26 +9,25 @@
 //! listed yet for gone and unpublish their devices (or a configuration for gone and delete its
 //! filters' DeviceClasses).
 
+mod filters;
 mod gone_nodes;
+mod lost_nodes;
+mod shared;
 
-use crate::device_class::{self, FILTER_LABEL};
+use crate::device_class;
 use crate::metrics::Metrics;
-use crate::property_filter;
-use crate::shared_devices;
 use akri_api::v1::{
     CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration,
-    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, Instance, PropertyFilter, PropertyFilterStatus,
-    instance_source_selector, set_condition,
+    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, Instance, PropertyFilter, instance_source_selector,
+    set_condition,
 };
-use akri_devices::{ATTR_CONFIGURATION, Sharing};
+use akri_devices::ATTR_CONFIGURATION;
 use dra_plugin::api_support::ApiSupport;
-use dra_plugin::slices::{PoolTemplate, SlicePublisher};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use kube::core::PartialObjectMeta;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, WatchStreamExt, reflector, watcher};
@@ -80,6 +79,15 @@ pub struct ControllerConfig {
     /// Forces whether devices use consumable capacity, whatever the API server supports
     /// (`--consumable-capacity on|off`); `None` follows [`Self::api_support`].
     pub consumable_capacity: Option<bool>,
+    /// Forces whether the API server keeps device taints (`--device-taints on|off`); `None`
+    /// follows [`Self::api_support`].
+    pub device_taints: Option<bool>,
+    /// How long a shared device that lost its last node while a claim holds it stays
+    /// `NoSchedule`-tainted before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
+    pub vanished_grace: Duration,
+    /// How long a node may stay not Ready before its shared devices are no longer offered
+    /// there ([`crate::shared_devices::node_lost`]).
+    pub node_lost_grace: Duration,
     /// Changes arriving within this window are reconciled together.
     pub debounce: Duration,
 }
@@ -91,6 +99,9 @@ impl ControllerConfig {
             field_manager: "akri-driver-controller".into(),
             api_support: None,
             consumable_capacity: None,
+            device_taints: None,
+            vanished_grace: Duration::from_secs(300),
+            node_lost_grace: Duration::from_secs(300),
             debounce: Duration::from_millis(500),
         }
     }
@@ -105,9 +116,14 @@ pub struct Context {
     slices: Store<ResourceSlice>,
     filters: Store<PropertyFilter>,
     configurations: Store<DiscoveryConfiguration>,
-    nodes: Store<PartialObjectMeta<Node>>,
-    /// Per configuration, the publishers of its shared pools (they remember generations).
-    publishers: Mutex<BTreeMap<String, BTreeMap<String, SlicePublisher>>>,
+    nodes: Store<Node>,
+    /// Allocated claims: what holds a shared device that lost its last node.
+    claims: Store<ResourceClaim>,
+    /// The configurations that keep a vanished device while claims hold it: a released
+    /// claim no longer names the device it held, so any claim change looks at these again.
+    keeping_vanished: Arc<Mutex<BTreeSet<String>>>,
+    /// Per configuration, its shared pools (their publishers remember generations).
+    shared_pools: Mutex<BTreeMap<String, BTreeMap<String, shared::SharedPoolState>>>,
     metrics: Metrics,
 }
 
@@ -125,10 +141,14 @@ pub async fn run(
     if let Some(forced) = config.consumable_capacity {
         support.consumable_capacity = forced;
     }
+    if let Some(forced) = config.device_taints {
+        support.device_taints = forced;
+    }
     tracing::info!(
         consumable_capacity = support.consumable_capacity,
         per_device_node_selection = support.per_device_node_selection,
         extended_resource_name = support.extended_resource_name,
+        device_taints = support.device_taints,
         "API server support"
     );
 
@@ -146,18 +166,29 @@ pub async fn run(
         Api::<PropertyFilter>::all(client.clone()),
         watcher::Config::default(),
     );
-
-    // Nodes, to forget the ones deleted for good; a deletion may concern every configuration.
-    let (nodes, writer) = reflector::store();
-    let node_deletions = watcher(
-        Api::<PartialObjectMeta<Node>>::all(client.clone()),
+    let (claims, claim_stream) = akri_runtime::reflect(
+        Api::<ResourceClaim>::all(client.clone()),
         watcher::Config::default(),
-    )
-    .default_backoff()
-    .reflect(writer)
-    .filter_map(|event| {
-        futures::future::ready(matches!(event, Ok(watcher::Event::Delete(_))).then_some(()))
-    });
+    );
+
+    // Nodes, to forget the ones deleted for good and leave lost ones out of shared devices'
+    // node selection; a deletion may concern every configuration. Their images, most of a
+    // Node's size, are dropped.
+    let (nodes, writer) = reflector::store();
+    let node_deletions = watcher(Api::<Node>::all(client.clone()), watcher::Config::default())
+        .default_backoff()
+        .modify(|node| {
+            node.managed_fields_mut().clear();
+            if let Some(status) = node.status.as_mut() {
+                status.images = None;
+            }
+        })
+        .reflect(writer)
+        .filter_map(|event| {
+            futures::future::ready(matches!(event, Ok(watcher::Event::Delete(_))).then_some(()))
+        });
+    // So are the nodes that become lost or come back (lost_nodes.rs).
+    let (lost_changed, lost_changes) = futures::channel::mpsc::channel(1);
 
     let controller = Controller::new(
         Api::<DiscoveryConfiguration>::all(client.clone()),
@@ -172,11 +203,15 @@ pub async fn run(
         filters,
         configurations: controller.store(),
         nodes,
-        publishers: Mutex::default(),
+        claims,
+        keeping_vanished: Arc::default(),
+        shared_pools: Mutex::default(),
         metrics,
     });
     // Aborted with this future too: a replica that lost leadership must not keep writing.
-    let _orphans = AbortOnDrop(tokio::spawn(orphan_filters(ctx.clone())));
+    let _orphans = AbortOnDrop(tokio::spawn(filters::orphan_filters(ctx.clone())));
+    let _lost = AbortOnDrop(tokio::spawn(lost_nodes::watch(ctx.clone(), lost_changed)));
+    let keeping_vanished = ctx.keeping_vanished.clone();
     controller
         .owns(
             Api::<DeviceClass>::all(client),
@@ -193,7 +228,12 @@ pub async fn run(
         .watches_stream(filter_stream, |filter: PropertyFilter| {
             Some(ObjectRef::new(&filter.spec.discovery_reference.name))
         })
-        .reconcile_all_on(node_deletions)
+        // A released claim may let a vanished shared device go.
+        .watches_stream(claim_stream, move |_: ResourceClaim| {
+            let keeping = keeping_vanished.lock().expect("lock").clone();
+            keeping.into_iter().map(|c| ObjectRef::new(&c))
+        })
+        .reconcile_all_on(futures::stream::select(node_deletions, lost_changes))
         .with_config(ControllerRuntimeConfig::default().debounce(config.debounce))
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -204,6 +244,9 @@ pub async fn run(
         .await;
     Ok(())
 }
+
+/// How often a configuration is reconciled without any change.
+const RESYNC: Duration = Duration::from_secs(300);
 
 /// How soon a reconcile that came before the stores were listed looks again.
 const STORES_POLL: Duration = Duration::from_millis(200);
@@ -308,33 +351,22 @@ async fn reconcile(
         }
     }
 
-    ctx.write_status(&config, &driver, &instances, shared, class_conflict)
+    ctx.write_status(&config, &driver, &instances, shared.devices, class_conflict)
         .await?;
     if let Some(error) = failed {
         return Err(error);
     }
     ctx.metrics.reconciled(true);
-    Ok(Action::requeue(Duration::from_secs(300)))
-}
-
-/// Filters whose DiscoveryConfiguration does not exist are never reached by a configuration's
-/// reconciliation: look for them now and then.
-async fn orphan_filters(ctx: Arc<Context>) {
-    while !ctx.stores_ready() {
-        tokio::time::sleep(STORES_POLL).await;
-    }
-    let mut tick = tokio::time::interval(Duration::from_secs(3));
-    loop {
-        tick.tick().await;
-        for filter in ctx.filters.state() {
-            let reference = &filter.spec.discovery_reference.name;
-            if ctx.configurations.get(&ObjectRef::new(reference)).is_none()
-                && let Err(error) = ctx.reconcile_filter(&filter, None, &[]).await
-            {
-                tracing::warn!(filter = %filter.name_any(), %error, "updating the filter failed");
-            }
-        }
-    }
+    // Again when a vanished device's taint turns NoExecute (a second late: its time is in
+    // whole seconds), else now and then.
+    let next = shared
+        .next_change
+        .and_then(|at| {
+            let wait = at.duration_since(k8s_openapi::jiff::Timestamp::now());
+            Duration::try_from(wait).ok()
+        })
+        .map_or(RESYNC, |wait| (wait + Duration::from_secs(1)).min(RESYNC));
+    Ok(Action::requeue(next))
 }
 
 impl Context {
@@ -353,6 +385,7 @@ impl Context {
                 .boxed()
                 .now_or_never(),
             self.nodes.wait_until_ready().boxed().now_or_never(),
+            self.claims.wait_until_ready().boxed().now_or_never(),
         ];
         ready.iter().all(|r| matches!(r, Some(Ok(()))))
     }
@@ -397,118 +430,6 @@ impl Context {
         self.metrics.wrote("deviceclass", "apply", 1);
         tracing::info!(class = %name, "applied DeviceClass");
         Ok(None)
-    }
-
-    /// Publishes the configuration's shared devices; returns how many devices that is.
-    async fn publish_shared(
-        &self,
-        config: &DiscoveryConfiguration,
-        driver: &str,
-        owner: k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference,
-        instances: &[Arc<Instance>],
-    ) -> Result<usize, Error> {
-        let name = config.name_any();
-        let sharing = Sharing::for_configuration(
-            config.spec.unique_devices,
-            self.support.consumable_capacity,
-        );
-        let refs: Vec<&Instance> = instances.iter().map(|i| i.as_ref()).collect();
-        let pools = shared_devices::pools(
-            &name,
-            config.spec.capacity,
-            sharing,
-            self.support.per_device_node_selection,
-            &refs,
-        );
-        let ours: Vec<Arc<ResourceSlice>> = self
-            .slices
-            .state()
-            .into_iter()
-            .filter(|s| s.labels().get(SHARED_CONFIGURATION_LABEL) == Some(&name))
-            .collect();
-
-        // Reconciliations of one configuration never overlap: its publishers are taken out
-        // for the pass and put back after.
-        let mut publishers = self
-            .publishers
-            .lock()
-            .expect("lock")
-            .remove(&name)
-            .unwrap_or_default();
-        let result = async {
-            let mut count = 0;
-            for pool in &pools {
-                let publisher = publishers.entry(pool.pool.clone()).or_insert_with(|| {
-                    let mut template = PoolTemplate::new(driver, &pool.pool, pool.scope.clone());
-                    template.owner = Some(owner.clone());
-                    template
-                        .labels
-                        .insert(SHARED_CONFIGURATION_LABEL.into(), name.clone());
-                    SlicePublisher::with_template(
-                        self.client.clone(),
-                        template,
-                        &self.config.field_manager,
-                    )
-                });
-                publisher.set_scope(pool.scope.clone());
-                let existing: Vec<ResourceSlice> = ours
-                    .iter()
-                    .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool.pool)
-                    .map(|s| (**s).clone())
-                    .collect();
-                let published = publisher
-                    .publish_against(&pool.devices, &existing)
-                    .await
-                    .map_err(|source| Error::Slices {
-                        configuration: name.clone(),
-                        source,
-                    })?;
-                self.metrics
-                    .wrote("resourceslice", "apply", published.written as u64);
-                self.metrics
-                    .wrote("resourceslice", "delete", published.deleted as u64);
-                if published.written + published.deleted > 0 {
-                    tracing::info!(configuration = %name, pool = %pool.pool, devices = pool.devices.len(), generation = published.generation, "published shared devices");
-                }
-                count += pool.devices.len();
-            }
-            // Pools no longer wanted (an Instance gone, or the API server's support changed).
-            let wanted: BTreeSet<&str> = pools.iter().map(|p| p.pool.as_str()).collect();
-            for slice in ours.iter().filter(|s| !wanted.contains(s.spec.pool.name.as_str())) {
-                let slice_name = slice.name_any();
-                match Api::<ResourceSlice>::all(self.client.clone())
-                    .delete(&slice_name, &DeleteParams::default())
-                    .await
-                {
-                    Ok(_) => self.metrics.wrote("resourceslice", "delete", 1),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => {
-                        return Err(Error::Write {
-                            kind: "ResourceSlice",
-                            name: slice_name,
-                            source,
-                        });
-                    }
-                }
-                publishers.remove(&slice.spec.pool.name);
-            }
-            Ok(count)
-        }
-        .await;
-        self.publishers
-            .lock()
-            .expect("lock")
-            .insert(name, publishers);
-        let total: usize = self
-            .publishers
-            .lock()
-            .expect("lock")
-            .values()
-            .flat_map(|p| p.values())
-            .map(|p| p.published_devices())
-            .sum();
-        self.metrics.set_shared_devices(total);
-        result
     }
 
     /// Node-local devices of a configuration as the kubelet-plugins published them (current
@@ -576,6 +497,11 @@ impl Context {
         } else {
             ""
         };
+        let taints = if self.support.device_taints {
+            ""
+        } else {
+            "; the API server has no device taints (DRADeviceTaints), so a device that vanishes while a claim holds it leaves its slice at once and the pods that hold it are not evicted"
+        };
         match class_conflict {
             None => {
                 set_condition(
@@ -584,7 +510,7 @@ impl Context {
                     true,
                     "Published",
                     format!(
-                        "DeviceClass {name} selects its devices{extended}{unique}; {} Instances on {} nodes, {} devices published",
+                        "DeviceClass {name} selects its devices{extended}{unique}{taints}; {} Instances on {} nodes, {} devices published",
                         status.instances, status.nodes, status.devices_published
                     ),
                     generation,
@@ -665,142 +591,5 @@ impl Context {
             })?;
         self.metrics.wrote("status", "apply", 1);
         Ok(())
-    }
-
-    /// Compiles a filter into its DeviceClass and reports on it. `driver` is `None` when its
-    /// DiscoveryConfiguration does not exist.
-    async fn reconcile_filter(
-        &self,
-        filter: &PropertyFilter,
-        driver: Option<&str>,
-        instances: &[Arc<Instance>],
-    ) -> Result<(), Error> {
-        let name = filter.name_any();
-        let configuration = &filter.spec.discovery_reference.name;
-        let generation = filter.metadata.generation;
-        let before = filter.status.clone().unwrap_or_default();
-        let mut status = PropertyFilterStatus {
-            observed_generation: generation,
-            conditions: before.conditions.clone(),
-            ..PropertyFilterStatus::default()
-        };
-        let compiled = property_filter::compile(&filter.spec.filters);
-        let outcome: Result<(String, &str), (&str, String)> = match (driver, compiled) {
-            (None, _) => Err((
-                "DiscoveryConfigurationNotFound",
-                format!("DiscoveryConfiguration {configuration} does not exist"),
-            )),
-            (Some(_), _) if self.configurations.get(&ObjectRef::new(&name)).is_some() => Err((
-                "NameConflict",
-                format!(
-                    "a DiscoveryConfiguration is also named {name} and owns the DeviceClass of that name; rename the filter"
-                ),
-            )),
-            (Some(_), Err(error)) => Err(("InvalidFilter", error.to_string())),
-            (Some(driver), Ok(expression)) => Ok((expression, driver)),
-        };
-        let outcome = match outcome {
-            Ok((expression, driver)) => {
-                let owner =
-                    device_class::owner(filter).ok_or_else(|| Error::NoUid(name.clone()))?;
-                let class =
-                    device_class::for_filter(&name, configuration, driver, &expression, owner);
-                match self.apply_class(&class).await {
-                    Ok(None) => Ok(expression),
-                    Ok(Some(why)) => Err(("DeviceClassConflict", why)),
-                    // Refused as invalid (a limit we do not check ourselves): this filter's
-                    // problem, not its configuration's.
-                    Err(Error::Write {
-                        source: kube::Error::Api(status),
-                        ..
-                    }) if status.code == 422 => Err((
-                        "InvalidFilter",
-                        format!("the API server refused its DeviceClass: {}", status.message),
-                    )),
-                    Err(error) => return Err(error),
-                }
-            }
-            Err(error) => Err(error),
-        };
-        match outcome {
-            Ok(expression) => {
-                status.matching_devices = instances
-                    .iter()
-                    .filter(|i| {
-                        property_filter::matches(&filter.spec.filters, &i.spec.broker_properties)
-                    })
-                    .count() as i32;
-                status.compiled_expression = Some(expression);
-                status.device_class_name = Some(name.clone());
-                set_condition(
-                    &mut status.conditions,
-                    CONDITION_READY,
-                    true,
-                    "Compiled",
-                    format!(
-                        "claims with deviceClassName {name} get only matching devices of {configuration}; {} match now",
-                        status.matching_devices
-                    ),
-                    generation,
-                );
-            }
-            Err((reason, message)) => {
-                // A class compiled from an older, valid spec must not keep allocating.
-                self.delete_filter_class(&name).await?;
-                set_condition(
-                    &mut status.conditions,
-                    CONDITION_READY,
-                    false,
-                    reason,
-                    message,
-                    generation,
-                );
-            }
-        }
-        if status == before {
-            return Ok(());
-        }
-        let patch = serde_json::json!({
-            "apiVersion": "akri.sh/v1",
-            "kind": "PropertyFilter",
-            "metadata": { "name": name },
-            "status": status,
-        });
-        Api::<PropertyFilter>::all(self.client.clone())
-            .patch_status(&name, &self.params(), &Patch::Apply(&patch))
-            .await
-            .map_err(|source| Error::Write {
-                kind: "PropertyFilter status",
-                name,
-                source,
-            })?;
-        self.metrics.wrote("status", "apply", 1);
-        Ok(())
-    }
-
-    async fn delete_filter_class(&self, filter: &str) -> Result<(), Error> {
-        let api = Api::<DeviceClass>::all(self.client.clone());
-        let Some(class) = api.get_opt(filter).await.ok().flatten() else {
-            return Ok(());
-        };
-        let ours = class.labels().get(FILTER_LABEL).map(String::as_str) == Some(filter)
-            && class.owner_references().iter().any(|r| {
-                r.kind == <PropertyFilter as kube::Resource>::kind(&()) && r.name == filter
-            });
-        if !ours {
-            return Ok(());
-        }
-        match api.delete(filter, &DeleteParams::default()).await {
-            Ok(_) => {
-                self.metrics.wrote("deviceclass", "delete", 1);
-                Ok(())
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(Error::Write {
-                kind: "DeviceClass",
-                name: filter.to_string(),
-                source,
-            }),
-        }
     }
 }

@@ -27,6 +27,12 @@ struct Args {
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
     consumable_capacity: Switch,
     #[command(flatten)]
+    vanished: akri_runtime::VanishedArgs,
+    /// Seconds a node may stay not Ready before shared devices are no longer offered there
+    /// (its kubelet-plugin cannot take it out of their Instances; it counts again once Ready).
+    #[arg(long, default_value_t = 300)]
+    node_lost_grace_seconds: u64,
+    #[command(flatten)]
     process: akri_runtime::ProcessArgs,
 }
 
@@ -48,6 +54,9 @@ async fn main() -> anyhow::Result<()> {
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
     config.consumable_capacity = args.consumable_capacity.forced();
+    config.device_taints = args.vanished.device_taints.forced();
+    config.vanished_grace = args.vanished.grace();
+    config.node_lost_grace = Duration::from_secs(args.node_lost_grace_seconds);
 
     // SIGTERM hands the Lease over (a rolling update's new pod takes over at once).
     let stop = akri_runtime::leader::stop_signal();

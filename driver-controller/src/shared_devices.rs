@@ -11,8 +11,11 @@
 use akri_api::v0::Instance;
 use akri_devices::{InstanceDevice, Sharing};
 use dra_plugin::slices::PoolScope;
-use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use std::collections::BTreeSet;
+use std::time::Duration;
 
 /// One pool of shared devices to publish.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,21 +73,56 @@ pub fn selected_nodes(selector: &NodeSelector) -> Vec<String> {
         .collect()
 }
 
-/// The pools of a configuration's shared Instances. With `per_device_node_selection` that is
-/// always exactly one pool (possibly empty, which unpublishes it); otherwise one pool per
-/// Instance that some node sees.
+/// Whether a node is lost: not Ready (`False`, or `Unknown` when its kubelet stopped
+/// reporting) for longer than `grace`. Its kubelet-plugin cannot take it out of the Instances
+/// it saw, so its devices are no longer offered there; it counts again once Ready. A node
+/// without a Ready condition yet (just registered) is not lost.
+pub fn node_lost(node: &Node, grace: Duration, now: Timestamp) -> bool {
+    let Some(ready) = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+    else {
+        return false;
+    };
+    if ready.status == "True" {
+        return false;
+    }
+    let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX);
+    ready
+        .last_transition_time
+        .as_ref()
+        .is_none_or(|since| since.0.saturating_add(grace).is_ok_and(|t| t <= now))
+}
+
+/// The pools of a configuration's shared Instances, offered on their nodes but the `lost`
+/// ones. With `per_device_node_selection` that is always exactly one pool (possibly empty,
+/// which unpublishes it); otherwise one pool per Instance that some node sees.
 pub fn pools(
     configuration: &str,
     capacity: i32,
     sharing: Sharing,
     per_device_node_selection: bool,
     instances: &[&Instance],
+    lost: &BTreeSet<String>,
 ) -> Vec<SharedPool> {
-    let mut visible: Vec<&&Instance> = instances
+    let mut visible: Vec<(&Instance, Vec<String>)> = instances
         .iter()
-        .filter(|i| i.spec.shared && !i.spec.nodes.is_empty())
+        .filter(|i| i.spec.shared)
+        .map(|i| {
+            let nodes: Vec<String> = i
+                .spec
+                .nodes
+                .iter()
+                .filter(|n| !lost.contains(*n))
+                .cloned()
+                .collect();
+            (*i, nodes)
+        })
+        .filter(|(_, nodes)| !nodes.is_empty())
         .collect();
-    visible.sort_by_key(|i| i.metadata.name.clone());
+    visible.sort_by_key(|(i, _)| i.metadata.name.clone());
     let devices_of = |instance: &Instance| -> Vec<Device> {
         let name = instance.metadata.name.as_deref().unwrap_or_default();
         akri_devices::devices(
@@ -100,8 +138,8 @@ pub fn pools(
     if per_device_node_selection {
         let devices = visible
             .iter()
-            .flat_map(|instance| {
-                let selector = node_selector(&instance.spec.nodes);
+            .flat_map(|(instance, nodes)| {
+                let selector = node_selector(nodes);
                 devices_of(instance).into_iter().map(move |mut device| {
                     device.node_selector = Some(selector.clone());
                     device
@@ -116,9 +154,9 @@ pub fn pools(
     } else {
         visible
             .iter()
-            .map(|instance| SharedPool {
+            .map(|(instance, nodes)| SharedPool {
                 pool: instance_pool(instance.metadata.name.as_deref().unwrap_or_default()),
-                scope: PoolScope::Nodes(node_selector(&instance.spec.nodes)),
+                scope: PoolScope::Nodes(node_selector(nodes)),
                 devices: devices_of(instance),
             })
             .collect()
@@ -165,6 +203,7 @@ mod tests {
             Sharing::ConsumableCapacity,
             true,
             &[&b, &a, &local, &gone],
+            &BTreeSet::new(),
         );
         assert_eq!(pools.len(), 1);
         let pool = &pools[0];
@@ -189,7 +228,14 @@ mod tests {
     #[test]
     fn without_per_device_selection_each_instance_is_a_pool() {
         let a = instance("cams-aaaaaa", true, &["n1", "n2"]);
-        let pools = pools("cams", 2, Sharing::SlotDevices, false, &[&a]);
+        let pools = pools(
+            "cams",
+            2,
+            Sharing::SlotDevices,
+            false,
+            &[&a],
+            &BTreeSet::new(),
+        );
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].pool, "akri.sh/instance/cams-aaaaaa");
         let PoolScope::Nodes(selector) = &pools[0].scope else {
@@ -208,8 +254,86 @@ mod tests {
 
     #[test]
     fn an_empty_configuration_still_has_its_pool_so_it_gets_unpublished() {
-        let pools = pools("cams", 1, Sharing::ConsumableCapacity, true, &[]);
+        let pools = pools(
+            "cams",
+            1,
+            Sharing::ConsumableCapacity,
+            true,
+            &[],
+            &BTreeSet::new(),
+        );
         assert_eq!(pools.len(), 1);
         assert!(pools[0].devices.is_empty());
+    }
+
+    #[test]
+    fn lost_nodes_are_left_out_and_an_instance_only_they_see_goes() {
+        let a = instance("cams-aaaaaa", true, &["n1", "n2"]);
+        let b = instance("cams-bbbbbb", true, &["n2"]);
+        let lost: BTreeSet<String> = ["n2".to_string()].into();
+        for per_device in [true, false] {
+            let pools = pools(
+                "cams",
+                1,
+                Sharing::ConsumableCapacity,
+                per_device,
+                &[&a, &b],
+                &lost,
+            );
+            let selectors: Vec<Vec<String>> = pools
+                .iter()
+                .flat_map(|p| match &p.scope {
+                    PoolScope::Nodes(selector) => vec![selected(selector)],
+                    _ => p
+                        .devices
+                        .iter()
+                        .map(|d| selected(d.node_selector.as_ref().unwrap()))
+                        .collect(),
+                })
+                .collect();
+            assert_eq!(selectors, [["n1"]], "per device: {per_device}");
+        }
+    }
+
+    fn node(ready: Option<(&str, i64)>) -> Node {
+        let conditions = ready.map(|(status, at)| {
+            vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "Ready".into(),
+                status: status.into(),
+                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::from_second(at).unwrap(),
+                )),
+                ..Default::default()
+            }]
+        });
+        Node {
+            status: Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_node_is_lost_when_not_ready_past_the_grace() {
+        let grace = Duration::from_secs(60);
+        let now = Timestamp::from_second(1_000_000).unwrap();
+        assert!(
+            !node_lost(&node(None), grace, now),
+            "no Ready condition yet"
+        );
+        assert!(!node_lost(&node(Some(("True", 0))), grace, now));
+        assert!(!node_lost(
+            &node(Some(("False", 1_000_000 - 59))),
+            grace,
+            now
+        ));
+        assert!(node_lost(
+            &node(Some(("False", 1_000_000 - 60))),
+            grace,
+            now
+        ));
+        assert!(node_lost(&node(Some(("Unknown", 0))), grace, now));
     }
 }

@@ -7,11 +7,8 @@ mod support;
 
 use akri_api::v0::Instance;
 use akri_api::v1::{CONDITION_READY, PropertyFilter};
-use akri_driver_controller::shared_devices::selected_nodes;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{
-    DeviceClass, DeviceRequestAllocationResult, ResourceClaim, ResourceSlice,
-};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceRequestAllocationResult, ResourceClaim};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
@@ -71,28 +68,7 @@ async fn a_shared_device_with_capacity_two_serves_two_pods_of_three_nodes() {
     cluster
         .wait_published(&config, if consumable { 1 } else { 2 })
         .await;
-    let slices = Api::<ResourceSlice>::all(cluster.client.clone());
-    let shared_nodes = async || -> Option<BTreeSet<String>> {
-        let slices = slices.list(&ListParams::default()).await.ok()?.items;
-        let mut nodes = BTreeSet::new();
-        let mut found = false;
-        for slice in slices.iter().filter(|s| s.spec.driver == support::DRIVER) {
-            assert!(
-                slice.spec.node_name.is_none(),
-                "shared devices are never in a node's pool: {slice:?}"
-            );
-            let pool_selector = slice.spec.node_selector.as_ref();
-            for device in slice.spec.devices.iter().flatten() {
-                if instance_of(&device.name, &config) != instance {
-                    continue;
-                }
-                found = true;
-                let selector = device.node_selector.as_ref().or(pool_selector)?;
-                nodes.extend(selected_nodes(selector));
-            }
-        }
-        found.then_some(nodes)
-    };
+    let shared_nodes = async || support::shared_device_nodes(&cluster.client, &instance).await;
     let nodes = eventually("the device selects its nodes", async || {
         shared_nodes().await
     })
@@ -153,11 +129,19 @@ async fn a_shared_device_with_capacity_two_serves_two_pods_of_three_nodes() {
         .await;
     }
 
-    // The node set follows the nodes that see the device; the last one gone removes it.
+    // The node set follows the nodes that see the device; once no claim holds it, the last
+    // one gone removes it (a held one stays, tainted: the next test).
     let availability = cluster.availability_files();
     std::fs::write(&availability[2], "OFFLINE").unwrap();
     eventually("the device selects two nodes", async || {
         (shared_nodes().await?.len() == 2).then_some(())
+    })
+    .await;
+    for pod in &pods {
+        cluster.delete_pod(pod).await;
+    }
+    eventually("no claim holds the device", async || {
+        cluster.all_allocations().await.is_empty().then_some(())
     })
     .await;
     for file in &availability[..2] {
@@ -395,4 +379,157 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
             "no DeviceClass for a filter that does not compile"
         );
     }
+}
+
+/// A shared device whose Instance loses its last node while a pod holds it stays published
+/// with the `akri.sh/not-discovered` taint: `NoSchedule` at once (a new pod does not get it),
+/// `NoExecute` after the grace, which the device-taint eviction controller turns into evicting
+/// the holder; released, it leaves, and the replacement runs on a device that exists; back, it
+/// is untainted and allocatable. Without device taints (1.34) it leaves at once, and an Event
+/// and the configuration's status say its holders are not evicted.
+#[tokio::test]
+async fn a_held_shared_device_that_loses_its_last_node_is_tainted_and_its_holder_evicted() {
+    use k8s_openapi::api::events::v1::Event;
+    let grace = std::time::Duration::from_secs(15);
+    let cluster = Cluster::start_with(2, true, |c| c.vanished_grace = grace).await;
+    let client = &cluster.client;
+    let config = cluster.discovery("lost", &["cam0", "cam1"], 1, false).await;
+    cluster.wait_published(&config, 2).await;
+
+    // The holder gets one device, a blocker the other.
+    let holder = cluster.pod_claiming(&config, 1).await;
+    let held = eventually("the holder allocated", async || {
+        Some(cluster.allocated(&holder).await?.first()?.device.clone())
+    })
+    .await;
+    let blocker = cluster.pod_claiming(&config, 1).await;
+    eventually("the blocker allocated", async || {
+        cluster.allocated(&blocker).await.map(|_| ())
+    })
+    .await;
+    let description = ["cam0", "cam1"]
+        .into_iter()
+        .find(|d| instance_of(&held, &config) == akri_devices::instance_name(&config, d, true, ""))
+        .unwrap();
+
+    // Every node stops seeing it.
+    for file in cluster.availability_files() {
+        std::fs::write(file, description).unwrap();
+    }
+    let events = Api::<Event>::all(client.clone());
+    let warned = async |reason: &str| {
+        let events = events.list(&ListParams::default()).await.ok()?.items;
+        events.into_iter().find(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(config.as_str())
+        })
+    };
+
+    if !cluster.support.device_taints {
+        eventually("the device gone at once", async || {
+            let devices = support::shared_device_taints(client, &config).await;
+            (devices.len() == 1 && devices[0].0 != held).then_some(())
+        })
+        .await;
+        let event = eventually("a Warning Event", async || {
+            warned("DeviceVanishedHoldersNotEvicted").await
+        })
+        .await;
+        assert!(event.note.unwrap().contains(&held));
+        let ready = cluster.ready_condition(&config).await;
+        assert!(
+            ready.message.contains("pods that hold it are not evicted"),
+            "{ready:?}"
+        );
+        assert!(
+            cluster.allocated(&holder).await.is_some(),
+            "the holder keeps its allocation"
+        );
+        return;
+    }
+
+    eventually("the held device NoSchedule-tainted", async || {
+        let devices = support::shared_device_taints(client, &config).await;
+        devices
+            .contains(&(held.clone(), vec!["NoSchedule".to_string()]))
+            .then_some(())
+    })
+    .await;
+    let tainted = std::time::Instant::now();
+    let event = eventually("a Warning Event", async || {
+        warned("DeviceVanishedWhileHeld").await
+    })
+    .await;
+    assert!(event.note.unwrap().contains(&held));
+    let replacement = cluster.pod_claiming(&config, 1).await;
+    eventually("the replacement unschedulable", async || {
+        cluster.unschedulable(&replacement).await
+    })
+    .await;
+
+    eventually("the taint NoExecute", async || {
+        let devices = support::shared_device_taints(client, &config).await;
+        devices
+            .contains(&(held.clone(), vec!["NoExecute".to_string()]))
+            .then_some(())
+    })
+    .await;
+    assert!(
+        tainted.elapsed() >= grace - std::time::Duration::from_secs(2),
+        "NoExecute after {:?}, before the grace of {grace:?}",
+        tainted.elapsed()
+    );
+    let pods = Api::<Pod>::namespaced(client.clone(), &cluster.namespace);
+    let evicted = eventually("the holder evicted", async || {
+        let pod = pods.get(&holder).await.ok()?;
+        pod.status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "DisruptionTarget" && c.status == "True")
+    })
+    .await;
+    assert_eq!(
+        evicted.reason.as_deref(),
+        Some("DeletionByDeviceTaintManager")
+    );
+
+    // No kubelet finishes the deletion here: done by hand. Released, the device leaves.
+    cluster.delete_pod(&holder).await;
+    eventually("the released device gone", async || {
+        let devices = support::shared_device_taints(client, &config).await;
+        (!devices.iter().any(|(d, _)| *d == held)).then_some(())
+    })
+    .await;
+    assert!(cluster.allocated(&replacement).await.is_none());
+
+    // The blocker's device freed: the replacement gets a device that exists.
+    cluster.delete_pod(&blocker).await;
+    let got = eventually("the replacement allocated", async || {
+        Some(
+            cluster
+                .allocated(&replacement)
+                .await?
+                .first()?
+                .device
+                .clone(),
+        )
+    })
+    .await;
+    assert_ne!(got, held);
+
+    // Back: untainted, and a new pod gets it.
+    for file in cluster.availability_files() {
+        std::fs::write(file, "").unwrap();
+    }
+    eventually("the device back untainted", async || {
+        let devices = support::shared_device_taints(client, &config).await;
+        devices.contains(&(held.clone(), vec![])).then_some(())
+    })
+    .await;
+    let fourth = cluster.pod_claiming(&config, 1).await;
+    let got = eventually("a new pod allocated", async || {
+        Some(cluster.allocated(&fourth).await?.first()?.device.clone())
+    })
+    .await;
+    assert_eq!(got, held);
 }

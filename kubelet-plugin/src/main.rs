@@ -54,14 +54,8 @@ struct Args {
     /// Seconds an Instance outlives its device's disappearance (flapping devices).
     #[arg(long, default_value_t = 30)]
     instance_grace_seconds: u64,
-    /// Seconds a device that vanished while a pod holds it stays published with a NoSchedule
-    /// taint before the taint turns NoExecute and the pods that hold it are evicted.
-    #[arg(long, default_value_t = 300)]
-    vanished_device_grace_seconds: u64,
-    /// Whether the API server keeps device taints (DRADeviceTaints): `auto` asks it with a
-    /// dry-run probe at start. Without them a vanished device leaves its slice at once.
-    #[arg(long, value_enum, default_value_t = Switch::Auto)]
-    device_taints: Switch,
+    #[command(flatten)]
+    vanished: akri_runtime::VanishedArgs,
     /// Seconds a (re)started plugin leaves the node's slices and Instances untouched while it
     /// waits for every configuration's discovery handler to report.
     #[arg(long, default_value_t = 30)]
@@ -108,8 +102,8 @@ async fn main() -> anyhow::Result<()> {
         debug_echo,
         consumable_capacity: args.consumable_capacity.forced(),
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
-        vanished_grace: Duration::from_secs(args.vanished_device_grace_seconds),
-        device_taints: args.device_taints.forced(),
+        vanished_grace: args.vanished.grace(),
+        device_taints: args.vanished.device_taints.forced(),
         startup_wait: Duration::from_secs(args.startup_wait_seconds),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),

@@ -9,14 +9,10 @@ pub async fn warn(
     reason: &'static str,
     note: String,
 ) {
-    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let recorder = Recorder::new(
-        client,
-        Reporter {
-            controller: "akri-kubelet-plugin".into(),
-            instance: Some(node.clone()),
-        },
-    );
+    let reporter = kube::runtime::events::Reporter {
+        controller: "akri-kubelet-plugin".into(),
+        instance: Some(node.clone()),
+    };
     let reference = k8s_openapi::api::core::v1::ObjectReference {
         api_version: Some("v1".into()),
         kind: Some("Node".into()),
@@ -24,14 +20,5 @@ pub async fn warn(
         uid: Some(uid),
         ..Default::default()
     };
-    let event = Event {
-        type_: EventType::Warning,
-        reason: reason.into(),
-        note: Some(note.chars().take(1024).collect()),
-        action: "Start".into(),
-        secondary: None,
-    };
-    if let Err(error) = recorder.publish(&event, &reference).await {
-        tracing::warn!(%error, "recording the Event on the node failed");
-    }
+    akri_runtime::warn_event(client, reporter, reference, reason, note).await;
 }

@@ -27,22 +27,15 @@ pub fn announce(
     device: &str,
     device_taints: bool,
 ) {
-    let (reason, note) = if device_taints {
-        (
-            "DeviceVanishedWhileHeld",
-            format!(
-                "Device {device} of {driver} is no longer reported by its discovery handler while a claim holds it: it stays published with the {} taint (NoSchedule, NoExecute after the grace, which evicts its pods) until no claim holds it.",
-                akri_devices::NOT_DISCOVERED_TAINT
-            ),
-        )
-    } else {
-        (
-            "DeviceVanishedHoldersNotEvicted",
-            format!(
-                "Device {device} of {driver} is no longer reported by its discovery handler while a claim holds it. This API server does not keep device taints (feature gate DRADeviceTaints), so the device left its slice and the pods that hold it are not evicted; they see it Unhealthy in their status."
-            ),
-        )
-    };
+    let (reason, mut note) = akri_devices::vanished_while_held(
+        driver,
+        device,
+        "is no longer reported by its discovery handler",
+        device_taints,
+    );
+    if !device_taints {
+        note.push_str(" They see it Unhealthy in their status.");
+    }
     tracing::warn!(%driver, %device, device_taints, "a held device vanished");
     tokio::spawn(crate::node_events::warn(
         client.clone(),

@@ -60,6 +60,55 @@ impl Switch {
     }
 }
 
+/// The flags of the components that publish devices (kubelet-plugin: node-local ones;
+/// driver-controller: shared ones): what happens to a device that vanishes while a claim
+/// holds it (`dra_plugin::vanished`). Set them alike on both.
+#[derive(Clone, Debug, clap::Args)]
+pub struct VanishedArgs {
+    /// Seconds a device that vanished while a pod holds it stays published with a NoSchedule
+    /// taint before the taint turns NoExecute and the pods that hold it are evicted.
+    #[arg(long, default_value_t = 300)]
+    pub vanished_device_grace_seconds: u64,
+    /// Whether the API server keeps device taints (DRADeviceTaints): `auto` asks it with a
+    /// dry-run probe at start. Without them a vanished device leaves its slice at once.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    pub device_taints: Switch,
+}
+
+impl VanishedArgs {
+    /// The grace before `NoExecute`.
+    pub fn grace(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.vanished_device_grace_seconds)
+    }
+}
+
+/// A Warning Event on `object`, from `reporter` (`controller`, `instance`): what an operator
+/// must hear of even if nobody reads the log (`kubectl describe` and `kubectl events` show
+/// it). Best effort: a failure is logged.
+pub async fn warn_event(
+    client: kube::Client,
+    reporter: kube::runtime::events::Reporter,
+    object: k8s_openapi::api::core::v1::ObjectReference,
+    reason: &str,
+    note: String,
+) {
+    use kube::runtime::events::{Event, EventType, Recorder};
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        // The API server refuses longer notes.
+        note: Some(note.chars().take(1024).collect()),
+        action: "Start".into(),
+        secondary: None,
+    };
+    if let Err(error) = Recorder::new(client, reporter)
+        .publish(&event, &object)
+        .await
+    {
+        tracing::warn!(%error, %reason, "recording a Warning Event failed");
+    }
+}
+
 /// The flags every akri binary has: where its endpoints are served, and how it logs.
 #[derive(Clone, Debug, clap::Args)]
 pub struct ProcessArgs {

@@ -377,6 +377,8 @@ async fn template_renders_every_option_of_the_full_values() {
         "--metrics-address=[::]:9090",
         "--log-json",
         "--instance-grace-seconds=60",
+        "--device-taints=on",
+        "--vanished-device-grace-seconds=120",
     ] {
         assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
     }
@@ -423,7 +425,17 @@ async fn template_renders_every_option_of_the_full_values() {
     );
     assert!(strings(&container["args"]).contains(&"--lease-name=akri-leader".to_string()));
     // Shared devices follow the same model as the node-local ones.
-    assert!(strings(&container["args"]).contains(&"--consumable-capacity=on".to_string()));
+    for flag in [
+        "--consumable-capacity=on",
+        "--device-taints=on",
+        "--vanished-device-grace-seconds=120",
+        "--node-lost-grace-seconds=90",
+    ] {
+        assert!(
+            strings(&container["args"]).contains(&flag.to_string()),
+            "{flag}"
+        );
+    }
     let lease_rule = find(&objects, "Role", "edge-akri-driver-controller")["rules"]
         .as_array()
         .unwrap()
@@ -822,7 +834,12 @@ driver-controller  create  resource.k8s.io/resourceslices            cluster   -
 driver-controller  patch   resource.k8s.io/resourceslices            cluster   -             yes
 driver-controller  delete  resource.k8s.io/resourceslices            cluster   -             yes
 driver-controller  list    resource.k8s.io/resourceslices            cluster   -             yes
+driver-controller  list    resource.k8s.io/resourceclaims            other     -             yes
+driver-controller  watch   resource.k8s.io/resourceclaims            other     -             yes
 driver-controller  get     resource.k8s.io/resourceclaims            other     -             no
+driver-controller  patch   resource.k8s.io/resourceclaims/status     other     -             no
+driver-controller  create  events.k8s.io/events                      other     -             yes
+driver-controller  patch   events.k8s.io/events                      other     -             yes
 driver-controller  get     core/nodes                                cluster   -             yes
 driver-controller  watch   core/nodes                                cluster   -             yes
 driver-controller  update  core/nodes                                cluster   -             no

@@ -59,3 +59,31 @@ pub(crate) async fn devices_per_instance(client: &kube::Client, capacity: i32) -
         capacity
     }
 }
+
+/// Instance `instance` of `configuration` (shared, capacity 2) as node `node`'s kubelet-plugin
+/// writes it: its own entry of `nodes`, under its own field manager.
+pub(crate) async fn seen_by(
+    instances: &Api<akri_api::v1::Instance>,
+    configuration: &str,
+    instance: &str,
+    node: &str,
+) {
+    use akri_api::v1::{INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL};
+    let object = json!({
+        "apiVersion": "akri.sh/v0", "kind": "Instance",
+        "metadata": { "name": instance, "labels": {
+            INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION } },
+        "spec": {
+            "configurationName": configuration, "cdiName": format!("akri.sh/onvif={instance}"),
+            "capacity": 2, "shared": true, "nodes": [node],
+        },
+    });
+    instances
+        .patch(
+            instance,
+            &kube::api::PatchParams::apply(&akri_devices::node_field_manager(node)).force(),
+            &kube::api::Patch::Apply(&object),
+        )
+        .await
+        .unwrap();
+}

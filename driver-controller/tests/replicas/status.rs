@@ -1,7 +1,7 @@
 //! What goes away with a deleted Node, and what a configuration's or filter's status says
 //! when its DeviceClass cannot be written: a foreign class of the same name, CEL too long.
 
-use crate::common::{configuration, controller_for, devices_per_instance, unique_node};
+use crate::common::{configuration, controller_for, devices_per_instance, seen_by, unique_node};
 use crate::support::{self, eventually, from_json};
 use akri_api::v1::{CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration};
 use akri_driver_controller::controller::ControllerConfig;
@@ -13,11 +13,12 @@ use serde_json::json;
 use std::time::Duration;
 
 /// A Node deleted for good (its kubelet-plugin never comes back to clean up): its entries of
-/// Instances' `nodes` and of `status.discoveryErrors` go, the Instances only it saw go, and the
-/// configuration stops being Degraded because of it.
+/// Instances' `nodes` and of `status.discoveryErrors` go, the shared devices' node selectors
+/// drop it, the Instances only it saw go, and the configuration stops being Degraded because
+/// of it.
 #[tokio::test]
 async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
-    use akri_api::v1::{INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL, Instance};
+    use akri_api::v1::Instance;
     use akri_driver_controller::controller;
     use k8s_openapi::api::core::v1::Node;
 
@@ -26,26 +27,8 @@ async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
     let name = configuration(&client, "nodes").await;
     let instances = Api::<Instance>::namespaced(client.clone(), &namespace);
     let configs = Api::<DiscoveryConfiguration>::all(client.clone());
-    // As each node's kubelet-plugin writes them: its own entry, under its own field manager.
-    let seen_by = async |instance: &str, node: &str| {
-        let object = json!({
-            "apiVersion": "akri.sh/v0", "kind": "Instance",
-            "metadata": { "name": instance, "labels": {
-                INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION } },
-            "spec": {
-                "configurationName": name, "cdiName": format!("akri.sh/onvif={instance}"),
-                "capacity": 2, "shared": true, "nodes": [node],
-            },
-        });
-        instances
-            .patch(
-                instance,
-                &PatchParams::apply(&akri_devices::node_field_manager(node)).force(),
-                &Patch::Apply(&object),
-            )
-            .await
-            .unwrap();
-    };
+    let seen_by =
+        async |instance: &str, node: &str| seen_by(&instances, &name, instance, node).await;
     let both = format!("{name}-both");
     let only_a = format!("{name}-only-a");
     seen_by(&both, &a).await;
@@ -90,7 +73,10 @@ async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
             let (condition, errors) = degraded("discovery fails on 1 node").await?;
             let left = instances.get(&both).await.ok()?.spec.nodes;
             let only_a_gone = instances.get_opt(&only_a).await.ok()?.is_none();
-            (left == [b.clone()] && only_a_gone).then_some((condition, errors))
+            // The shared device no longer sends claims towards the deleted node.
+            let selected = support::shared_device_nodes(&client, &both).await?;
+            (left == [b.clone()] && only_a_gone && selected == [b.clone()].into())
+                .then_some((condition, errors))
         })
         .await;
     assert!(!condition.message.contains(&a), "{condition:?}");
@@ -106,6 +92,85 @@ async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
             .any(|c| c.type_ == CONDITION_DEGRADED && c.status == "False");
         let none_left = instances.get_opt(&both).await.ok()?.is_none();
         (healthy && none_left && status.discovery_errors.is_empty()).then_some(())
+    })
+    .await;
+    controller.abort();
+}
+
+/// A node not Ready past the grace (its kubelet-plugin cannot clean up): shared devices are no
+/// longer offered there, an Instance only it sees leaves the slices, its Instance entries stay;
+/// Ready again, it is offered again.
+#[tokio::test]
+async fn a_node_not_ready_past_the_grace_is_left_out_of_shared_devices_until_ready() {
+    use akri_api::v1::Instance;
+    use k8s_openapi::api::core::v1::Node;
+
+    let (cp, client, namespace) = support::control_plane().await;
+    let (a, b) = (unique_node(&cp).await, unique_node(&cp).await);
+    let name = configuration(&client, "lost").await;
+    let instances = Api::<Instance>::namespaced(client.clone(), &namespace);
+    let both = format!("{name}-both");
+    let only_a = format!("{name}-only-a");
+    seen_by(&instances, &name, &both, &a).await;
+    seen_by(&instances, &name, &both, &b).await;
+    seen_by(&instances, &name, &only_a, &a).await;
+    let grace = Duration::from_secs(6);
+    let mut config = ControllerConfig::new(&namespace);
+    config.debounce = Duration::from_millis(100);
+    config.node_lost_grace = grace;
+    let controller = tokio::spawn(akri_driver_controller::controller::run(
+        client.clone(),
+        config,
+        Metrics::default(),
+    ));
+    let selected = async || {
+        Some((
+            support::shared_device_nodes(&client, &both).await?,
+            support::shared_device_nodes(&client, &only_a).await,
+        ))
+    };
+    eventually("both nodes offered", async || {
+        let (both_nodes, only_a_nodes) = selected().await?;
+        (both_nodes == [a.clone(), b.clone()].into() && only_a_nodes == Some([a.clone()].into()))
+            .then_some(())
+    })
+    .await;
+
+    let ready = async |status: &str| {
+        let patch = json!({ "status": { "conditions": [{
+            "type": "Ready", "status": status, "reason": "Test", "message": "set by the test",
+            "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now(),
+            "lastTransitionTime": k8s_openapi::jiff::Timestamp::now(),
+        }] } });
+        Api::<Node>::all(client.clone())
+            .patch_status(&a, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+            .unwrap();
+    };
+    ready("Unknown").await;
+    let since = std::time::Instant::now();
+    eventually(&format!("{a} left out"), async || {
+        let (both_nodes, only_a_nodes) = selected().await?;
+        (both_nodes == [b.clone()].into() && only_a_nodes.is_none()).then_some(())
+    })
+    .await;
+    assert!(
+        since.elapsed() >= grace - Duration::from_secs(1),
+        "left out after {:?}, before the grace of {grace:?}",
+        since.elapsed()
+    );
+    assert_eq!(
+        instances.get(&both).await.unwrap().spec.nodes.len(),
+        2,
+        "the lost node's Instance entries stay"
+    );
+    assert!(instances.get_opt(&only_a).await.unwrap().is_some());
+
+    ready("True").await;
+    eventually(&format!("{a} offered again"), async || {
+        let (both_nodes, only_a_nodes) = selected().await?;
+        (both_nodes == [a.clone(), b.clone()].into() && only_a_nodes == Some([a.clone()].into()))
+            .then_some(())
     })
     .await;
     controller.abort();

@@ -4,16 +4,17 @@
 
 #![allow(dead_code, reason = "each test binary uses part of the support")]
 
-use akri_driver_controller::controller::{self, ControllerConfig};
+use akri_driver_controller::controller::{self, ControllerConfig, SHARED_CONFIGURATION_LABEL};
 use akri_driver_controller::metrics::Metrics;
+use akri_driver_controller::shared_devices::selected_nodes;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use dra_plugin::api_support::ApiSupport;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
-use kube::api::{Api, DeleteParams, PostParams};
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 pub const DRIVER: &str = "debugecho.akri.sh";
@@ -69,6 +70,15 @@ impl Cluster {
     /// controller. Its own control plane: agents discover every (cluster-scoped)
     /// configuration of their handler.
     pub async fn start(nodes: usize, shared: bool) -> Cluster {
+        Self::start_with(nodes, shared, |_| {}).await
+    }
+
+    /// [`Cluster::start`] with the controller's configuration adjusted by `adjust`.
+    pub async fn start_with(
+        nodes: usize,
+        shared: bool,
+        adjust: impl FnOnce(&mut ControllerConfig),
+    ) -> Cluster {
         let (cp, client, namespace) = control_plane().await;
         let support = ApiSupport::detect(&client).await.unwrap();
         let mut agents = Vec::new();
@@ -94,6 +104,7 @@ impl Cluster {
         let metrics = Metrics::default();
         let mut config = ControllerConfig::new(&namespace);
         config.debounce = Duration::from_millis(100);
+        adjust(&mut config);
         let controller = tokio::spawn({
             let (client, metrics) = (client.clone(), metrics.clone());
             async move {
@@ -282,6 +293,77 @@ impl Cluster {
             })
             .collect()
     }
+}
+
+/// The nodes the published shared devices of Instance `instance` select (each device's own
+/// selector, or its slice's); `None` while none of its devices is published.
+pub async fn shared_device_nodes(
+    client: &kube::Client,
+    instance: &str,
+) -> Option<BTreeSet<String>> {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&Default::default())
+        .await
+        .ok()?
+        .items;
+    // The Instance's device, or one of its slot devices (`<instance>-<slot>`).
+    let of_instance = |device: &str| {
+        device == instance
+            || device
+                .strip_prefix(&format!("{instance}-"))
+                .is_some_and(|slot| slot.parse::<u32>().is_ok())
+    };
+    let mut nodes = BTreeSet::new();
+    let mut found = false;
+    for slice in &slices {
+        for device in slice.spec.devices.iter().flatten() {
+            if !of_instance(&device.name) {
+                continue;
+            }
+            assert!(
+                slice.spec.node_name.is_none(),
+                "shared devices are never in a node's pool: {slice:?}"
+            );
+            found = true;
+            let selector = device
+                .node_selector
+                .as_ref()
+                .or(slice.spec.node_selector.as_ref())?;
+            nodes.extend(selected_nodes(selector));
+        }
+    }
+    found.then_some(nodes)
+}
+
+/// The shared devices of `configuration` with the effects of their `akri.sh/not-discovered`
+/// taints, sorted.
+pub async fn shared_device_taints(
+    client: &kube::Client,
+    configuration: &str,
+) -> Vec<(String, Vec<String>)> {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(
+            &ListParams::default().labels(&format!("{SHARED_CONFIGURATION_LABEL}={configuration}")),
+        )
+        .await
+        .unwrap();
+    let mut devices: Vec<_> = slices
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| {
+            let effects = d
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key == akri_devices::NOT_DISCOVERED_TAINT)
+                .map(|t| t.effect)
+                .collect();
+            (d.name, effects)
+        })
+        .collect();
+    devices.sort();
+    devices
 }
 
 pub fn unique(prefix: &str) -> String {
