@@ -57,6 +57,18 @@ impl InstanceWriter {
     /// deletes the Instance.
     pub async fn sync(&mut self, known: &[(KnownDevice, i32, bool)]) -> Result<(), kube::Error> {
         let params = PatchParams::apply(&self.field_manager).force();
+        // What is stored: an Instance that already says what this node would apply is not
+        // written again, so a node at rest makes no writes (it did one per Instance per pass).
+        let mine = crate::api_call(
+            self.api
+                .list(&ListParams::default().labels(&instance_source_selector(self.source))),
+        )
+        .await?;
+        let stored: BTreeMap<&str, &Instance> = mine
+            .items
+            .iter()
+            .map(|i| (i.metadata.name.as_deref().unwrap_or_default(), i))
+            .collect();
         let mut seen = BTreeSet::new();
         for (device, capacity, shared) in known {
             seen.insert(device.instance.clone());
@@ -88,6 +100,14 @@ impl InstanceWriter {
                     device_usage: Default::default(),
                 },
             };
+            if let Some(current) = stored.get(device.instance.as_str())
+                && says_already(current, &instance, &self.node)
+            {
+                if self.slots {
+                    self.add_missing_slots(current).await?;
+                }
+                continue;
+            }
             let applied = crate::api_call(self.api.patch(
                 &device.instance,
                 &params,
@@ -100,13 +120,8 @@ impl InstanceWriter {
         }
 
         // Instances this node wrote before that it no longer sees.
-        let mine = crate::api_call(
-            self.api
-                .list(&ListParams::default().labels(&instance_source_selector(self.source))),
-        )
-        .await?;
         let now = Instant::now();
-        for instance in mine.items {
+        for instance in &mine.items {
             let name = instance.metadata.name.clone().unwrap_or_default();
             if seen.contains(&name) || !instance.spec.nodes.contains(&self.node) {
                 continue;
@@ -179,5 +194,90 @@ impl InstanceWriter {
     /// Whether some Instance is waiting for its grace period (the caller should sync again).
     pub fn pending(&self) -> bool {
         !self.vanished.is_empty()
+    }
+}
+
+/// Whether the stored Instance `current` already says everything `desired` (what `node`
+/// applies) does: its labels and annotations, its spec, `node` among its `nodes`.
+fn says_already(current: &Instance, desired: &Instance, node: &str) -> bool {
+    let (c, d) = (&current.spec, &desired.spec);
+    let has_all = |current: &Option<BTreeMap<String, String>>,
+                   desired: &Option<BTreeMap<String, String>>| {
+        desired
+            .iter()
+            .flatten()
+            .all(|(k, v)| current.as_ref().and_then(|c| c.get(k)) == Some(v))
+    };
+    c.nodes.iter().any(|n| n == node)
+        && c.configuration_name == d.configuration_name
+        && c.cdi_name == d.cdi_name
+        && c.capacity == d.capacity
+        && c.shared == d.shared
+        && c.broker_properties == d.broker_properties
+        && has_all(&current.metadata.labels, &desired.metadata.labels)
+        && has_all(&current.metadata.annotations, &desired.metadata.annotations)
+        // An annotation this node no longer sets must go: only an apply removes it.
+        && (desired.metadata.annotations.is_some()
+            || !current
+                .metadata
+                .annotations
+                .iter()
+                .flatten()
+                .any(|(k, _)| k == akri_devices::UNPUBLISHED_PROPERTIES))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instance(nodes: &[&str], annotation: Option<&str>) -> Instance {
+        Instance {
+            metadata: ObjectMeta {
+                name: Some("cam-abcdef".into()),
+                labels: Some(BTreeMap::from([(
+                    INSTANCE_SOURCE_LABEL.to_string(),
+                    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
+                )])),
+                annotations: annotation.map(|a| {
+                    BTreeMap::from([(akri_devices::UNPUBLISHED_PROPERTIES.to_string(), a.into())])
+                }),
+                ..ObjectMeta::default()
+            },
+            spec: InstanceSpec {
+                configuration_name: "cam".into(),
+                cdi_name: "akri.sh=cam-abcdef".into(),
+                capacity: 2,
+                broker_properties: [("IP".to_string(), "10.0.0.1".to_string())].into(),
+                shared: true,
+                nodes: nodes.iter().map(|n| n.to_string()).collect(),
+                device_usage: Default::default(),
+            },
+        }
+    }
+
+    #[test]
+    fn an_instance_that_says_it_all_is_not_written_again() {
+        let desired = instance(&["a"], None);
+        assert!(says_already(&instance(&["b", "a"], None), &desired, "a"));
+        assert!(
+            !says_already(&instance(&["b"], None), &desired, "a"),
+            "not among its nodes"
+        );
+        let mut changed = instance(&["a"], None);
+        changed
+            .spec
+            .broker_properties
+            .insert("IP".into(), "10.0.0.2".into());
+        assert!(!says_already(&changed, &desired, "a"), "a property differs");
+        let mut unlabelled = instance(&["a"], None);
+        unlabelled.metadata.labels = None;
+        assert!(!says_already(&unlabelled, &desired, "a"));
+        assert!(
+            !says_already(&instance(&["a"], Some("X")), &desired, "a"),
+            "an annotation to remove"
+        );
+        let annotated = instance(&["a"], Some("X"));
+        assert!(says_already(&instance(&["a"], Some("X")), &annotated, "a"));
+        assert!(!says_already(&instance(&["a"], Some("Y")), &annotated, "a"));
     }
 }

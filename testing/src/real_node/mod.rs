@@ -367,6 +367,8 @@ impl Drop for RealNode {
         let dir = self.dir.path().display().to_string();
         teardown::kill_processes_mentioning(&self.containerd.socket.display().to_string());
         drop(self.containerd_process.take());
+        // Dropping a process sends SIGKILL without waiting for it.
+        teardown::kill_until_gone(&dir, std::time::Duration::from_secs(10));
         teardown::remove_shim_sockets(&self.dir.path().join("containerd/state"));
         teardown::unmount_below(&dir);
         teardown::delete_link(&self.bridge);

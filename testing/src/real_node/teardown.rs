@@ -83,8 +83,41 @@ pub(super) fn remove_cgroup(root: &str) {
 /// SIGKILLs the processes whose command line mentions `needle` (e.g. the shims of one
 /// containerd, started with `-address <its socket>`).
 pub(super) fn kill_processes_mentioning(needle: &str) {
+    let pids = processes_mentioning(needle);
+    if !pids.is_empty() {
+        kill(&pids);
+    }
+}
+
+/// SIGKILLs the processes whose command line mentions `needle` until none is left, for at
+/// most `timeout`. A SIGKILL is not a death: until the kernel has finished the process off it
+/// still runs (seen: the kubelet and containerd of a dropped node, killed on drop, listed in
+/// /proc right after the drop returned, on a busy machine).
+pub(super) fn kill_until_gone(needle: &str, timeout: std::time::Duration) {
+    let start = std::time::Instant::now();
+    loop {
+        let pids = processes_mentioning(needle);
+        if pids.is_empty() {
+            return;
+        }
+        if start.elapsed() > timeout {
+            tracing::warn!(
+                needle,
+                ?pids,
+                "processes of a real test node outlive their SIGKILL"
+            );
+            return;
+        }
+        kill(&pids);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// The live processes (a zombie's command line is empty) whose command line mentions
+/// `needle`, but this one.
+fn processes_mentioning(needle: &str) -> Vec<String> {
     let me = std::process::id().to_string();
-    let pids: Vec<String> = std::fs::read_dir("/proc")
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .flatten()
@@ -94,10 +127,7 @@ pub(super) fn kill_processes_mentioning(needle: &str) {
             std::fs::read(format!("/proc/{pid}/cmdline"))
                 .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains(needle))
         })
-        .collect();
-    if !pids.is_empty() {
-        kill(&pids);
-    }
+        .collect()
 }
 
 fn kill(pids: &[String]) {
