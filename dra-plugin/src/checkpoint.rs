@@ -131,8 +131,8 @@ impl Error {
 /// claims in memory and calls [`Checkpoint::store`] after every change.
 ///
 /// The calls block on file I/O (a few small writes and fsyncs); from async code run them in
-/// `tokio::task::spawn_blocking` if that matters.
-#[derive(Debug)]
+/// `tokio::task::spawn_blocking` (as [`crate::service::DraService`] does) if that matters.
+#[derive(Clone, Debug)]
 pub struct Checkpoint {
     path: PathBuf,
 }

@@ -177,7 +177,7 @@ impl<D: Driver> DraService<D> {
             .iter()
             .map(|(claim, prepared)| state.claims.insert(claim.uid.clone(), prepared.clone()))
             .collect();
-        let stored = state.checkpoint.store(&state.claims);
+        let stored = store(&state.checkpoint, &state.claims).await;
         if stored.is_ok() {
             self.changed.send_replace(());
         }
@@ -296,9 +296,8 @@ impl<D: Driver> DraService<D> {
             .iter()
             .filter_map(|claim| state.claims.remove(&claim.uid))
             .collect();
-        let stored = state
-            .checkpoint
-            .store(&state.claims)
+        let stored = store(&state.checkpoint, &state.claims)
+            .await
             .map_err(|e| format!("recording the unprepared claim failed: {e}"));
         if stored.is_ok() {
             self.changed.send_replace(());
@@ -415,6 +414,24 @@ impl ClaimLocks {
         }
         guards
     }
+}
+
+/// Stores the checkpoint on a blocking thread: its fsyncs take milliseconds, during which an
+/// async worker would serve nothing else (health streams, other calls).
+async fn store(
+    checkpoint: &Checkpoint,
+    claims: &PreparedClaims,
+) -> Result<(), crate::checkpoint::Error> {
+    let (checkpoint, claims) = (checkpoint.clone(), claims.clone());
+    let path = checkpoint.path().to_path_buf();
+    tokio::task::spawn_blocking(move || checkpoint.store(&claims))
+        .await
+        .unwrap_or_else(|joined| {
+            Err(crate::checkpoint::Error::Write {
+                path,
+                source: std::io::Error::other(joined),
+            })
+        })
 }
 
 fn claim_ref(namespace: String, name: String, uid: String) -> ClaimRef {

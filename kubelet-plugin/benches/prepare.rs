@@ -38,7 +38,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .arg("--state-dir")
         .arg(dir.path().join("state"))
         .arg("--discovery-socket")
-        .arg(dir.path().join("registration.sock"))
+        // Its own directory: handler pods mount it, so the state must be elsewhere.
+        .arg(dir.path().join("handlers/registration.sock"))
         .arg("--debug-echo-socket")
         .arg(dir.path().join("echo.sock"))
         .arg("--debug-echo-availability-file")

@@ -82,28 +82,14 @@ async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
 /// The devices of `node`'s debugEcho pool with the effects of their `akri.sh/not-discovered`
 /// taints.
 async fn pool_taints(client: &kube::Client, node: &str) -> Vec<(String, Vec<String>)> {
-    let slices = Api::<ResourceSlice>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await
-        .unwrap();
-    let mut devices: Vec<_> = slices
-        .items
-        .into_iter()
-        .filter(|s| s.spec.driver == DRIVER)
-        .flat_map(|s| s.spec.devices.unwrap_or_default())
-        .map(|d| {
-            let effects = d
-                .taints
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|t| t.key == akri_devices::NOT_DISCOVERED_TAINT)
-                .map(|t| t.effect)
-                .collect();
-            (d.name, effects)
-        })
-        .collect();
-    devices.sort();
-    devices
+    // Only this node's pool: the debugEcho driver is the only one here.
+    akri_testing::device_taint_effects(
+        &Api::all(client.clone()),
+        &ListParams::default().fields(&format!("spec.nodeName={node}")),
+        akri_devices::NOT_DISCOVERED_TAINT,
+    )
+    .await
+    .unwrap()
 }
 
 /// A control plane of its own (every agent discovers every cluster-scoped configuration of its

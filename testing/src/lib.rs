@@ -96,6 +96,34 @@ pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T 
     serde_json::from_value(value).expect("valid object")
 }
 
+/// The devices of the slices `api` lists with `params`, each with the effects of its taints
+/// of key `key`, sorted: what a test of device taints compares.
+pub async fn device_taint_effects(
+    api: &kube::Api<k8s_openapi::api::resource::v1::ResourceSlice>,
+    params: &kube::api::ListParams,
+    key: &str,
+) -> Result<Vec<(String, Vec<String>)>, kube::Error> {
+    let mut devices: Vec<_> = api
+        .list(params)
+        .await?
+        .items
+        .into_iter()
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .map(|d| {
+            let effects = d
+                .taints
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|t| t.key == key)
+                .map(|t| t.effect)
+                .collect();
+            (d.name, effects)
+        })
+        .collect();
+    devices.sort();
+    Ok(devices)
+}
+
 /// The value of one sample in a Prometheus text exposition (`/metrics`), by its series as
 /// written there: `akri_broker_controller_reconciles_total{result="ok"}`. `None` when the
 /// series is absent.

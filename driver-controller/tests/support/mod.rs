@@ -341,29 +341,13 @@ pub async fn shared_device_taints(
     client: &kube::Client,
     configuration: &str,
 ) -> Vec<(String, Vec<String>)> {
-    let slices = Api::<ResourceSlice>::all(client.clone())
-        .list(
-            &ListParams::default().labels(&format!("{SHARED_CONFIGURATION_LABEL}={configuration}")),
-        )
-        .await
-        .unwrap();
-    let mut devices: Vec<_> = slices
-        .items
-        .into_iter()
-        .flat_map(|s| s.spec.devices.unwrap_or_default())
-        .map(|d| {
-            let effects = d
-                .taints
-                .unwrap_or_default()
-                .into_iter()
-                .filter(|t| t.key == akri_devices::NOT_DISCOVERED_TAINT)
-                .map(|t| t.effect)
-                .collect();
-            (d.name, effects)
-        })
-        .collect();
-    devices.sort();
-    devices
+    akri_testing::device_taint_effects(
+        &Api::all(client.clone()),
+        &ListParams::default().labels(&format!("{SHARED_CONFIGURATION_LABEL}={configuration}")),
+        akri_devices::NOT_DISCOVERED_TAINT,
+    )
+    .await
+    .unwrap()
 }
 
 pub fn unique(prefix: &str) -> String {
