@@ -244,6 +244,17 @@ pub struct Plan {
     pub delete: Vec<String>,
 }
 
+/// The devices of one pool's slices that the scheduler uses: those of its newest generation
+/// (slices of older ones may linger while a publish is under way).
+pub fn current_devices(slices: &[ResourceSlice]) -> Vec<Device> {
+    let newest = slices.iter().map(|s| s.spec.pool.generation).max();
+    slices
+        .iter()
+        .filter(|s| Some(s.spec.pool.generation) == newest)
+        .flat_map(|s| s.spec.devices.iter().flatten().cloned())
+        .collect()
+}
+
 /// Plans the slices of a pool, never going below generation `floor`. Pure, so that the
 /// generation rules are unit-tested.
 pub fn plan(
@@ -428,6 +439,26 @@ mod tests {
             existing,
             floor,
         )
+    }
+
+    #[test]
+    fn current_devices_are_those_of_the_newest_generation() {
+        let with = |generation: i64, names: &[&str]| ResourceSlice {
+            spec: ResourceSliceSpec {
+                pool: ResourcePool {
+                    generation,
+                    ..ResourcePool::default()
+                },
+                devices: Some(names.iter().map(|n| device(n)).collect()),
+                ..ResourceSliceSpec::default()
+            },
+            ..ResourceSlice::default()
+        };
+        let names =
+            |devices: Vec<Device>| -> Vec<String> { devices.into_iter().map(|d| d.name).collect() };
+        let slices = [with(2, &["a"]), with(1, &["a", "old"]), with(2, &["b"])];
+        assert_eq!(names(current_devices(&slices)), ["a", "b"]);
+        assert!(current_devices(&[]).is_empty());
     }
 
     /// What the API server would hold after applying a plan.

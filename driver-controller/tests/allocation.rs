@@ -448,11 +448,15 @@ async fn a_held_shared_device_that_loses_its_last_node_is_tainted_and_its_holder
         return;
     }
 
+    // Whether the held device is published with exactly these effects of our taint.
+    let held_with = async |effects: &[&str]| {
+        let effects: Vec<String> = effects.iter().map(|e| e.to_string()).collect();
+        support::shared_device_taints(client, &config)
+            .await
+            .contains(&(held.clone(), effects))
+    };
     eventually("the held device NoSchedule-tainted", async || {
-        let devices = support::shared_device_taints(client, &config).await;
-        devices
-            .contains(&(held.clone(), vec!["NoSchedule".to_string()]))
-            .then_some(())
+        held_with(&["NoSchedule"]).await.then_some(())
     })
     .await;
     let tainted = std::time::Instant::now();
@@ -468,10 +472,7 @@ async fn a_held_shared_device_that_loses_its_last_node_is_tainted_and_its_holder
     .await;
 
     eventually("the taint NoExecute", async || {
-        let devices = support::shared_device_taints(client, &config).await;
-        devices
-            .contains(&(held.clone(), vec!["NoExecute".to_string()]))
-            .then_some(())
+        held_with(&["NoExecute"]).await.then_some(())
     })
     .await;
     assert!(
@@ -522,8 +523,7 @@ async fn a_held_shared_device_that_loses_its_last_node_is_tainted_and_its_holder
         std::fs::write(file, "").unwrap();
     }
     eventually("the device back untainted", async || {
-        let devices = support::shared_device_taints(client, &config).await;
-        devices.contains(&(held.clone(), vec![])).then_some(())
+        held_with(&[]).await.then_some(())
     })
     .await;
     let fourth = cluster.pod_claiming(&config, 1).await;

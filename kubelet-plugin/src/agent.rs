@@ -684,11 +684,9 @@ impl AgentState {
             // What a previous process published: its vanished devices and their graces.
             match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.publisher.list()).await {
                 Ok(Ok(stored)) => {
-                    served.vanished.seed(
-                        stored
-                            .into_iter()
-                            .flat_map(|s| s.spec.devices.unwrap_or_default()),
-                    );
+                    served
+                        .vanished
+                        .seed(dra_plugin::slices::current_devices(&stored));
                     served.seeded = true;
                 }
                 _ => {

@@ -11,7 +11,7 @@ use akri_api::v1::{DiscoveryConfiguration, Instance};
 use akri_devices::Sharing;
 use dra_plugin::slices::{PoolScope, PoolTemplate, SlicePublisher};
 use dra_plugin::vanished::VanishedDevices;
-use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams};
@@ -201,7 +201,7 @@ impl Context {
             self.config.vanished_grace,
             self.support.device_taints,
         );
-        vanished.seed(current_devices(existing));
+        vanished.seed(dra_plugin::slices::current_devices(existing));
         SharedPoolState {
             publisher: SlicePublisher::with_template(
                 self.client.clone(),
@@ -271,14 +271,4 @@ fn stored_scope(slice: &ResourceSlice) -> PoolScope {
         Some(selector) => PoolScope::Nodes(selector.clone()),
         None => PoolScope::PerDevice,
     }
-}
-
-/// The devices of a pool's current generation.
-fn current_devices(slices: &[ResourceSlice]) -> Vec<Device> {
-    let newest = slices.iter().map(|s| s.spec.pool.generation).max();
-    slices
-        .iter()
-        .filter(|s| Some(s.spec.pool.generation) == newest)
-        .flat_map(|s| s.spec.devices.iter().flatten().cloned())
-        .collect()
 }
