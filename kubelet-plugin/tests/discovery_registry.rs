@@ -1,6 +1,6 @@
 //! The discovery-handler registry over its real gRPC socket, and across a plugin restart.
 
-use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, Registry, connect};
+use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, Registry, connect, handler};
 use akri_proto::discovery::v0 as proto;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ async fn registrations_over_grpc_survive_a_restart() {
     let mut watch = registry.subscribe();
 
     let udev = handler("udev", Endpoint::Uds(dir.path().join("udev.sock")), false);
-    connect::register(&socket, &udev).await.unwrap();
+    handler::register(&socket, &udev).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), watch.changed())
         .await
         .expect("the watch reports the registration")
@@ -35,16 +35,16 @@ async fn registrations_over_grpc_survive_a_restart() {
         Endpoint::Network("http://10.0.0.5:10000".into()),
         true,
     );
-    connect::register(&socket, &onvif).await.unwrap();
+    handler::register(&socket, &onvif).await.unwrap();
     watch.borrow_and_update();
 
     // The same registration again changes nothing and wakes no one.
-    connect::register(&socket, &onvif).await.unwrap();
+    handler::register(&socket, &onvif).await.unwrap();
     assert!(!watch.has_changed().unwrap());
 
     // Re-registering a name replaces its endpoint.
     let udev = handler("udev", Endpoint::Uds(dir.path().join("udev-2.sock")), false);
-    connect::register(&socket, &udev).await.unwrap();
+    handler::register(&socket, &udev).await.unwrap();
     assert!(watch.has_changed().unwrap());
     let expected = [
         ("onvif".to_string(), onvif.clone()),
@@ -61,7 +61,7 @@ async fn registrations_over_grpc_survive_a_restart() {
 
     // ... and still serves registrations.
     let echo = handler("debugEcho", Endpoint::Uds(dir.path().join("e.sock")), true);
-    connect::register(&socket, &echo).await.unwrap();
+    handler::register(&socket, &echo).await.unwrap();
     assert_eq!(registry.handlers().len(), 3);
     assert!(registry.deregister("onvif").await);
     assert!(!registry.deregister("onvif").await);
@@ -107,13 +107,13 @@ async fn a_name_taken_over_by_another_endpoint_is_logged_with_both() {
         dir.path().join("udev-a.sock"),
         dir.path().join("udev-b.sock"),
     );
-    connect::register(
+    handler::register(
         &socket,
         &handler("udev", Endpoint::Uds(first.clone()), false),
     )
     .await
     .unwrap();
-    connect::register(
+    handler::register(
         &socket,
         &handler("udev", Endpoint::Uds(second.clone()), false),
     )
@@ -179,7 +179,7 @@ async fn refuses_bad_registrations_and_query_device_info() {
 
     // Two names that are one driver: the second is refused, the first keeps working.
     let echo = handler("debugEcho", Endpoint::Uds("/run/echo.sock".into()), false);
-    connect::register(&socket, &echo).await.unwrap();
+    handler::register(&socket, &echo).await.unwrap();
     let status = client
         .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest {
             name: "DebugEcho".into(),
@@ -214,7 +214,7 @@ async fn a_corrupt_state_file_is_not_fatal() {
     let registry = Registry::serve(&socket, &state).unwrap();
     assert!(registry.handlers().is_empty());
     let udev = handler("udev", Endpoint::Uds("/run/udev.sock".into()), false);
-    connect::register(&socket, &udev).await.unwrap();
+    handler::register(&socket, &udev).await.unwrap();
     drop(registry);
     let registry = Registry::serve(&socket, &state).unwrap();
     assert_eq!(registry.handlers().get("udev"), Some(&udev));

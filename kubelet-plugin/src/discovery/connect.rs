@@ -1,7 +1,6 @@
-//! The client side: gRPC channels to a handler's endpoint and to a registration socket.
+//! The client side: gRPC channels to a handler's endpoint.
 
-use super::handler::{Endpoint, RegisteredHandler};
-use akri_proto::discovery::v0 as proto;
+use super::handler::Endpoint;
 use std::path::Path;
 use std::time::Duration;
 use tonic::transport::Channel;
@@ -26,12 +25,6 @@ pub enum Error {
         endpoint: String,
         #[source]
         source: tonic::transport::Error,
-    },
-    #[error("registration of discovery handler {name} refused: {status}")]
-    Refused {
-        name: String,
-        #[source]
-        status: tonic::Status,
     },
 }
 
@@ -71,20 +64,4 @@ pub async fn unix_channel(path: &Path) -> Result<Channel, Error> {
             endpoint: format!("unix:{}", path.display()),
             source,
         })
-}
-
-/// Registers `handler` through the registration socket, as any discovery handler does.
-pub async fn register(
-    registration_socket: &Path,
-    handler: &RegisteredHandler,
-) -> Result<(), Error> {
-    let channel = unix_channel(registration_socket).await?;
-    proto::registration_client::RegistrationClient::new(channel)
-        .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest::from(handler))
-        .await
-        .map_err(|status| Error::Refused {
-            name: handler.name.clone(),
-            status,
-        })?;
-    Ok(())
 }

@@ -12,10 +12,12 @@
 //!   file, the retry schedule.
 
 pub mod backoff;
+/// The embedded debugEcho handler: the same crate as its own binary.
+pub use akri_debug_echo as debug_echo;
+/// How handlers register: the same module they register with.
+pub use akri_discovery_handler::registration as handler;
 pub mod connect;
-pub mod debug_echo;
 pub mod device;
-pub mod handler;
 pub mod registry;
 pub mod state_file;
 pub mod stream;

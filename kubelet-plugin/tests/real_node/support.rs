@@ -4,7 +4,7 @@
 //! properties, a mount and a device node, as udev devices do.
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, connect};
+use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, handler};
 use akri_kubelet_plugin::legacy::LegacyOptions;
 use akri_proto::discovery::v0 as proto;
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
@@ -211,7 +211,7 @@ impl FixtureHandler {
             endpoint: Endpoint::Uds(self.socket.clone()),
             shared: false,
         };
-        connect::register(registration_socket, &handler)
+        handler::register(registration_socket, &handler)
             .await
             .expect("the agent takes the fixture handler");
     }

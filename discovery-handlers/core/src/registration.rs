@@ -1,11 +1,12 @@
-//! A registered discovery handler: the name configurations refer to, where it serves
-//! `v0.DiscoveryHandler`, and whether its devices are shared between nodes.
+//! A discovery handler's registration with the node agent: the name configurations refer
+//! to, where it serves `v0.DiscoveryHandler`, and whether its devices are shared between
+//! nodes; and [`register`], the client call every handler makes.
 
 use akri_proto::discovery::v0 as proto;
 use proto::register_discovery_handler_request::EndpointType;
 use serde::{Deserialize, Serialize};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A discovery handler as it registered.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -112,6 +113,45 @@ impl From<&RegisteredHandler> for proto::RegisterDiscoveryHandlerRequest {
             shared: handler.shared,
         }
     }
+}
+
+/// Errors of registering with the node agent.
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("cannot connect to the registration socket {path}: {source}")]
+    Connect {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+    #[error("registration of discovery handler {name} refused: {status}")]
+    Refused {
+        name: String,
+        #[source]
+        status: tonic::Status,
+    },
+}
+
+/// Registers `handler` through the agent's registration socket
+/// (`v0.Registration/RegisterDiscoveryHandler`). Registering again is harmless.
+pub async fn register(
+    registration_socket: &Path,
+    handler: &RegisteredHandler,
+) -> Result<(), RegisterError> {
+    let channel = dra_plugin::authority::connect(registration_socket)
+        .await
+        .map_err(|source| RegisterError::Connect {
+            path: registration_socket.to_path_buf(),
+            source,
+        })?;
+    proto::registration_client::RegistrationClient::new(channel)
+        .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest::from(handler))
+        .await
+        .map_err(|status| RegisterError::Refused {
+            name: handler.name.clone(),
+            status,
+        })?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,0 +1,174 @@
+//! Serving `v0.DiscoveryHandler` for a [`Discover`] implementation on a Unix socket.
+
+use crate::proto;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+
+/// A discovery handler's discovery, for one configuration at a time.
+pub trait Discover: Send + Sync + 'static {
+    /// Checks the configuration's `discoveryDetails` and `discoveryProperties` and starts
+    /// discovering for it. An error fails this `Discover` call only (the agent shows its
+    /// message in the configuration's status and retries); details that are wrong must be
+    /// refused here, not discovered with as if empty. Discovery runs on a task of the
+    /// handler's own, sending to `lists` until [`DeviceLists::send`] says the agent is gone.
+    fn start(&self, request: proto::DiscoverRequest, lists: DeviceLists) -> Result<(), Status>;
+}
+
+/// Where a discovery sends its device lists: each list is complete (the protocol has no
+/// deltas), and only a list that differs from the last one sent goes out.
+#[derive(Debug)]
+pub struct DeviceLists {
+    tx: mpsc::Sender<Result<proto::DiscoverResponse, Status>>,
+    last: Option<Vec<proto::Device>>,
+}
+
+impl DeviceLists {
+    /// A sink and the stream the agent reads.
+    pub fn channel() -> (
+        Self,
+        ReceiverStream<Result<proto::DiscoverResponse, Status>>,
+    ) {
+        let (tx, rx) = mpsc::channel(4);
+        (DeviceLists { tx, last: None }, ReceiverStream::new(rx))
+    }
+
+    /// Sends `devices` (sorted by id, so that order never counts as a change) unless they
+    /// are what was sent last. False once the agent has gone away: the discovery should stop.
+    pub async fn send(&mut self, mut devices: Vec<proto::Device>) -> bool {
+        devices.sort_by(|a, b| a.id.cmp(&b.id));
+        if self.last.as_ref() == Some(&devices) {
+            return !self.tx.is_closed();
+        }
+        let response = proto::DiscoverResponse {
+            devices: devices.clone(),
+        };
+        if self.tx.send(Ok(response)).await.is_err() {
+            return false;
+        }
+        self.last = Some(devices);
+        true
+    }
+
+    /// Ends the stream with an error the agent shows in the configuration's status (it
+    /// calls `Discover` again after a backoff).
+    pub async fn fail(self, status: Status) {
+        let _ = self.tx.send(Err(status)).await;
+    }
+
+    /// Completes when the agent has gone away.
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+}
+
+/// Errors of serving a handler.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("discovery handler socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A handler served on a Unix socket. Dropping it stops serving and removes the socket file.
+#[derive(Debug)]
+pub struct Served {
+    socket: PathBuf,
+    server: tokio::task::JoinHandle<()>,
+}
+
+impl Served {
+    /// Serves `handler` on `socket` (mode 0600, a stale socket file replaced). Needs a Tokio
+    /// runtime.
+    pub fn start<D: Discover>(handler: D, socket: &Path) -> Result<Self, Error> {
+        let listener = dra_plugin::authority::bind(socket, dra_plugin::authority::OWNER_ONLY)
+            .map_err(|source| Error::Socket {
+                path: socket.to_path_buf(),
+                source,
+            })?;
+        let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service(
+            Arc::new(handler),
+        ));
+        let shown = socket.display().to_string();
+        let server = tokio::spawn(async move {
+            let result = tonic::transport::Server::builder()
+                .add_service(service)
+                .serve_with_incoming(dra_plugin::authority::incoming(listener))
+                .await;
+            if let Err(error) = result {
+                tracing::error!(%error, socket = shown, "discovery handler stopped serving");
+            }
+        });
+        Ok(Served {
+            socket: socket.to_path_buf(),
+            server,
+        })
+    }
+
+    /// Where it serves.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.server.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+struct Service<D>(Arc<D>);
+
+#[tonic::async_trait]
+impl<D: Discover> proto::discovery_handler_server::DiscoveryHandler for Service<D> {
+    type DiscoverStream = ReceiverStream<Result<proto::DiscoverResponse, Status>>;
+
+    async fn discover(
+        &self,
+        request: Request<proto::DiscoverRequest>,
+    ) -> Result<Response<Self::DiscoverStream>, Status> {
+        let (lists, stream) = DeviceLists::channel();
+        self.0.start(request.into_inner(), lists)?;
+        Ok(Response::new(stream))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio_stream::StreamExt;
+
+    fn device(id: &str) -> proto::Device {
+        proto::Device {
+            id: id.into(),
+            ..Default::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn only_changed_lists_go_out_in_id_order() {
+        let (mut lists, stream) = DeviceLists::channel();
+        assert!(lists.send(vec![device("b"), device("a")]).await);
+        assert!(lists.send(vec![device("a"), device("b")]).await);
+        assert!(lists.send(vec![device("a")]).await);
+        drop(lists);
+        let sent: Vec<Vec<String>> = stream
+            .map(|r| r.unwrap().devices.into_iter().map(|d| d.id).collect())
+            .collect()
+            .await;
+        assert_eq!(sent, [vec!["a", "b"], vec!["a"]]);
+    }
+
+    #[tokio::test]
+    async fn a_gone_agent_stops_the_discovery() {
+        let (mut lists, stream) = DeviceLists::channel();
+        drop(stream);
+        assert!(!lists.send(vec![device("a")]).await);
+    }
+}

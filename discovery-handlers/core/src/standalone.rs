@@ -1,0 +1,101 @@
+//! The thin binary around a handler: serve it on `<handlers dir>/<name>.sock`, register it
+//! with the node agent on `<handlers dir>/agent-registration.sock` (Akri's layout, so the
+//! binary works with Akri's agent as well as ours), keep the registration fresh, and stop on
+//! SIGTERM.
+
+use crate::registration::{self, Endpoint, RegisteredHandler};
+use crate::serve::{self, Discover, Served};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// How often a registered handler registers again. Our agent keeps registrations across its
+/// restarts; Akri's agent forgets them, and a handler registering again is how it learns
+/// them back. Registering again changes nothing on either.
+const REREGISTER_EVERY: Duration = Duration::from_secs(30);
+/// The longest wait between two failed registrations (the agent not there yet).
+const RETRY_AT_MOST: Duration = Duration::from_secs(10);
+
+/// The flags every handler binary has.
+#[derive(Clone, Debug, clap::Args)]
+pub struct HandlerArgs {
+    /// The directory of the agent's registration socket and of this handler's socket
+    /// (Akri's `DISCOVERY_HANDLERS_DIRECTORY`).
+    #[arg(
+        long,
+        env = "DISCOVERY_HANDLERS_DIRECTORY",
+        default_value = "/var/lib/akri"
+    )]
+    pub handlers_dir: PathBuf,
+    /// The agent's registration socket [default: <handlers-dir>/agent-registration.sock].
+    #[arg(long)]
+    pub registration_socket: Option<PathBuf>,
+    /// Where this handler serves [default: <handlers-dir>/<name>.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Log as JSON.
+    #[arg(long)]
+    pub log_json: bool,
+}
+
+/// Errors that end a handler binary.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Serve(#[from] serve::Error),
+    #[error("waiting for SIGTERM: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// Serves `handler` as `name` until SIGTERM or Ctrl-C, registered with the agent the whole
+/// time. Logging is set up here.
+pub async fn run<D: Discover>(
+    handler: D,
+    name: &str,
+    shared: bool,
+    args: HandlerArgs,
+) -> Result<(), Error> {
+    akri_runtime::init_logging(args.log_json);
+    let socket = args
+        .socket
+        .unwrap_or_else(|| args.handlers_dir.join(format!("{name}.sock")));
+    let registration_socket = args
+        .registration_socket
+        .unwrap_or_else(|| args.handlers_dir.join("agent-registration.sock"));
+    let served = Served::start(handler, &socket)?;
+    tracing::info!(name, socket = %socket.display(), shared, "serving the discovery handler");
+    let registered = RegisteredHandler {
+        name: name.to_string(),
+        endpoint: Endpoint::Uds(socket),
+        shared,
+    };
+    tokio::select! {
+        () = keep_registered(registration_socket, registered) => unreachable!(),
+        result = akri_runtime::stopped() => result.map_err(Error::Signal)?,
+    }
+    drop(served);
+    Ok(())
+}
+
+/// Registers now, again every [`REREGISTER_EVERY`], and retries failures with a backoff.
+async fn keep_registered(registration_socket: PathBuf, handler: RegisteredHandler) {
+    let mut retry = Duration::from_millis(250);
+    let mut registered = false;
+    loop {
+        match registration::register(&registration_socket, &handler).await {
+            Ok(()) => {
+                if !registered {
+                    tracing::info!(socket = %registration_socket.display(), "registered with the node agent");
+                }
+                registered = true;
+                retry = Duration::from_millis(250);
+                tokio::time::sleep(REREGISTER_EVERY).await;
+            }
+            Err(error) => {
+                tracing::warn!(%error, retry_in = ?retry, "registering with the node agent");
+                registered = false;
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(RETRY_AT_MOST);
+            }
+        }
+    }
+}
