@@ -47,6 +47,10 @@ struct Args {
     /// nodes is one device that each of them reaches.
     #[arg(long)]
     debug_echo_shared: bool,
+    /// Run the udev discovery handler inside this process, serving on this socket (instead
+    /// of its own DaemonSet; this pod then needs the host's /sys, /dev and /run/udev).
+    #[arg(long)]
+    udev_socket: Option<PathBuf>,
     /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks
     /// it with a dry-run probe at start.
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
@@ -100,6 +104,7 @@ async fn main() -> anyhow::Result<()> {
         state_dir: args.state_dir,
         discovery_socket: args.discovery_socket,
         debug_echo,
+        udev_socket: args.udev_socket,
         consumable_capacity: args.consumable_capacity.forced(),
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
         vanished_grace: args.vanished.grace(),

@@ -2,11 +2,11 @@
 //! devices attached and detached for real (root, as CI runs), uevents from the kernel.
 
 use akri_discovery_handler::{Served, proto};
+use akri_testing::LoopDevice;
 use akri_udev::sysfs::Sysfs;
 use akri_udev::{Details, Selection, Udev};
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::Path;
 use std::time::Duration;
 
 fn selection(rules: &[&str], group_recursive: bool) -> Selection {
@@ -33,86 +33,8 @@ fn spec(node: &str) -> proto::DeviceSpec {
     }
 }
 
-/// A loop device attached to a 4 MiB image with one partition (an MBR written here), so
-/// the kernel shows `loopN` and its child `loopNp1`; detached on drop.
-struct LoopDevice {
-    image: PathBuf,
-    device: Option<String>,
-    _dir: tempfile::TempDir,
-}
-
-impl LoopDevice {
-    fn image() -> (tempfile::TempDir, PathBuf) {
-        let dir = tempfile::tempdir().unwrap();
-        let image = dir.path().join("disk.img");
-        let mut bytes = vec![0u8; 4 << 20];
-        let entry = &mut bytes[446..462];
-        entry[4] = 0x83; // Linux
-        entry[8..12].copy_from_slice(&2048u32.to_le_bytes()); // first sector
-        entry[12..16].copy_from_slice(&4096u32.to_le_bytes()); // sectors
-        bytes[510] = 0x55;
-        bytes[511] = 0xaa;
-        std::fs::write(&image, bytes).unwrap();
-        (dir, image)
-    }
-
-    fn new() -> Self {
-        let (dir, image) = Self::image();
-        LoopDevice {
-            image,
-            device: None,
-            _dir: dir,
-        }
-    }
-
-    fn attach(&mut self) -> String {
-        let output = Command::new("losetup")
-            .args(["--find", "--show", "--partscan"])
-            .arg(&self.image)
-            .output()
-            .expect("losetup runs");
-        assert!(
-            output.status.success(),
-            "losetup: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        let device = String::from_utf8(output.stdout).unwrap().trim().to_string();
-        self.device = Some(device.clone());
-        // Kernels without the MBR parser (this machine's) scan nothing: add the partition
-        // through BLKPG, as partx does.
-        let name = kernel_name(&device);
-        if !Path::new(&format!("/sys/block/{name}/{name}p1")).exists() {
-            let status = Command::new("partx").args(["-a", &device]).status();
-            assert!(status.unwrap().success(), "partx -a {device}");
-        }
-        device
-    }
-
-    fn detach(&mut self) {
-        if let Some(device) = self.device.take() {
-            let status = Command::new("losetup").args(["-d", &device]).status();
-            assert!(status.unwrap().success(), "losetup -d {device}");
-        }
-    }
-
-    /// The rule that selects this image's loop device and no other.
-    fn rule(&self) -> String {
-        format!(
-            r#"SUBSYSTEM=="block", KERNEL=="loop*", ATTR{{loop/backing_file}}=="{}""#,
-            self.image.display()
-        )
-    }
-}
-
-impl Drop for LoopDevice {
-    fn drop(&mut self) {
-        self.detach();
-    }
-}
-
-/// `/dev/loop3` -> `loop3`.
 fn kernel_name(device: &str) -> &str {
-    device.trim_start_matches("/dev/")
+    LoopDevice::kernel_name(device)
 }
 
 #[test]
@@ -168,7 +90,7 @@ fn a_partition_is_found_by_its_parents_attributes_and_grouped_with_it() {
     // The partition has no loop/backing_file of its own: ATTRS finds it on its parent.
     let by_parent = format!(
         r#"KERNEL=="{name}p*", ATTRS{{loop/backing_file}}=="{}""#,
-        disk.image.display()
+        disk.image().display()
     );
     let found = selection(&[&by_parent], false).find(&sysfs);
     assert_eq!(
@@ -187,12 +109,12 @@ fn a_partition_is_found_by_its_parents_attributes_and_grouped_with_it() {
     // the partition itself and ATTRS on its parent, no.
     let same_parent = format!(
         r#"KERNEL=="{name}p1", KERNELS=="{name}", ATTRS{{loop/backing_file}}=="{}""#,
-        disk.image.display()
+        disk.image().display()
     );
     assert_eq!(selection(&[&same_parent], false).find(&sysfs).len(), 1);
     let split = format!(
         r#"KERNEL=="{name}p1", KERNELS=="{name}p1", ATTRS{{loop/backing_file}}=="{}""#,
-        disk.image.display()
+        disk.image().display()
     );
     assert!(selection(&[&split], false).find(&sysfs).is_empty());
     // A `!=` parent key: no device up the chain matches.
@@ -200,7 +122,7 @@ fn a_partition_is_found_by_its_parents_attributes_and_grouped_with_it() {
     assert!(selection(&[&not_below_it], false).find(&sysfs).is_empty());
 
     // Without grouping, the disk and its partition are two devices; with it, one.
-    let rules = [disk.rule(), by_parent.clone()];
+    let rules = [disk.udev_rule(), by_parent.clone()];
     let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
     let apart = selection(&rules, false).find(&sysfs);
     let ids: Vec<&str> = apart.iter().map(|d| d.id.as_str()).collect();
@@ -256,7 +178,7 @@ async fn a_loop_device_attached_and_detached_is_added_and_removed_by_uevents() {
     udev.rescan = Duration::from_secs(3600);
     let _served = Served::start(udev, &socket).unwrap();
     let mut disk = LoopDevice::new();
-    let details = format!("udevRules:\n- '{}'\n", disk.rule());
+    let details = format!("udevRules:\n- '{}'\n", disk.udev_rule());
     let mut stream = discover(&socket, &details).await.unwrap();
     assert!(
         next_ids(&mut stream).await.is_empty(),

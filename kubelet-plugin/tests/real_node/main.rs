@@ -4,7 +4,7 @@
 
 mod support;
 
-use akri_testing::{ControlPlane, from_json};
+use akri_testing::{ControlPlane, LoopDevice, from_json};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, PostParams};
@@ -303,4 +303,79 @@ async fn a_running_pod_survives_kubelet_and_containerd_restarts_and_new_pods_sti
         first,
         "its process is the one that started"
     );
+}
+
+/// `stat -c '%t:%T'` of a block device: its major and minor numbers in hex.
+fn hex_numbers(kernel_name: &str) -> String {
+    let dev = std::fs::read_to_string(format!("/sys/class/block/{kernel_name}/dev")).unwrap();
+    let (major, minor) = dev.trim().split_once(':').unwrap();
+    let hex = |n: &str| format!("{:x}", n.parse::<u32>().unwrap());
+    format!("{}:{}", hex(major), hex(minor))
+}
+
+#[tokio::test]
+async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properties_and_leave_when_detached()
+ {
+    let c = Cluster::start().await;
+    let mut disk = LoopDevice::new();
+    let device = disk.attach();
+    let name = LoopDevice::kernel_name(&device).to_string();
+    let devpath = format!("/devices/virtual/block/{name}");
+    let config = ControlPlane::unique_name("disk");
+    // The disk and (through its parent's attribute) its partition, grouped as one device.
+    let details = format!(
+        "udevRules:\n- '{}'\n- 'KERNEL==\"{name}p*\", ATTRS{{loop/backing_file}}==\"{}\"'\ngroupRecursive: true\n",
+        disk.udev_rule(),
+        disk.image().display(),
+    );
+    c.dra_configuration(&config, "udev", &details).await;
+    let script = format!(
+        "env | grep '^UDEV_' | sort\n\
+         stat -c 'device %n: %F %t:%T' {device} {device}p1\n\
+         true"
+    );
+    c.pod(
+        "disk",
+        &script,
+        json!({ "resourceClaims": [{ "name": config, "resourceClaimTemplateName": config }] }),
+        json!({ "resources": { "claims": [{ "name": config }] } }),
+    )
+    .await;
+    let output = c.output("disk").await;
+    assert_shows(
+        &output,
+        &[
+            format!("UDEV_DEVNODE_0={device}"),
+            format!("UDEV_DEVNODE_1={device}p1"),
+            format!("UDEV_DEVPATH={devpath}"),
+            format!("device {device}: block special file {}", hex_numbers(&name)),
+            format!(
+                "device {device}p1: block special file {}",
+                hex_numbers(&format!("{name}p1"))
+            ),
+        ],
+    );
+
+    // Pulled: once its pod is gone, the device leaves the node (its Instance deleted).
+    c.delete_pod("disk").await;
+    let instances = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns);
+    let held = async || {
+        instances
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .any(|i| i.spec.broker_properties.get("UDEV_DEVPATH") == Some(&devpath))
+            .then_some(())
+    };
+    assert!(held().await.is_some(), "the disk's Instance exists");
+    disk.detach();
+    c.node
+        .eventually(
+            "the detached disk's Instance gone",
+            Duration::from_secs(30),
+            async || held().await.is_none().then_some(()),
+        )
+        .await;
 }

@@ -36,8 +36,8 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A control plane, the real node, the agent (DRA and the legacy device plugins) and the
-    /// fixture handler registered with it.
+    /// A control plane, the real node, the agent (DRA, the legacy device plugins and the
+    /// embedded udev handler) and the fixture handler registered with it.
     pub async fn start() -> Cluster {
         let cp = ControlPlane::start(ControlPlaneOptions::full())
             .await
@@ -54,6 +54,7 @@ impl Cluster {
             node.plugins_dir(),
             node.cdi_dir(),
         );
+        config.udev_socket = Some(dir.path().join("udev.sock"));
         config.legacy = Some(LegacyOptions {
             device_plugin_dir: node.device_plugin_dir(),
             pod_resources_socket: Some(node.pod_resources_socket()),
