@@ -341,6 +341,32 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
         json!({ "resources": { "claims": [{ "name": config }] } }),
     )
     .await;
+    // A configuration with a rule that selects nothing usable: its status says why on this
+    // node, the good one is not disturbed, and fixing the rule clears the error.
+    let bad = ControlPlane::unique_name("bad");
+    c.dra_configuration(&bad, "udev", "udevRules: ['NAME==\"x\"']")
+        .await;
+    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone());
+    let error_of = async |config: &str| {
+        let status = configs.get(config).await.ok()?.status?;
+        status
+            .discovery_errors
+            .into_iter()
+            .find(|e| e.node == c.node.node_name())
+            .map(|e| e.message)
+    };
+    let message = c
+        .node
+        .eventually(
+            "the bad rule's error in the status",
+            Duration::from_secs(30),
+            async || error_of(&bad).await,
+        )
+        .await;
+    assert!(
+        message.contains("udev discovery details") && message.contains("NAME is not supported"),
+        "{message}"
+    );
     let output = c.output("disk").await;
     assert_shows(
         &output,
@@ -355,6 +381,29 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
             ),
         ],
     );
+
+    assert_eq!(
+        error_of(&config).await,
+        None,
+        "the good configuration has no error"
+    );
+    configs
+        .patch(
+            &bad,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({ "spec": { "discoveryHandler": {
+                "discoveryDetails": "udevRules: ['KERNEL==\"null\"']",
+            } } })),
+        )
+        .await
+        .unwrap();
+    c.node
+        .eventually(
+            "the fixed rule's error cleared",
+            Duration::from_secs(30),
+            async || error_of(&bad).await.is_none().then_some(()),
+        )
+        .await;
 
     // Pulled: once its pod is gone, the device leaves the node (its Instance deleted).
     c.delete_pod("disk").await;
