@@ -14,8 +14,8 @@
 //! Each found device has the id and property `UDEV_DEVPATH` (its devpath; a device without
 //! a node is reported as its nearest parent with one), `UDEV_DEVNODE` (its node) and the node
 //! as a device spec; with `groupRecursive`, one device per topmost found device, whose
-//! members' nodes are `UDEV_DEVNODE_0`, `UDEV_DEVNODE_1`, ... in devpath order (Akri numbers
-//! them in no fixed order).
+//! members' nodes are `UDEV_DEVNODE_0`, `UDEV_DEVNODE_1`, ... in devpath order, counting
+//! nodes only (Akri numbers members in no fixed order, nodeless ones too).
 //!
 //! The rules' syntax is in [`rule`]; sysfs is read by [`sysfs`]; hot-plug comes from
 //! [`monitor`], with a rescan every [`Udev::rescan`] as well.
@@ -43,6 +43,8 @@ pub const DEVPATH_PROPERTY: &str = "UDEV_DEVPATH";
 pub const DEVNODE_PROPERTY: &str = "UDEV_DEVNODE";
 /// How long a burst of uevents (a USB device brings several) is let settle before a rescan.
 const SETTLE: Duration = Duration::from_millis(100);
+/// When the scan after an event is repeated (udevd has finished with the device by then).
+const FOLLOW_UP: Duration = Duration::from_secs(1);
 
 /// The udev handler: where sysfs is, the uevents, how often to rescan anyway.
 #[derive(Clone, Debug)]
@@ -161,8 +163,7 @@ impl Selection {
     fn device(&self, devpath: String, nodes: Vec<Option<String>>) -> proto::Device {
         let mut properties = std::collections::HashMap::new();
         let mut device_specs = Vec::new();
-        for (i, node) in nodes.into_iter().enumerate() {
-            let Some(node) = node else { continue };
+        for (i, node) in nodes.into_iter().flatten().enumerate() {
             let name = if self.group_recursive {
                 format!("{DEVNODE_PROPERTY}_{i}")
             } else {
@@ -200,6 +201,10 @@ impl Discover for Udev {
 /// agent goes away.
 async fn report(selection: Selection, udev: Udev, mut lists: DeviceLists) {
     let mut events = udev.monitor.subscribe();
+    // After a kernel event, one more scan a moment later: udevd writes its database (the
+    // ENV{} and TAG keys) after the kernel's event, and its own event reaches only the host's
+    // network namespace.
+    let mut follow_up = false;
     loop {
         let (s, fs) = (selection.clone(), udev.sysfs.clone());
         let devices = match tokio::task::spawn_blocking(move || s.find(&fs)).await {
@@ -226,10 +231,153 @@ async fn report(selection: Selection, udev: Udev, mut lists: DeviceLists) {
                 None => std::future::pending().await,
             }
         };
+        let wait = if follow_up { FOLLOW_UP } else { udev.rescan };
         tokio::select! {
-            () = event => {}
-            () = tokio::time::sleep(udev.rescan) => {}
+            () = event => follow_up = true,
+            () = tokio::time::sleep(wait) => follow_up = false,
             () = lists.closed() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+    use std::path::Path;
+
+    /// A sysfs tree of a USB camera as the kernel lays it out (a USB device with a driver, an
+    /// interface, a video4linux node below it), and udev's database entry for the node.
+    fn camera_sysfs() -> (tempfile::TempDir, Sysfs) {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("sys");
+        let usb = root.join("devices/pci0000:00/0000:00:14.0/usb1/1-1");
+        let video = usb.join("1-1:1.0/video4linux/video0");
+        let write = |path: &Path, text: &str| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
+        };
+        write(
+            &usb.join("uevent"),
+            "DEVTYPE=usb_device\nPRODUCT=5a9/4519/100\n",
+        );
+        write(&usb.join("idVendor"), "05a9\n");
+        write(&usb.join("idProduct"), "4519\n");
+        write(&usb.join("1-1:1.0/uevent"), "DEVTYPE=usb_interface\n");
+        write(&video.join("uevent"), "MAJOR=81\nMINOR=0\nDEVNAME=video0\n");
+        write(&video.join("name"), "USB Camera: Camera \n");
+        for dir in [
+            "bus/usb/drivers/usb",
+            "bus/usb/drivers/uvcvideo",
+            "class/video4linux",
+        ] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        symlink(root.join("bus/usb"), usb.join("subsystem")).unwrap();
+        symlink(root.join("bus/usb/drivers/usb"), usb.join("driver")).unwrap();
+        symlink(root.join("bus/usb"), usb.join("1-1:1.0/subsystem")).unwrap();
+        symlink(
+            root.join("bus/usb/drivers/uvcvideo"),
+            usb.join("1-1:1.0/driver"),
+        )
+        .unwrap();
+        symlink(root.join("class/video4linux"), video.join("subsystem")).unwrap();
+        symlink(&video, root.join("class/video4linux/video0")).unwrap();
+        std::fs::create_dir_all(root.join("bus/usb/devices")).unwrap();
+        symlink(&usb, root.join("bus/usb/devices/1-1")).unwrap();
+        let data = dir.path().join("udev");
+        write(
+            &data.join("c81:0"),
+            "S:v4l/by-id/usb-camera\nE:ID_VENDOR=Vimicro\nE:ID_MODEL=Camera\nG:uaccess\nG:seat\n",
+        );
+        let sysfs = Sysfs::new(root, data);
+        (dir, sysfs)
+    }
+
+    fn found(sysfs: &Sysfs, rules: &[&str]) -> Vec<String> {
+        let selection = Selection::from_details(Details {
+            udev_rules: rules.iter().map(|r| r.to_string()).collect(),
+            group_recursive: false,
+            permissions: "rw".into(),
+        })
+        .unwrap();
+        selection.find(sysfs).into_iter().map(|d| d.id).collect()
+    }
+
+    const VIDEO: &str = "/devices/pci0000:00/0000:00:14.0/usb1/1-1/1-1:1.0/video4linux/video0";
+
+    #[test]
+    fn a_usb_camera_is_selected_by_akris_kinds_of_rules() {
+        let (_dir, sysfs) = camera_sysfs();
+        for rule in [
+            r#"KERNEL=="video[0-9]*""#,
+            r#"SUBSYSTEM=="video4linux", ATTRS{idVendor}=="05a9", ATTRS{idProduct}=="4519""#,
+            r#"SUBSYSTEM=="video4linux", DRIVERS=="uvcvideo""#,
+            r#"SUBSYSTEM=="video4linux", SUBSYSTEMS=="usb", KERNELS=="1-1""#,
+            r#"ENV{ID_VENDOR}=="Vimicro", ENV{ID_MODEL}=="Cam*""#,
+            r#"TAG=="uaccess", SUBSYSTEM=="video4linux""#,
+            r#"TAGS=="seat", KERNEL=="video0""#,
+            r#"ATTR{name}=="USB Camera: Camera""#,
+            r#"DEVPATH=="*/video4linux/*""#,
+        ] {
+            assert_eq!(found(&sysfs, &[rule]), [VIDEO], "{rule}");
+        }
+        for rule in [
+            r#"SUBSYSTEM=="video4linux", ATTRS{idVendor}=="dead""#,
+            r#"SUBSYSTEM=="video4linux", ATTRS{idVendor}!="05a9""#,
+            r#"SUBSYSTEM=="video4linux", DRIVERS!="uvcvideo""#,
+            r#"ENV{ID_VENDOR}=="Other""#,
+            r#"TAG=="seat2""#,
+            // Each parent key holds somewhere up the chain, but not on one device.
+            r#"SUBSYSTEM=="video4linux", DRIVERS=="uvcvideo", ATTRS{idVendor}=="05a9""#,
+        ] {
+            assert!(found(&sysfs, &[rule]).is_empty(), "{rule}");
+        }
+    }
+
+    #[test]
+    fn a_device_without_a_node_is_reported_as_its_nearest_parent_with_one() {
+        let (_dir, sysfs) = camera_sysfs();
+        // The USB device has no node and no parent with one: itself, without a node.
+        let selection = Selection::from_details(Details {
+            udev_rules: vec![r#"SUBSYSTEM=="usb", ATTR{idVendor}=="05a9""#.into()],
+            group_recursive: false,
+            permissions: "rw".into(),
+        })
+        .unwrap();
+        let devices = selection.find(&sysfs);
+        assert_eq!(devices.len(), 1);
+        assert_eq!(devices[0].id, "/devices/pci0000:00/0000:00:14.0/usb1/1-1");
+        assert!(devices[0].device_specs.is_empty());
+        assert!(!devices[0].properties.contains_key(DEVNODE_PROPERTY));
+        // With groupRecursive, the camera's node joins the USB device.
+        let grouped = Selection::from_details(Details {
+            udev_rules: vec![
+                r#"SUBSYSTEM=="usb", ATTR{idVendor}=="05a9""#.into(),
+                r#"KERNEL=="video0""#.into(),
+            ],
+            group_recursive: true,
+            permissions: "rw".into(),
+        })
+        .unwrap()
+        .find(&sysfs);
+        assert_eq!(grouped.len(), 1);
+        assert_eq!(grouped[0].properties["UDEV_DEVNODE_0"], "/dev/video0");
+        assert_eq!(grouped[0].device_specs[0].permissions, "rw");
+    }
+
+    #[test]
+    fn permissions_are_checked() {
+        let details = |permissions: &str| Details {
+            udev_rules: vec![r#"KERNEL=="null""#.into()],
+            group_recursive: false,
+            permissions: permissions.into(),
+        };
+        for good in ["r", "rw", "rwm", "mw"] {
+            assert!(Selection::from_details(details(good)).is_ok(), "{good}");
+        }
+        for bad in ["", "x", "rr", "rwmx"] {
+            assert!(Selection::from_details(details(bad)).is_err(), "{bad:?}");
         }
     }
 }
