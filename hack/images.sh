@@ -35,6 +35,8 @@ COMPONENTS=(
   "akri-kubelet-plugin|0:0|akri-kubelet-plugin|root: writes the kubelet's host paths (/var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins, /var/run/cdi) and its state under /var/lib, and the kubelet's device-plugins dir in legacy mode"
   "akri-driver-controller|65532:65532|akri-driver-controller|nonroot: talks to the API server only"
   "akri-broker-controller|65532:65532|akri-broker-controller|nonroot: talks to the API server only"
+  "akri-udev-discovery-handler|0:0|akri-udev-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
+  "akri-debug-echo-discovery-handler|0:0|akri-debug-echo-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
 )
 
 check_only=false
@@ -156,7 +158,9 @@ check_image() {
     fail "$name" "entrypoint is $(jq -c .config.Entrypoint <<<"$config"), want [\"/usr/local/bin/$entry\"]"
   [ "$(jq -r '.config.User // ""' <<<"$config")" = "$user" ] ||
     fail "$name" "user is '$(jq -r '.config.User // ""' <<<"$config")', want '$user'"
-  if [ "$name" != akri-kubelet-plugin ]; then # the kubelet-plugin is the one allowed to be root
+  # Root only where the host paths need it: the kubelet-plugin (the kubelet's directories) and
+  # the discovery handlers (the agent's root-owned registration socket in /var/lib/akri).
+  if [[ ! " akri-kubelet-plugin akri-udev-discovery-handler akri-debug-echo-discovery-handler " =~ " $name " ]]; then
     case "$(jq -r '.config.User // ""' <<<"$config")" in
       "" | 0 | 0:* | root | root:*) fail "$name" "runs as root" ;;
     esac

@@ -176,6 +176,11 @@ async fn template_renders_the_components_with_default_values() {
 
     let daemon_set = find(&objects, "DaemonSet", "akri-kubelet-plugin");
     assert_eq!(
+        of_kind(&objects, "DaemonSet").len(),
+        1,
+        "no discovery handler DaemonSets by default"
+    );
+    assert_eq!(
         daemon_set["spec"]["updateStrategy"],
         json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1, "maxSurge": 0 } }),
         "one plugin per node at a time: the state directory is locked"
@@ -372,6 +377,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--cdi-dir=/etc/cdi",
         "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
         "--debug-echo-shared",
+        "--udev-socket=/var/lib/akri/udev.sock",
         "--consumable-capacity=on",
         "--property-namespaces=akri-credentials,cameras",
         "--metrics-address=[::]:9090",
@@ -468,6 +474,63 @@ async fn template_renders_every_option_of_the_full_values() {
         of_kind(&objects, "ClusterRoleBinding")
             .iter()
             .all(|b| b["metadata"]["name"] != "edge-akri-kubelet-plugin-properties")
+    );
+
+    // The handlers' own DaemonSets: Akri's socket layout, no API access at all.
+    let udev = &find(&objects, "DaemonSet", "edge-akri-udev-discovery-handler")["spec"]["template"]
+        ["spec"];
+    assert_eq!(udev["automountServiceAccountToken"], false);
+    assert_eq!(
+        udev["serviceAccountName"],
+        "edge-akri-udev-discovery-handler"
+    );
+    assert_eq!(udev["priorityClassName"], "system-node-critical");
+    assert_eq!(udev["tolerations"], json!([{ "operator": "Exists" }]));
+    let container = &udev["containers"][0];
+    assert_eq!(
+        container["image"],
+        "ghcr.io/akri-dra/akri-udev-discovery-handler:0.1.0"
+    );
+    assert_eq!(
+        strings(&container["args"]),
+        [
+            "--handlers-dir=/var/lib/akri",
+            "--udev-data=/run/udev/data",
+            "--rescan-seconds=60",
+            "--log-json"
+        ]
+    );
+    assert_eq!(container["env"][0]["value"], "debug");
+    assert_eq!(host_paths(udev), ["/var/lib/akri", "/run/udev"]);
+    assert_eq!(
+        container["securityContext"]["capabilities"]["drop"],
+        json!(["ALL"])
+    );
+    let echo = &find(
+        &objects,
+        "DaemonSet",
+        "edge-akri-debug-echo-discovery-handler",
+    )["spec"]["template"]["spec"];
+    let container = &echo["containers"][0];
+    assert_eq!(
+        container["image"],
+        "ghcr.io/akri-dra/akri-debug-echo-discovery-handler:0.1.0-rc.1"
+    );
+    assert!(strings(&container["args"]).contains(&"--shared".to_string()));
+    assert_eq!(
+        find(
+            &objects,
+            "ServiceAccount",
+            "edge-akri-debug-echo-discovery-handler"
+        )["automountServiceAccountToken"],
+        false
+    );
+    assert!(
+        of_kind(&objects, "RoleBinding")
+            .iter()
+            .chain(of_kind(&objects, "ClusterRoleBinding").iter())
+            .all(|b| !b["subjects"].to_string().contains("discovery-handler")),
+        "no RBAC for handlers"
     );
 
     let configurations = of_kind(&objects, "DiscoveryConfiguration");
@@ -673,10 +736,11 @@ async fn install_creates_every_object_of_both_releases() {
     // akri: 3 ServiceAccounts, 4 ClusterRoles and their bindings, 2 Roles and their
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 3 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
-    // ClusterRoleBinding, and 4 DiscoveryConfigurations.
+    // ClusterRoleBinding, 4 DiscoveryConfigurations, and 2 discovery handlers' DaemonSets and
+    // ServiceAccounts.
     for (release, ns, expected) in [
         ("akri", &installed.default_ns, 27),
-        ("edge", &installed.full_ns, 32),
+        ("edge", &installed.full_ns, 36),
     ] {
         let status: Value = serde_json::from_str(
             &helm

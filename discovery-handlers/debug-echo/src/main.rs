@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
+    name = "akri-debug-echo-discovery-handler",
     version,
     about = "Akri's debugEcho discovery handler: devices without hardware"
 )]

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
+    name = "akri-udev-discovery-handler",
     version,
     about = "Akri's udev discovery handler: devices that udev rules select"
 )]
