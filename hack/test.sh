@@ -14,6 +14,8 @@ echo "== containerd, runc, CNI plugins and images for the real test node (reused
 hack/node-bins.sh >/dev/null
 echo "== Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
 hack/helm.sh >/dev/null
+echo "== the discovery handlers' protocol peers (a Python virtualenv from PyPI, reused when up to date)"
+hack/peers.sh >/dev/null
 echo "== cargo test"
 cargo test --workspace
 echo "== the README's run command, checked (hack/demo.sh --check)"

@@ -26,6 +26,7 @@ pub mod docs;
 mod error;
 mod kubelet_peer;
 mod loop_device;
+pub mod peers;
 mod process;
 mod proxy;
 pub mod rbac;

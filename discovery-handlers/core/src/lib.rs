@@ -10,10 +10,12 @@
 //! registration socket), so both paths run the same code.
 
 pub mod details;
+pub mod filter;
 pub mod registration;
 pub mod serve;
 pub mod standalone;
 
 pub use akri_proto::discovery::v0 as proto;
+pub use filter::FilterList;
 pub use registration::{Endpoint, RegisteredHandler};
 pub use serve::{DeviceLists, Discover, Served};
