@@ -428,3 +428,93 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
         )
         .await;
 }
+
+#[tokio::test]
+async fn an_opcua_server_behind_a_discovery_server_reaches_a_container_as_a_shared_device() {
+    let c = Cluster::start().await;
+    // Shared devices are published by the driver-controller, with the configuration's
+    // DeviceClass.
+    let controller = tokio::spawn({
+        let client = c.client.clone();
+        let config = akri_driver_controller::controller::ControllerConfig::new(&c.ns);
+        async move { akri_driver_controller::controller::run(client, config, Default::default()).await }
+    });
+    // The OPC UA handler, external (its own socket, registered like Akri's), and real
+    // servers: a discovery server and one registered with it.
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("opcua.sock");
+    let opcua = akri_opcua::Opcua {
+        rescan: Duration::from_secs(1),
+        finder: akri_opcua::Finder {
+            pki_dir: dir.path().join("pki"),
+            ..Default::default()
+        },
+    };
+    let _served = akri_discovery_handler::Served::start(opcua, &socket).unwrap();
+    c.register_handler("opcua", &socket, true).await;
+    let (lds, boiler) = (
+        akri_testing::free_port().unwrap(),
+        akri_testing::free_port().unwrap(),
+    );
+    let peer = |name: &str, port: u16, extra: &[&str]| {
+        let mut args = vec![
+            "--port".to_string(),
+            port.to_string(),
+            "--name".into(),
+            name.into(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        akri_testing::peers::Peer::start(name, "opcua_server.py", &args).unwrap()
+    };
+    let _lds = peer("LDS", lds, &["--type", "discovery"]);
+    let lds_url = format!("opc.tcp://127.0.0.1:{lds}/");
+    let _boiler = peer("Boiler", boiler, &["--register-to", &lds_url]);
+
+    let config = ControlPlane::unique_name("opcua");
+    let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": config },
+        "spec": { "discoveryHandler": { "name": "opcua", "discoveryDetails": format!(
+            "opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: ['{lds_url}']\n"
+        ) } },
+    }));
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone())
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    let classes = Api::<DeviceClass>::all(c.client.clone());
+    c.node
+        .eventually(
+            "the driver-controller's DeviceClass",
+            Duration::from_secs(30),
+            async || classes.get_opt(&config).await.ok()?.map(|_| ()),
+        )
+        .await;
+    let template: ResourceClaimTemplate = from_json(json!({
+        "metadata": { "name": config },
+        "spec": { "spec": { "devices": { "requests": [
+            { "name": "device", "exactly": { "deviceClassName": config } },
+        ] } } },
+    }));
+    Api::<ResourceClaimTemplate>::namespaced(c.client.clone(), &c.ns)
+        .create(&PostParams::default(), &template)
+        .await
+        .unwrap();
+    c.pod(
+        "opcua",
+        "env | grep '^OPCUA_' | sort",
+        json!({ "resourceClaims": [{ "name": config, "resourceClaimTemplateName": config }] }),
+        json!({ "resources": { "claims": [{ "name": config }] } }),
+    )
+    .await;
+    let output = c.output("opcua").await;
+    assert_shows(
+        &output,
+        &[
+            format!("OPCUA_DISCOVERY_URL=opc.tcp://127.0.0.1:{boiler}/"),
+            "OPCUA_APPLICATION_NAME=Boiler".to_string(),
+            "OPCUA_APPLICATION_URI=urn:akri-test:Boiler".to_string(),
+        ],
+    );
+    controller.abort();
+}

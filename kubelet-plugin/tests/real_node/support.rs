@@ -3,6 +3,7 @@
 //! discovery handler: an external handler, speaking Akri's protocol, whose one device carries
 //! properties, a mount and a device node, as udev devices do.
 
+use akri_discovery_handler::{DeviceLists, Discover, Served};
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, handler};
 use akri_kubelet_plugin::legacy::LegacyOptions;
@@ -13,7 +14,6 @@ use kube::api::{Api, DeleteParams, LogParams, PostParams};
 use serde_json::{Value, json};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use tokio_stream::wrappers::ReceiverStream;
 
 /// The fixture handler's name, as configurations name it.
 pub const FIXTURE: &str = "fixture";
@@ -27,6 +27,7 @@ pub struct Cluster {
     pub client: kube::Client,
     pub ns: String,
     pub node: RealNode,
+    registration: PathBuf,
     // Field order is drop order: the agent and handler before the node, the control plane
     // last.
     _agent: agent::Agent,
@@ -66,16 +67,31 @@ impl Cluster {
             .await
             .expect("agent starts");
         let fixture = FixtureHandler::serve(dir.path()).await;
-        fixture.register(&registration).await;
-        Cluster {
+        let socket = fixture.socket.clone();
+        let cluster = Cluster {
             client,
             ns,
             node,
+            registration,
             _agent: agent,
             _fixture: fixture,
             _dir: dir,
             _cp: cp,
-        }
+        };
+        cluster.register_handler(FIXTURE, &socket, false).await;
+        cluster
+    }
+
+    /// Registers an external handler serving on `socket` with the agent, as any handler does.
+    pub async fn register_handler(&self, name: &str, socket: &Path, shared: bool) {
+        let registered = RegisteredHandler {
+            name: name.into(),
+            endpoint: Endpoint::Uds(socket.to_path_buf()),
+            shared,
+        };
+        handler::register(&self.registration, &registered)
+            .await
+            .expect("the agent takes the handler");
     }
 
     pub fn pods(&self) -> Api<Pod> {
@@ -164,7 +180,7 @@ fn merge(into: &mut Value, from: Value) {
 /// The `fixture` discovery handler: one device, `fixture-0`, whatever the details say.
 pub struct FixtureHandler {
     socket: PathBuf,
-    server: tokio::task::JoinHandle<()>,
+    _served: Served,
     _host: tempfile::TempDir,
 }
 
@@ -191,56 +207,29 @@ impl FixtureHandler {
             }],
         };
         let socket = dir.join("fixture.sock");
-        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-        let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Fixture(device));
-        let server = tokio::spawn(async move {
-            let _ = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(listener))
-                .await;
-        });
+        let served = Served::start(Fixture(device), &socket).unwrap();
         FixtureHandler {
             socket,
-            server,
+            _served: served,
             _host: host,
         }
-    }
-
-    async fn register(&self, registration_socket: &Path) {
-        let handler = RegisteredHandler {
-            name: FIXTURE.into(),
-            endpoint: Endpoint::Uds(self.socket.clone()),
-            shared: false,
-        };
-        handler::register(registration_socket, &handler)
-            .await
-            .expect("the agent takes the fixture handler");
-    }
-}
-
-impl Drop for FixtureHandler {
-    fn drop(&mut self) {
-        self.server.abort();
     }
 }
 
 struct Fixture(proto::Device);
 
-#[tonic::async_trait]
-impl proto::discovery_handler_server::DiscoveryHandler for Fixture {
-    type DiscoverStream = ReceiverStream<Result<proto::DiscoverResponse, tonic::Status>>;
-
-    async fn discover(
+impl Discover for Fixture {
+    fn start(
         &self,
-        _: tonic::Request<proto::DiscoverRequest>,
-    ) -> Result<tonic::Response<Self::DiscoverStream>, tonic::Status> {
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        _: proto::DiscoverRequest,
+        mut lists: DeviceLists,
+    ) -> Result<(), tonic::Status> {
         let devices = vec![self.0.clone()];
         tokio::spawn(async move {
-            let _ = tx.send(Ok(proto::DiscoverResponse { devices })).await;
+            lists.send(devices).await;
             // The stream stays open: closing it would tell the agent the handler is gone.
-            tx.closed().await;
+            lists.closed().await;
         });
-        Ok(tonic::Response::new(ReceiverStream::new(rx)))
+        Ok(())
     }
 }
