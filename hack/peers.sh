@@ -8,8 +8,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 VENV=_output/tools/peers-venv
-# asyncua: a real OPC UA server and Local Discovery Server (FreeOpcUa).
-PINS="asyncua==2.1.0"
+# asyncua: a real OPC UA server and Local Discovery Server (FreeOpcUa); WSDiscovery: a real
+# WS-Discovery publisher for the ONVIF camera peer.
+PINS="asyncua==2.1.0 WSDiscovery==2.1.2"
 
 stamp="$VENV/.pins"
 if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$PINS" ]; then

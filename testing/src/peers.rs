@@ -48,12 +48,22 @@ impl Peer {
             .take_stdout()
             .ok_or_else(|| Error::Other("a peer's stdout".into()))?;
         let (tx, rx) = std::sync::mpsc::channel();
+        let log = component.log().to_path_buf();
         std::thread::spawn(move || {
-            let ready = std::io::BufReader::new(stdout)
+            use std::io::Write;
+            let mut lines = std::io::BufReader::new(stdout)
                 .lines()
-                .map_while(Result::ok)
-                .any(|line| line.trim() == "ready");
+                .map_while(Result::ok);
+            let ready = lines.any(|line| line.trim() == "ready");
             let _ = tx.send(ready);
+            // Read on until it exits: a peer printing to a closed pipe fails (Python raises
+            // BrokenPipeError in the middle of an answer). What it prints goes to its log.
+            let mut file = std::fs::OpenOptions::new().append(true).open(log).ok();
+            for line in lines {
+                if let Some(file) = file.as_mut() {
+                    let _ = writeln!(file, "{line}");
+                }
+            }
         });
         match rx.recv_timeout(Duration::from_secs(30)) {
             Ok(true) => Ok(Peer {

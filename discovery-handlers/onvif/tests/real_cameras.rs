@@ -1,0 +1,244 @@
+//! The ONVIF handler against real WS-Discovery peers (WSDiscovery, from PyPI) publishing
+//! NetworkVideoTransmitters on the multicast group, each with a device service that checks
+//! WS-Security digests as cameras do (`hack/peers/onvif_camera.py`).
+
+use akri_discovery_handler::{Served, proto};
+use akri_onvif::Onvif;
+use akri_testing::peers::Peer;
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+/// Peers on the multicast group answer every probe on this machine: the tests of this file
+/// run one at a time, and each asks only for its own cameras' uuids.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+const PASSWORD: &str = "s3cret-Pa55";
+
+struct Camera {
+    uuid: String,
+    port: u16,
+    peer: Peer,
+}
+
+fn camera(name: &str, location: &str, ip: &str, mac: &str, auth: bool) -> Camera {
+    let uuid = uuid_for(name);
+    let port = akri_testing::free_port().unwrap();
+    let mut args: Vec<String> = [
+        "--port",
+        &port.to_string(),
+        "--uuid",
+        &uuid,
+        "--scope",
+        &format!("onvif://www.onvif.org/name/{name}"),
+        "--scope",
+        &format!("onvif://www.onvif.org/location/{location}"),
+        "--ip",
+        ip,
+        "--mac",
+        mac,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    if auth {
+        args.extend([
+            "--username".into(),
+            "admin".into(),
+            "--password".into(),
+            PASSWORD.into(),
+        ]);
+    }
+    let peer = Peer::start(name, "onvif_camera.py", &args).expect("the camera starts");
+    Camera { uuid, port, peer }
+}
+
+fn uuid_for(name: &str) -> String {
+    // Unique per run, so that cameras of other runs never match.
+    let unique = akri_testing::ControlPlane::unique_name(name);
+    let digits: String = unique.bytes().map(|b| format!("{:02x}", b)).collect();
+    let hex = format!("{digits:0<32}");
+    format!(
+        "{}-{}-{}-{}-{}",
+        &hex[0..8],
+        &hex[8..12],
+        &hex[12..16],
+        &hex[16..20],
+        &hex[20..32]
+    )
+}
+
+fn service_url(camera: &Camera) -> String {
+    format!("http://127.0.0.1:{}/onvif/device_service", camera.port)
+}
+
+async fn discover(
+    socket: &Path,
+    details: &str,
+    properties: &[(&str, &str)],
+) -> Result<tonic::Streaming<proto::DiscoverResponse>, tonic::Status> {
+    let channel = dra_plugin::authority::connect(socket).await.unwrap();
+    proto::discovery_handler_client::DiscoveryHandlerClient::new(channel)
+        .discover(proto::DiscoverRequest {
+            discovery_details: details.into(),
+            discovery_properties: properties
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        proto::ByteData {
+                            vec: Some(v.as_bytes().to_vec()),
+                        },
+                    )
+                })
+                .collect(),
+        })
+        .await
+        .map(|response| response.into_inner())
+}
+
+async fn next(stream: &mut tonic::Streaming<proto::DiscoverResponse>) -> Vec<proto::Device> {
+    tokio::time::timeout(Duration::from_secs(30), stream.message())
+        .await
+        .expect("a device list within 30 s")
+        .expect("the stream carries on")
+        .expect("the stream is open")
+        .devices
+}
+
+/// The devices, by uuid, once the list has `count` of them.
+async fn devices(
+    stream: &mut tonic::Streaming<proto::DiscoverResponse>,
+    count: usize,
+) -> HashMap<String, HashMap<String, String>> {
+    loop {
+        let devices = next(stream).await;
+        if devices.len() == count {
+            return devices
+                .into_iter()
+                .map(|d| (d.properties["ONVIF_DEVICE_UUID"].clone(), d.properties))
+                .collect();
+        }
+    }
+}
+
+fn serve(dir: &Path) -> Served {
+    let onvif = Onvif {
+        rescan: Duration::from_millis(500),
+        query_timeout: Duration::from_secs(3),
+        ..Onvif::default()
+    };
+    Served::start(onvif, &dir.join("onvif.sock")).unwrap()
+}
+
+/// Details asking for `cameras` only, plus `extra` filters.
+fn details(cameras: &[&Camera], extra: &str) -> String {
+    let uuids: Vec<&str> = cameras.iter().map(|c| c.uuid.as_str()).collect();
+    format!(
+        "uuids: {{action: Include, items: [{}]}}\ndiscoveryTimeoutSeconds: 1\n{extra}",
+        uuids.join(", ")
+    )
+}
+
+#[tokio::test]
+async fn cameras_are_found_asked_with_their_credentials_and_filtered() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _served = serve(dir.path());
+    let socket = dir.path().join("onvif.sock");
+    let dock = camera("dock", "dock", "10.0.0.11", "00:11:22:33:44:01", true);
+    let mut lobby = camera("lobby", "lobby", "10.0.0.12", "00:11:22:33:44:02", false);
+    let both = [&dock, &lobby];
+    let username = format!("username_{}", dock.uuid);
+    let password = format!("password_{}", dock.uuid);
+    let credentials = [(username.as_str(), "admin"), (password.as_str(), PASSWORD)];
+
+    // With the dock camera's credential: both cameras, with what their device services say.
+    let mut stream = discover(&socket, &details(&both, ""), &credentials)
+        .await
+        .unwrap();
+    let found = devices(&mut stream, 2).await;
+    let d = &found[&dock.uuid];
+    assert_eq!(d["ONVIF_DEVICE_SERVICE_URL"], service_url(&dock));
+    assert_eq!(d["ONVIF_DEVICE_IP_ADDRESS"], "10.0.0.11");
+    assert_eq!(d["ONVIF_DEVICE_MAC_ADDRESS"], "00:11:22:33:44:01");
+    assert_eq!(
+        d["ONVIF_STREAM_URI"],
+        format!("rtsp://10.0.0.11:554/{}/main", dock.uuid)
+    );
+    assert_eq!(found[&lobby.uuid]["ONVIF_DEVICE_IP_ADDRESS"], "10.0.0.12");
+    for properties in found.values() {
+        assert!(
+            properties.values().all(|v| !v.contains(PASSWORD)),
+            "{properties:?}"
+        );
+    }
+    drop(stream);
+
+    // Without it, or with a wrong one: the dock camera refuses, and is found without them.
+    for properties in [
+        vec![],
+        vec![(username.as_str(), "admin"), (password.as_str(), "wrong")],
+    ] {
+        let mut stream = discover(&socket, &details(&both, ""), &properties)
+            .await
+            .unwrap();
+        let found = devices(&mut stream, 2).await;
+        assert!(
+            !found[&dock.uuid].contains_key("ONVIF_DEVICE_IP_ADDRESS"),
+            "{found:?}"
+        );
+        assert!(!found[&dock.uuid].contains_key("ONVIF_STREAM_URI"));
+        assert_eq!(found[&lobby.uuid]["ONVIF_DEVICE_IP_ADDRESS"], "10.0.0.12");
+    }
+
+    // Filters: scopes, IP and MAC addresses.
+    for (extra, expected) in [
+        (
+            "scopes: {items: ['onvif://www.onvif.org/location/dock']}",
+            &dock,
+        ),
+        (
+            "scopes: {action: Exclude, items: ['onvif://www.onvif.org/location/dock']}",
+            &lobby,
+        ),
+        ("ipAddresses: {action: Exclude, items: [10.0.0.11]}", &lobby),
+        ("macAddresses: {items: ['00:11:22:33:44:01']}", &dock),
+    ] {
+        let mut stream = discover(&socket, &details(&both, extra), &credentials)
+            .await
+            .unwrap();
+        let found = devices(&mut stream, 1).await;
+        assert!(found.contains_key(&expected.uuid), "{extra}: {found:?}");
+    }
+
+    // A camera that goes away is removed.
+    let mut stream = discover(&socket, &details(&both, ""), &credentials)
+        .await
+        .unwrap();
+    devices(&mut stream, 2).await;
+    lobby.peer.kill();
+    let found = devices(&mut stream, 1).await;
+    assert!(found.contains_key(&dock.uuid));
+}
+
+#[tokio::test]
+async fn bad_details_fail_the_call_with_what_is_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let _served = serve(dir.path());
+    let socket = dir.path().join("onvif.sock");
+    for (details, says) in [
+        ("discoveryTimeoutSeconds: 0", "between 1 and 60"),
+        ("ipAdresses: {items: [10.0.0.1]}", "ipAdresses"),
+        ("scopes: {action: Maybe}", "Maybe"),
+    ] {
+        let status = discover(&socket, details, &[]).await.unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{details}");
+        assert!(
+            status.message().starts_with("onvif discovery details: ")
+                && status.message().contains(says),
+            "{details}: {}",
+            status.message()
+        );
+    }
+}

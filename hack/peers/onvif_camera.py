@@ -1,0 +1,162 @@
+"""A real WS-Discovery peer publishing an ONVIF NetworkVideoTransmitter (WSDiscovery, from
+PyPI), with a device-service endpoint, for the ONVIF discovery handler's tests.
+
+    onvif_camera.py --port 18080 --uuid <uuid> --scope onvif://www.onvif.org/name/cam1 ...
+                    --ip 10.0.0.11 --mac 00:11:22:33:44:01 [--username u --password p]
+
+WS-Discovery answers Probes for dn:NetworkVideoTransmitter on 239.255.255.250:3702 (IPv4)
+with the camera's endpoint (urn:uuid:<uuid>), scopes and XAddrs
+http://127.0.0.1:<port>/onvif/device_service. The device service (SOAP 1.2 over HTTP)
+answers GetNetworkInterfaces (the --ip and --mac), GetCapabilities (the media service),
+GetProfiles and GetStreamUri (rtsp://<ip>:554/<uuid>/main). With --username/--password every
+call but GetSystemDateAndTime needs a WS-Security UsernameToken with the password digest
+(base64(sha1(nonce + created + password))), as ONVIF cameras do; a wrong or missing one gets
+a SOAP fault `NotAuthorized` with HTTP 400. Each request's action and whether it was
+authenticated is printed ("request <action> authenticated=<bool>"). Prints "ready" once both
+are up; stops on SIGTERM.
+"""
+
+import argparse
+import base64
+import hashlib
+import http.server
+import re
+import signal
+import sys
+import threading
+
+import wsdiscovery.threaded
+from wsdiscovery import QName, Scope
+from wsdiscovery.publishing import ThreadedWSPublishing
+
+# IPv4 only: the IPv6 networking thread dies on an IPv4 reply address in some containers.
+class _NoIPv6:
+    def __init__(self, *args, **kwargs):
+        raise OSError("IPv6 off for the test peer")
+
+wsdiscovery.threaded.NetworkingThreadIPv6 = _NoIPv6
+
+NVT = QName("http://www.onvif.org/ver10/network/wsdl", "NetworkVideoTransmitter", "dn")
+
+
+def envelope(body: str) -> bytes:
+    return (
+        '<?xml version="1.0" encoding="UTF-8"?>'
+        '<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope" '
+        'xmlns:tds="http://www.onvif.org/ver10/device/wsdl" '
+        'xmlns:trt="http://www.onvif.org/ver10/media/wsdl" '
+        'xmlns:tt="http://www.onvif.org/ver10/schema" '
+        'xmlns:ter="http://www.onvif.org/ver10/error">'
+        f"<s:Body>{body}</s:Body></s:Envelope>"
+    ).encode()
+
+
+def fault() -> bytes:
+    return envelope(
+        "<s:Fault><s:Code><s:Value>s:Sender</s:Value><s:Subcode><s:Value>ter:NotAuthorized"
+        "</s:Value></s:Subcode></s:Code><s:Reason><s:Text xml:lang=\"en\">Sender not "
+        "Authorized</s:Text></s:Reason></s:Fault>"
+    )
+
+
+def text_of(xml: str, name: str):
+    match = re.search(rf"<(?:\w+:)?{name}\b[^>]*>([^<]*)</(?:\w+:)?{name}>", xml)
+    return match.group(1) if match else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--uuid", required=True)
+    parser.add_argument("--scope", action="append", default=[])
+    parser.add_argument("--ip", required=True)
+    parser.add_argument("--mac", required=True)
+    parser.add_argument("--username")
+    parser.add_argument("--password")
+    args = parser.parse_args()
+    service_url = f"http://127.0.0.1:{args.port}/onvif/device_service"
+
+    def authenticated(xml: str) -> bool:
+        if not args.username:
+            return True
+        user = text_of(xml, "Username")
+        digest = text_of(xml, "Password")
+        nonce = text_of(xml, "Nonce")
+        created = text_of(xml, "Created")
+        if user != args.username or not digest or not nonce or not created:
+            return False
+        expected = base64.b64encode(
+            hashlib.sha1(base64.b64decode(nonce) + created.encode() + args.password.encode()).digest()
+        ).decode()
+        return digest == expected
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *_):
+            pass
+
+        def do_POST(self):
+            xml = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+            action = re.search(r"<(?:\w+:)?(\w+)\s*/?>\s*</(?:\w+:)?Body>|<(?:\w+:)?Body[^>]*>\s*<(?:\w+:)?(\w+)", xml)
+            name = next((g for g in (action.groups() if action else ()) if g), "?")
+            ok = name == "GetSystemDateAndTime" or authenticated(xml)
+            print(f"request {name} authenticated={ok}", flush=True)
+            if not ok:
+                body, status = fault(), 400
+            elif name == "GetNetworkInterfaces":
+                body, status = envelope(
+                    "<tds:GetNetworkInterfacesResponse><tds:NetworkInterfaces token=\"eth0\">"
+                    "<tt:Enabled>true</tt:Enabled><tt:Info><tt:Name>eth0</tt:Name>"
+                    f"<tt:HwAddress>{args.mac}</tt:HwAddress></tt:Info><tt:IPv4><tt:Enabled>true</tt:Enabled>"
+                    f"<tt:Config><tt:Manual><tt:Address>{args.ip}</tt:Address><tt:PrefixLength>24"
+                    "</tt:PrefixLength></tt:Manual><tt:DHCP>false</tt:DHCP></tt:Config></tt:IPv4>"
+                    "</tds:NetworkInterfaces></tds:GetNetworkInterfacesResponse>"
+                ), 200
+            elif name == "GetCapabilities":
+                body, status = envelope(
+                    "<tds:GetCapabilitiesResponse><tds:Capabilities>"
+                    f"<tt:Device><tt:XAddr>{service_url}</tt:XAddr></tt:Device>"
+                    f"<tt:Media><tt:XAddr>http://127.0.0.1:{args.port}/onvif/media_service</tt:XAddr>"
+                    "</tt:Media></tds:Capabilities></tds:GetCapabilitiesResponse>"
+                ), 200
+            elif name == "GetProfiles":
+                body, status = envelope(
+                    "<trt:GetProfilesResponse><trt:Profiles token=\"main\" fixed=\"true\">"
+                    "<tt:Name>main</tt:Name></trt:Profiles><trt:Profiles token=\"sub\">"
+                    "<tt:Name>sub</tt:Name></trt:Profiles></trt:GetProfilesResponse>"
+                ), 200
+            elif name == "GetStreamUri":
+                token = text_of(xml, "ProfileToken") or "main"
+                body, status = envelope(
+                    "<trt:GetStreamUriResponse><trt:MediaUri>"
+                    f"<tt:Uri>rtsp://{args.ip}:554/{args.uuid}/{token}</tt:Uri>"
+                    "<tt:InvalidAfterConnect>false</tt:InvalidAfterConnect></trt:MediaUri>"
+                    "</trt:GetStreamUriResponse>"
+                ), 200
+            else:
+                body, status = fault(), 400
+            self.send_response(status)
+            self.send_header("Content-Type", "application/soap+xml; charset=utf-8")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    publishing = ThreadedWSPublishing(uuid_=f"urn:uuid:{args.uuid}")
+    publishing.start()
+    publishing.publishService(
+        types=[NVT],
+        scopes=[Scope(s) for s in args.scope],
+        xAddrs=[service_url],
+    )
+    print("ready", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    stop.wait()
+    publishing.stop()
+    server.shutdown()
+
+
+if __name__ == "__main__":
+    main()
