@@ -94,6 +94,69 @@ impl Cluster {
         .await;
     }
 
+    /// A pod whose container holds one claim from template `template` and runs `script`.
+    async fn script_pod(&self, name: &str, template: &str, script: &str) {
+        self.pod(
+            name,
+            script,
+            json!({ "resourceClaims": [{ "name": template, "resourceClaimTemplateName": template }] }),
+            json!({ "resources": { "claims": [{ "name": template }] } }),
+        )
+        .await;
+    }
+
+    /// A DiscoveryConfiguration of the shared handler `handler` (with `properties` as its
+    /// discoveryProperties), and a ResourceClaimTemplate `<name>` for one of its devices once
+    /// the driver-controller (see [`Cluster::driver_controller`]) has made its DeviceClass.
+    async fn shared_configuration(
+        &self,
+        name: &str,
+        handler: &str,
+        details: &str,
+        properties: serde_json::Value,
+    ) {
+        let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "spec": { "discoveryHandler": {
+                "name": handler, "discoveryDetails": details, "discoveryProperties": properties,
+            } },
+        }));
+        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+        let classes = Api::<DeviceClass>::all(self.client.clone());
+        self.node
+            .eventually(
+                "the driver-controller's DeviceClass",
+                Duration::from_secs(30),
+                async || classes.get_opt(name).await.ok()?.map(|_| ()),
+            )
+            .await;
+        let template: ResourceClaimTemplate = from_json(json!({
+            "metadata": { "name": name },
+            "spec": { "spec": { "devices": { "requests": [
+                { "name": "device", "exactly": { "deviceClassName": name } },
+            ] } } },
+        }));
+        Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns)
+            .create(&PostParams::default(), &template)
+            .await
+            .unwrap();
+    }
+
+    /// The driver-controller, in this process: shared devices are its to publish. Runs until
+    /// the returned handle is dropped.
+    fn driver_controller(&self) -> AbortOnDrop {
+        let client = self.client.clone();
+        let config = akri_driver_controller::controller::ControllerConfig::new(&self.ns);
+        AbortOnDrop(tokio::spawn(async move {
+            let _ =
+                akri_driver_controller::controller::run(client, config, Default::default()).await;
+        }))
+    }
+
     /// A v0 Configuration of the fixture handler, served as device plugins; returns its
     /// configuration-level resource once the node offers it.
     async fn legacy_configuration(&self) -> String {
@@ -151,6 +214,15 @@ impl Cluster {
             .unwrap()
             .node_name
             .expect("a pod with output is bound")
+    }
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -334,13 +406,7 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
          stat -c 'device %n: %F %t:%T' {device} {device}p1\n\
          true"
     );
-    c.pod(
-        "disk",
-        &script,
-        json!({ "resourceClaims": [{ "name": config, "resourceClaimTemplateName": config }] }),
-        json!({ "resources": { "claims": [{ "name": config }] } }),
-    )
-    .await;
+    c.script_pod("disk", &config, &script).await;
     // A configuration with a rule that selects nothing usable: its status says why on this
     // node, the good one is not disturbed, and fixing the rule clears the error.
     let bad = ControlPlane::unique_name("bad");
@@ -432,13 +498,7 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
 #[tokio::test]
 async fn an_opcua_server_behind_a_discovery_server_reaches_a_container_as_a_shared_device() {
     let c = Cluster::start().await;
-    // Shared devices are published by the driver-controller, with the configuration's
-    // DeviceClass.
-    let controller = tokio::spawn({
-        let client = c.client.clone();
-        let config = akri_driver_controller::controller::ControllerConfig::new(&c.ns);
-        async move { akri_driver_controller::controller::run(client, config, Default::default()).await }
-    });
+    let _controller = c.driver_controller();
     // The OPC UA handler, external (its own socket, registered like Akri's), and real
     // servers: a discovery server and one registered with it.
     let dir = tempfile::tempdir().unwrap();
@@ -471,42 +531,11 @@ async fn an_opcua_server_behind_a_discovery_server_reaches_a_container_as_a_shar
     let _boiler = peer("Boiler", boiler, &["--register-to", &lds_url]);
 
     let config = ControlPlane::unique_name("opcua");
-    let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
-        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-        "metadata": { "name": config },
-        "spec": { "discoveryHandler": { "name": "opcua", "discoveryDetails": format!(
-            "opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: ['{lds_url}']\n"
-        ) } },
-    }));
-    Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone())
-        .create(&PostParams::default(), &configuration)
-        .await
-        .unwrap();
-    let classes = Api::<DeviceClass>::all(c.client.clone());
-    c.node
-        .eventually(
-            "the driver-controller's DeviceClass",
-            Duration::from_secs(30),
-            async || classes.get_opt(&config).await.ok()?.map(|_| ()),
-        )
+    let details = format!("opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: ['{lds_url}']\n");
+    c.shared_configuration(&config, "opcua", &details, json!([]))
         .await;
-    let template: ResourceClaimTemplate = from_json(json!({
-        "metadata": { "name": config },
-        "spec": { "spec": { "devices": { "requests": [
-            { "name": "device", "exactly": { "deviceClassName": config } },
-        ] } } },
-    }));
-    Api::<ResourceClaimTemplate>::namespaced(c.client.clone(), &c.ns)
-        .create(&PostParams::default(), &template)
-        .await
-        .unwrap();
-    c.pod(
-        "opcua",
-        "env | grep '^OPCUA_' | sort",
-        json!({ "resourceClaims": [{ "name": config, "resourceClaimTemplateName": config }] }),
-        json!({ "resources": { "claims": [{ "name": config }] } }),
-    )
-    .await;
+    c.script_pod("opcua", &config, "env | grep '^OPCUA_' | sort")
+        .await;
     let output = c.output("opcua").await;
     assert_shows(
         &output,
@@ -516,5 +545,100 @@ async fn an_opcua_server_behind_a_discovery_server_reaches_a_container_as_a_shar
             "OPCUA_APPLICATION_URI=urn:akri-test:Boiler".to_string(),
         ],
     );
-    controller.abort();
+}
+
+#[tokio::test]
+async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_secret_reveals() {
+    const PASSWORD: &str = "from-a-secret-only";
+    let c = Cluster::start().await;
+    let _controller = c.driver_controller();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("onvif.sock");
+    let onvif = akri_onvif::Onvif {
+        rescan: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let _served = akri_discovery_handler::Served::start(onvif, &socket).unwrap();
+    c.register_handler("onvif", &socket, true).await;
+    // A real WS-Discovery camera whose device service wants the credential.
+    let uuid = "7e57ca4e-0000-4000-8000-00000000e2e0";
+    let port = akri_testing::free_port().unwrap();
+    let _camera = akri_testing::peers::Peer::start(
+        "camera",
+        "onvif_camera.py",
+        &[
+            "--port",
+            &port.to_string(),
+            "--uuid",
+            uuid,
+            "--scope",
+            "onvif://www.onvif.org/location/gate",
+            "--ip",
+            "10.20.30.40",
+            "--mac",
+            "00:0a:0b:0c:0d:0e",
+            "--username",
+            "admin",
+            "--password",
+            PASSWORD,
+        ]
+        .map(String::from),
+    )
+    .unwrap();
+    let secret: k8s_openapi::api::core::v1::Secret = from_json(json!({
+        "metadata": { "name": "camera-credentials" },
+        "stringData": { "username": "admin", "password": PASSWORD },
+    }));
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(c.client.clone(), &c.ns)
+        .create(&PostParams::default(), &secret)
+        .await
+        .unwrap();
+    let reference = |key: &str| {
+        json!({ "secretKeyRef": {
+        "name": "camera-credentials", "namespace": c.ns, "key": key,
+    } })
+    };
+    let properties = json!([
+        { "name": format!("username_{uuid}"), "valueFrom": reference("username") },
+        { "name": format!("password_{uuid}"), "valueFrom": reference("password") },
+    ]);
+    let config = ControlPlane::unique_name("onvif");
+    let details = format!(
+        "uuids: {{items: [{uuid}]}}\nscopes: {{items: ['onvif://www.onvif.org/location/gate']}}\n"
+    );
+    c.shared_configuration(&config, "onvif", &details, properties)
+        .await;
+    c.script_pod("camera", &config, "env | grep '^ONVIF_' | sort")
+        .await;
+    let output = c.output("camera").await;
+    assert_shows(
+        &output,
+        &[
+            format!("ONVIF_DEVICE_SERVICE_URL=http://127.0.0.1:{port}/onvif/device_service"),
+            format!("ONVIF_DEVICE_UUID={uuid}"),
+            "ONVIF_DEVICE_IP_ADDRESS=10.20.30.40".to_string(),
+            "ONVIF_DEVICE_MAC_ADDRESS=00:0a:0b:0c:0d:0e".to_string(),
+            format!("ONVIF_STREAM_URI=rtsp://10.20.30.40:554/{uuid}/main"),
+        ],
+    );
+    assert!(!output.contains(PASSWORD), "{output}");
+    // The credential is nowhere in what the cluster stores about the device.
+    let instances = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let configuration = Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone())
+        .get(&config)
+        .await
+        .unwrap();
+    let stored = format!(
+        "{}{}",
+        serde_json::to_string(&instances.items).unwrap(),
+        serde_json::to_string(&configuration.status).unwrap()
+    );
+    assert!(
+        stored.contains("10.20.30.40"),
+        "the Instance is there: {stored}"
+    );
+    assert!(!stored.contains(PASSWORD), "{stored}");
 }
