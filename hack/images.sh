@@ -37,6 +37,7 @@ COMPONENTS=(
   "akri-broker-controller|65532:65532|akri-broker-controller|nonroot: talks to the API server only"
   "akri-udev-discovery-handler|0:0|akri-udev-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
   "akri-opcua-discovery-handler|0:0|akri-opcua-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
+  "akri-onvif-discovery-handler|0:0|akri-onvif-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
   "akri-debug-echo-discovery-handler|0:0|akri-debug-echo-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
 )
 
@@ -161,7 +162,7 @@ check_image() {
     fail "$name" "user is '$(jq -r '.config.User // ""' <<<"$config")', want '$user'"
   # Root only where the host paths need it: the kubelet-plugin (the kubelet's directories) and
   # the discovery handlers (the agent's root-owned registration socket in /var/lib/akri).
-  if [[ ! " akri-kubelet-plugin akri-udev-discovery-handler akri-opcua-discovery-handler akri-debug-echo-discovery-handler " =~ " $name " ]]; then
+  if [[ ! " akri-kubelet-plugin akri-udev-discovery-handler akri-opcua-discovery-handler akri-onvif-discovery-handler akri-debug-echo-discovery-handler " =~ " $name " ]]; then
     case "$(jq -r '.config.User // ""' <<<"$config")" in
       "" | 0 | 0:* | root | root:*) fail "$name" "runs as root" ;;
     esac
