@@ -151,14 +151,11 @@ fn serve<P: DevicePlugin>(socket: &Path, service: Service<P>) -> Result<Task, Er
     )?;
     let router = tonic::transport::Server::builder()
         .add_service(api::device_plugin_server::DevicePluginServer::new(service));
-    Ok(Task(tokio::spawn(async move {
-        if let Err(error) = router
-            .serve_with_incoming(dra_plugin::authority::incoming(listener))
-            .await
-        {
-            tracing::error!(%error, "device plugin server stopped");
-        }
-    })))
+    Ok(Task(dra_plugin::authority::spawn(
+        listener,
+        router,
+        "device plugin server",
+    )))
 }
 
 /// The identity of a socket file (its inode), to notice one being replaced.

@@ -76,6 +76,21 @@ pub async fn connect(
         .await
 }
 
+/// Serves `router` on `listener` (through [`incoming`]) on a task of its own, logging why it
+/// stopped as `what` if it does: the one way every gRPC server on a Unix socket here runs.
+/// Aborting the task stops serving and closes the connections.
+pub fn spawn(
+    listener: UnixListener,
+    router: tonic::transport::server::Router,
+    what: &'static str,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        if let Err(error) = router.serve_with_incoming(incoming(listener)).await {
+            tracing::error!(%error, "{what} stopped");
+        }
+    })
+}
+
 /// Connections accepted on `listener`, with `:authority` rewritten to `localhost`, ready for
 /// `tonic::transport::Server::serve_with_incoming`.
 ///

@@ -62,14 +62,7 @@ impl KubeletPlugin {
             .add_service(service.v1())
             .add_service(service.v1beta1())
             .add_service(health.service());
-        let server = tokio::spawn(async move {
-            if let Err(error) = router
-                .serve_with_incoming(crate::authority::incoming(listener))
-                .await
-            {
-                tracing::error!(%error, "DRA service stopped");
-            }
-        });
+        let server = crate::authority::spawn(listener, router, "DRA service");
 
         let info = PluginInfo {
             driver_name: config.driver_name.clone(),

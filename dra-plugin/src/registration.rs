@@ -64,15 +64,8 @@ impl Registration {
         let (tx, status) = watch::channel(RegistrationStatus::Pending);
         let service =
             api::registration_server::RegistrationServer::new(Registrar { info, status: tx });
-        let server = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(crate::authority::incoming(listener))
-                .await;
-            if let Err(error) = result {
-                tracing::error!(%error, "registration server stopped");
-            }
-        });
+        let router = tonic::transport::Server::builder().add_service(service);
+        let server = crate::authority::spawn(listener, router, "registration server");
         Ok(Registration {
             socket,
             status,

@@ -57,9 +57,9 @@ pub struct AgentConfig {
     pub discovery_socket: PathBuf,
     /// Run the embedded debugEcho handler.
     pub debug_echo: Option<DebugEchoConfig>,
-    /// Run the embedded udev handler, serving on this socket (the plugin then needs the
-    /// host's `/sys`, `/dev` and `/run/udev`, as the udev handler's own pod would).
-    pub udev_socket: Option<PathBuf>,
+    /// Discovery handlers to serve in this process ([`crate::embedded`]), each on
+    /// `<discovery socket's directory>/<name>.sock`.
+    pub embedded_handlers: Vec<Embedded>,
     /// Whether the API server keeps consumable capacity; `None` asks it at start (a dry-run
     /// probe). Decides, with each configuration's `uniqueDevices`, how capacity > 1 is
     /// modelled ([`akri_devices::Sharing::for_configuration`]).
@@ -101,7 +101,7 @@ impl AgentConfig {
             state_dir: dir.join("state"),
             discovery_socket: dir.join("handlers/agent-registration.sock"),
             debug_echo: Some(echo),
-            udev_socket: None,
+            embedded_handlers: Vec::new(),
             consumable_capacity: None,
             instance_grace: Duration::ZERO,
             vanished_grace: Duration::from_secs(300),
@@ -136,10 +136,8 @@ pub enum Error {
     StateDir(#[from] crate::state_dir::Error),
     #[error("embedded debugEcho: {0}")]
     DebugEcho(#[from] crate::discovery::debug_echo::Error),
-    #[error("embedded udev handler: {0}")]
-    Udev(#[from] akri_discovery_handler::serve::Error),
-    #[error("embedded udev handler: {0}")]
-    UdevRegistration(#[from] akri_discovery_handler::registration::RegisterError),
+    #[error(transparent)]
+    Embedded(#[from] crate::embedded::Error),
     #[error("reading node {node}: {source}")]
     Node {
         node: String,
@@ -237,19 +235,10 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         }
         None => None,
     };
-    let udev = match &config.udev_socket {
-        Some(socket) => {
-            let served = Served::start(akri_udev::Udev::start(), socket)?;
-            let handler = RegisteredHandler {
-                name: akri_udev::NAME.to_string(),
-                endpoint: Endpoint::Uds(socket.clone()),
-                shared: akri_udev::SHARED,
-            };
-            handler::register(registry.socket(), &handler).await?;
-            Some(served)
-        }
-        None => None,
-    };
+    let mut embedded = Vec::new();
+    for handler in &config.embedded_handlers {
+        embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
+    }
     let node = crate::api_call(Api::<Node>::all(client.clone()).get(&config.node_name))
         .await
         .map_err(|source| Error::Node {
@@ -310,7 +299,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             counters: metrics.legacy_counters().clone(),
         }))
     });
-    let task = tokio::spawn(state.run(registry, (debug_echo, udev)));
+    let task = tokio::spawn(state.run(registry, (debug_echo, embedded)));
     Ok(Agent {
         task,
         legacy,
@@ -351,7 +340,7 @@ enum WatchEvent {
 }
 
 impl AgentState {
-    async fn run(mut self, registry: Registry, _embedded: (Option<DebugEcho>, Option<Served>)) {
+    async fn run(mut self, registry: Registry, _embedded: (Option<DebugEcho>, Vec<Served>)) {
         let mut handlers = registry.subscribe();
         let configs_api = Api::<DiscoveryConfiguration>::all(self.client.clone());
         let (store, writer) = kube::runtime::reflector::store();

@@ -5,6 +5,7 @@ pub mod discovery;
 pub mod agent;
 pub mod discovery_errors;
 pub mod driver;
+pub mod embedded;
 pub mod instances;
 pub mod legacy;
 pub mod metrics;

@@ -47,10 +47,11 @@ struct Args {
     /// nodes is one device that each of them reaches.
     #[arg(long)]
     debug_echo_shared: bool,
-    /// Run the udev discovery handler inside this process, serving on this socket (instead
-    /// of its own DaemonSet; this pod then needs the host's /sys, /dev and /run/udev).
-    #[arg(long)]
-    udev_socket: Option<PathBuf>,
+    /// Discovery handlers to run inside this process (comma separated), each serving on
+    /// <discovery socket's directory>/<name>.sock, instead of DaemonSets of their own: udev
+    /// (mount the host's /run/udev), opcua, onvif (needs the cameras' network).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    embed_handlers: Vec<akri_kubelet_plugin::embedded::Embedded>,
     /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks
     /// it with a dry-run probe at start.
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
@@ -104,7 +105,7 @@ async fn main() -> anyhow::Result<()> {
         state_dir: args.state_dir,
         discovery_socket: args.discovery_socket,
         debug_echo,
-        udev_socket: args.udev_socket,
+        embedded_handlers: args.embed_handlers,
         consumable_capacity: args.consumable_capacity.forced(),
         instance_grace: Duration::from_secs(args.instance_grace_seconds),
         vanished_grace: args.vanished.grace(),

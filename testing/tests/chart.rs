@@ -377,7 +377,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--cdi-dir=/etc/cdi",
         "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
         "--debug-echo-shared",
-        "--udev-socket=/var/lib/akri/udev.sock",
+        "--embed-handlers=udev",
         "--consumable-capacity=on",
         "--property-namespaces=akri-credentials,cameras",
         "--metrics-address=[::]:9090",

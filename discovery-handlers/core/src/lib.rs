@@ -9,6 +9,7 @@
 //! kubelet-plugin (served on a socket of the plugin's and registered through the same
 //! registration socket), so both paths run the same code.
 
+pub mod client;
 pub mod details;
 pub mod filter;
 pub mod registration;

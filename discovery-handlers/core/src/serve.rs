@@ -94,16 +94,8 @@ impl Served {
         let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service(
             Arc::new(handler),
         ));
-        let shown = socket.display().to_string();
-        let server = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(dra_plugin::authority::incoming(listener))
-                .await;
-            if let Err(error) = result {
-                tracing::error!(%error, socket = shown, "discovery handler stopped serving");
-            }
-        });
+        let router = tonic::transport::Server::builder().add_service(service);
+        let server = dra_plugin::authority::spawn(listener, router, "discovery handler server");
         Ok(Served {
             socket: socket.to_path_buf(),
             server,

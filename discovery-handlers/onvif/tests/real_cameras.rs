@@ -2,6 +2,7 @@
 //! NetworkVideoTransmitters on the multicast group, each with a device service that checks
 //! WS-Security digests as cameras do (`hack/peers/onvif_camera.py`).
 
+use akri_discovery_handler::client::discover;
 use akri_discovery_handler::{Served, proto};
 use akri_onvif::Onvif;
 use akri_testing::peers::Peer;
@@ -72,31 +73,6 @@ fn service_url(camera: &Camera) -> String {
     format!("http://127.0.0.1:{}/onvif/device_service", camera.port)
 }
 
-async fn discover(
-    socket: &Path,
-    details: &str,
-    properties: &[(&str, &str)],
-) -> Result<tonic::Streaming<proto::DiscoverResponse>, tonic::Status> {
-    let channel = dra_plugin::authority::connect(socket).await.unwrap();
-    proto::discovery_handler_client::DiscoveryHandlerClient::new(channel)
-        .discover(proto::DiscoverRequest {
-            discovery_details: details.into(),
-            discovery_properties: properties
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.to_string(),
-                        proto::ByteData {
-                            vec: Some(v.as_bytes().to_vec()),
-                        },
-                    )
-                })
-                .collect(),
-        })
-        .await
-        .map(|response| response.into_inner())
-}
-
 async fn next(stream: &mut tonic::Streaming<proto::DiscoverResponse>) -> Vec<proto::Device> {
     tokio::time::timeout(Duration::from_secs(30), stream.message())
         .await
@@ -151,7 +127,10 @@ async fn cameras_are_found_asked_with_their_credentials_and_filtered() {
     let both = [&dock, &lobby];
     let username = format!("username_{}", dock.uuid);
     let password = format!("password_{}", dock.uuid);
-    let credentials = [(username.as_str(), "admin"), (password.as_str(), PASSWORD)];
+    let credentials = [
+        (username.as_str(), b"admin".as_slice()),
+        (password.as_str(), PASSWORD.as_bytes()),
+    ];
 
     // With the dock camera's credential: both cameras, with what their device services say.
     let mut stream = discover(&socket, &details(&both, ""), &credentials)
@@ -180,7 +159,7 @@ async fn cameras_are_found_asked_with_their_credentials_and_filtered() {
         vec![],
         vec![(username.as_str(), "admin"), (password.as_str(), "wrong")],
     ] {
-        let mut stream = discover(&socket, &details(&both, ""), &properties)
+        let mut stream = discover(&socket, &details(&both, ""), properties)
             .await
             .unwrap();
         let found = devices(&mut stream, 2).await;

@@ -1,6 +1,7 @@
 //! The OPC UA handler against real OPC UA servers (asyncua, from PyPI): a Local Discovery
 //! Server with servers registered to it, and a server found through its own discovery URL.
 
+use akri_discovery_handler::client::discover;
 use akri_discovery_handler::{Served, proto};
 use akri_opcua::Opcua;
 use akri_testing::peers::Peer;
@@ -34,20 +35,6 @@ fn details(urls: &[String], names: &str) -> String {
         "opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: [{}]\n{names}",
         urls.join(", ")
     )
-}
-
-async fn discover(
-    socket: &Path,
-    details: &str,
-) -> Result<tonic::Streaming<proto::DiscoverResponse>, tonic::Status> {
-    let channel = dra_plugin::authority::connect(socket).await.unwrap();
-    proto::discovery_handler_client::DiscoveryHandlerClient::new(channel)
-        .discover(proto::DiscoverRequest {
-            discovery_details: details.into(),
-            discovery_properties: Default::default(),
-        })
-        .await
-        .map(|response| response.into_inner())
 }
 
 async fn next(
@@ -87,14 +74,19 @@ async fn servers_behind_a_discovery_server_and_on_their_own_are_found_as_the_fil
     let _press = server("Press", press, "server", None);
 
     // Through the discovery server: the servers registered there, not the discovery server.
-    let mut stream = discover(&socket, &details(&[url(lds)], "")).await.unwrap();
+    let mut stream = discover(&socket, &details(&[url(lds)], ""), &[])
+        .await
+        .unwrap();
     let mut devices = next(&mut stream).await.unwrap();
     // Registration with the LDS can trail the servers' start by a moment.
     while devices.len() < 2 {
         devices = next(&mut stream).await.unwrap();
     }
-    assert_eq!(ids(&devices), [url(boiler), url(conveyor)]);
-    let boiler_device = &devices[0];
+    // Devices go out in id order, and the ports are random.
+    let mut expected = [url(boiler), url(conveyor)];
+    expected.sort();
+    assert_eq!(ids(&devices), expected);
+    let boiler_device = devices.iter().find(|d| d.id == url(boiler)).unwrap();
     assert_eq!(boiler_device.properties["OPCUA_DISCOVERY_URL"], url(boiler));
     assert_eq!(boiler_device.properties["OPCUA_APPLICATION_NAME"], "Boiler");
     assert_eq!(
@@ -109,17 +101,17 @@ async fn servers_behind_a_discovery_server_and_on_their_own_are_found_as_the_fil
 
     // Application-name filters.
     let include = "applicationNames:\n  action: Include\n  items: [Press]\n";
-    let mut stream = discover(&socket, &details(&[url(lds), url(press)], include))
+    let mut stream = discover(&socket, &details(&[url(lds), url(press)], include), &[])
         .await
         .unwrap();
     assert_eq!(ids(&next(&mut stream).await.unwrap()), [url(press)]);
     let exclude = "applicationNames:\n  action: Exclude\n  items: [Press]\n";
-    let mut stream = discover(&socket, &details(&[url(lds), url(press)], exclude))
+    let mut stream = discover(&socket, &details(&[url(lds), url(press)], exclude), &[])
         .await
         .unwrap();
     assert_eq!(ids(&next(&mut stream).await.unwrap()), [url(boiler)]);
     // A server's own discovery URL, no discovery server.
-    let mut stream = discover(&socket, &details(&[url(press)], ""))
+    let mut stream = discover(&socket, &details(&[url(press)], ""), &[])
         .await
         .unwrap();
     assert_eq!(ids(&next(&mut stream).await.unwrap()), [url(press)]);
@@ -131,7 +123,9 @@ async fn an_unreachable_discovery_url_fails_the_stream_and_a_later_call_finds_th
     let _served = serve(dir.path());
     let socket = dir.path().join("opcua.sock");
     let port = akri_testing::free_port().unwrap();
-    let mut stream = discover(&socket, &details(&[url(port)], "")).await.unwrap();
+    let mut stream = discover(&socket, &details(&[url(port)], ""), &[])
+        .await
+        .unwrap();
     let status = next(&mut stream).await.unwrap_err();
     assert_eq!(status.code(), tonic::Code::Unavailable);
     assert!(
@@ -144,7 +138,9 @@ async fn an_unreachable_discovery_url_fails_the_stream_and_a_later_call_finds_th
     );
     // It comes up; the agent's next call (after its backoff) finds it.
     let _late = server("Late", port, "server", None);
-    let mut stream = discover(&socket, &details(&[url(port)], "")).await.unwrap();
+    let mut stream = discover(&socket, &details(&[url(port)], ""), &[])
+        .await
+        .unwrap();
     assert_eq!(ids(&next(&mut stream).await.unwrap()), [url(port)]);
 }
 
@@ -168,7 +164,7 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
             "Keep",
         ),
     ] {
-        let status = discover(&socket, details).await.unwrap_err();
+        let status = discover(&socket, details, &[]).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{details}");
         assert!(
             status.message().starts_with("opcua discovery details: ")

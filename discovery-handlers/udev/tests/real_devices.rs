@@ -1,6 +1,7 @@
 //! The udev handler against this machine's own devices: sysfs as the kernel shows it, loop
 //! devices attached and detached for real (root, as CI runs), uevents from the kernel.
 
+use akri_discovery_handler::client::discover;
 use akri_discovery_handler::{Served, proto};
 use akri_testing::LoopDevice;
 use akri_udev::sysfs::Sysfs;
@@ -145,20 +146,6 @@ fn a_partition_is_found_by_its_parents_attributes_and_grouped_with_it() {
     assert!(selection(&rules, true).find(&sysfs).is_empty());
 }
 
-async fn discover(
-    socket: &Path,
-    details: &str,
-) -> Result<tonic::Streaming<proto::DiscoverResponse>, tonic::Status> {
-    let channel = dra_plugin::authority::connect(socket).await.unwrap();
-    proto::discovery_handler_client::DiscoveryHandlerClient::new(channel)
-        .discover(proto::DiscoverRequest {
-            discovery_details: details.into(),
-            discovery_properties: Default::default(),
-        })
-        .await
-        .map(|response| response.into_inner())
-}
-
 async fn next_ids(stream: &mut tonic::Streaming<proto::DiscoverResponse>) -> Vec<String> {
     let response = tokio::time::timeout(Duration::from_secs(10), stream.message())
         .await
@@ -179,7 +166,7 @@ async fn a_loop_device_attached_and_detached_is_added_and_removed_by_uevents() {
     let _served = Served::start(udev, &socket).unwrap();
     let mut disk = LoopDevice::new();
     let details = format!("udevRules:\n- '{}'\n", disk.udev_rule());
-    let mut stream = discover(&socket, &details).await.unwrap();
+    let mut stream = discover(&socket, &details, &[]).await.unwrap();
     assert!(
         next_ids(&mut stream).await.is_empty(),
         "nothing attached yet"
@@ -208,7 +195,7 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
         ),
         ("{{{", "udev discovery details"),
     ] {
-        let status = discover(&socket, details).await.unwrap_err();
+        let status = discover(&socket, details, &[]).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{details}");
         assert!(
             status.message().starts_with("udev discovery details: ")
@@ -218,7 +205,7 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
         );
     }
     // The handler still serves good details afterwards.
-    let mut stream = discover(&socket, "udevRules: ['KERNEL==\"null\"']")
+    let mut stream = discover(&socket, "udevRules: ['KERNEL==\"null\"']", &[])
         .await
         .unwrap();
     assert_eq!(next_ids(&mut stream).await, ["/devices/virtual/mem/null"]);

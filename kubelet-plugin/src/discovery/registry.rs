@@ -94,15 +94,9 @@ impl Registry {
         let service = proto::registration_server::RegistrationServer::new(Service {
             shared: shared.clone(),
         });
-        let server = tokio::spawn(async move {
-            let result = tonic::transport::Server::builder()
-                .add_service(service)
-                .serve_with_incoming(dra_plugin::authority::incoming(listener))
-                .await;
-            if let Err(error) = result {
-                tracing::error!(%error, "discovery-handler registration server stopped");
-            }
-        });
+        let router = tonic::transport::Server::builder().add_service(service);
+        let server =
+            dra_plugin::authority::spawn(listener, router, "discovery-handler registration server");
         tracing::info!(socket = %socket.display(), "serving discovery-handler registration");
         Ok(Registry {
             socket: socket.to_path_buf(),

@@ -47,15 +47,8 @@ impl Cluster {
     /// driver-controller's job, written here as it writes it) and a ResourceClaimTemplate
     /// `<name>` asking for one of its devices.
     async fn dra_configuration(&self, name: &str, handler: &str, details: &str) {
-        let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": name },
-            "spec": { "discoveryHandler": { "name": handler, "discoveryDetails": details } },
-        }));
-        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
-            .create(&PostParams::default(), &configuration)
-            .await
-            .unwrap();
+        self.create_configuration(name, handler, details, json!([]))
+            .await;
         let class: DeviceClass = from_json(json!({
             "metadata": { "name": name },
             "spec": { "selectors": [{ "cel": { "expression": format!(
@@ -66,6 +59,32 @@ impl Cluster {
             .create(&PostParams::default(), &class)
             .await
             .unwrap();
+        self.claim_template(name).await;
+    }
+
+    /// A DiscoveryConfiguration `name` of `handler` with `details` and `properties`.
+    async fn create_configuration(
+        &self,
+        name: &str,
+        handler: &str,
+        details: &str,
+        properties: serde_json::Value,
+    ) {
+        let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "spec": { "discoveryHandler": {
+                "name": handler, "discoveryDetails": details, "discoveryProperties": properties,
+            } },
+        }));
+        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+    }
+
+    /// A ResourceClaimTemplate `name` asking for one device of DeviceClass `name`.
+    async fn claim_template(&self, name: &str) {
         let template: ResourceClaimTemplate = from_json(json!({
             "metadata": { "name": name },
             "spec": { "spec": { "devices": { "requests": [
@@ -115,17 +134,8 @@ impl Cluster {
         details: &str,
         properties: serde_json::Value,
     ) {
-        let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": name },
-            "spec": { "discoveryHandler": {
-                "name": handler, "discoveryDetails": details, "discoveryProperties": properties,
-            } },
-        }));
-        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
-            .create(&PostParams::default(), &configuration)
-            .await
-            .unwrap();
+        self.create_configuration(name, handler, details, properties)
+            .await;
         let classes = Api::<DeviceClass>::all(self.client.clone());
         self.node
             .eventually(
@@ -134,16 +144,7 @@ impl Cluster {
                 async || classes.get_opt(name).await.ok()?.map(|_| ()),
             )
             .await;
-        let template: ResourceClaimTemplate = from_json(json!({
-            "metadata": { "name": name },
-            "spec": { "spec": { "devices": { "requests": [
-                { "name": "device", "exactly": { "deviceClassName": name } },
-            ] } } },
-        }));
-        Api::<ResourceClaimTemplate>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &template)
-            .await
-            .unwrap();
+        self.claim_template(name).await;
     }
 
     /// The driver-controller, in this process: shared devices are its to publish. Runs until

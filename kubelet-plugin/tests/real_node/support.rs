@@ -55,7 +55,7 @@ impl Cluster {
             node.plugins_dir(),
             node.cdi_dir(),
         );
-        config.udev_socket = Some(dir.path().join("udev.sock"));
+        config.embedded_handlers = vec![akri_kubelet_plugin::embedded::Embedded::Udev];
         config.legacy = Some(LegacyOptions {
             device_plugin_dir: node.device_plugin_dir(),
             pod_resources_socket: Some(node.pod_resources_socket()),
