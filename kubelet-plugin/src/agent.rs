@@ -8,9 +8,9 @@
 
 use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
 use crate::discovery::{DiscoveryEvent, RegisteredHandler, Registry};
-use crate::discovery::{Endpoint, handler};
 use crate::discovery_errors::DiscoveryErrors;
 use crate::driver::AkriDriver;
+use crate::embedded::Embedded;
 use crate::instances::InstanceWriter;
 use crate::legacy::{LegacyContext, LegacyOptions};
 use crate::metrics::{Metrics, Timed};

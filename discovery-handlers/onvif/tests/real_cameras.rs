@@ -155,10 +155,8 @@ async fn cameras_are_found_asked_with_their_credentials_and_filtered() {
     drop(stream);
 
     // Without it, or with a wrong one: the dock camera refuses, and is found without them.
-    for properties in [
-        vec![],
-        vec![(username.as_str(), "admin"), (password.as_str(), "wrong")],
-    ] {
+    let wrong: [(&str, &[u8]); 2] = [(&username, b"admin"), (&password, b"wrong")];
+    for properties in [&[][..], &wrong[..]] {
         let mut stream = discover(&socket, &details(&both, ""), properties)
             .await
             .unwrap();

@@ -7,7 +7,6 @@ use akri_testing::LoopDevice;
 use akri_udev::sysfs::Sysfs;
 use akri_udev::{Details, Selection, Udev};
 use std::collections::HashMap;
-use std::path::Path;
 use std::time::Duration;
 
 fn selection(rules: &[&str], group_recursive: bool) -> Selection {
