@@ -106,14 +106,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         start.elapsed()
     );
 
+    let spawn = |port| {
+        akri_testing::spawn_controller(env!("CARGO_BIN_EXE_akri-driver-controller"), &cp, &ns, port)
+    };
     let port = akri_testing::free_port()?;
     let started = Instant::now();
-    let mut controller = akri_testing::spawn_controller(
-        env!("CARGO_BIN_EXE_akri-driver-controller"),
-        &cp,
-        &ns,
-        port,
-    )?;
+    let mut controller = spawn(port)?;
     let pid = controller.id().expect("running");
 
     let total = (CONFIGURATIONS * INSTANCES_PER_CONFIGURATION) as i32;
@@ -171,52 +169,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     akri_testing::terminate(&mut controller, Duration::from_secs(30)).await?;
     let port = akri_testing::free_port()?;
     let started = Instant::now();
-    let mut controller = akri_testing::spawn_controller(
-        env!("CARGO_BIN_EXE_akri-driver-controller"),
-        &cp,
-        &ns,
-        port,
-    )?;
-    reconciled_all(port).await?;
-    let ready = started.elapsed();
-    settle(port).await?;
-    report(
-        "restart",
-        ready,
-        writes(port).await?,
-        &before,
-        &slices_now(&client).await?,
-    );
+    let mut controller = spawn(port)?;
+    new_leader("restart", port, started, &before, &client).await?;
 
     // A takeover: a standby, then the leader killed without a word (the Lease expires).
     let standby_port = akri_testing::free_port()?;
-    let _standby = akri_testing::spawn_controller(
-        env!("CARGO_BIN_EXE_akri-driver-controller"),
-        &cp,
-        &ns,
-        standby_port,
-    )?;
+    let _standby = spawn(standby_port)?;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = slices_now(&client).await?;
     controller.kill().await?;
-    let started = Instant::now();
-    reconciled_all(standby_port).await?;
-    let ready = started.elapsed();
-    settle(standby_port).await?;
-    report(
-        "takeover",
-        ready,
-        writes(standby_port).await?,
-        &before,
-        &slices_now(&client).await?,
-    );
+    new_leader("takeover", standby_port, Instant::now(), &before, &client).await?;
     Ok(())
 }
 
 /// Each ResourceSlice's resourceVersion and pool generation, by name.
-async fn slices_now(
-    client: &kube::Client,
-) -> Result<std::collections::BTreeMap<String, (String, i64)>, Box<dyn std::error::Error>> {
+async fn slices_now(client: &kube::Client) -> Result<Slices, Box<dyn std::error::Error>> {
     Ok(Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default())
         .await?
@@ -230,14 +197,22 @@ async fn slices_now(
         .collect())
 }
 
-/// Prints what a new leader did to the published state.
-fn report(
+type Slices = std::collections::BTreeMap<String, (String, i64)>;
+
+/// Waits for the controller on `port` to lead and reconcile every configuration, then prints
+/// how long that took from `started`, its writes, and what it did to the slices in `before`.
+async fn new_leader(
     what: &str,
-    ready: Duration,
-    writes: u64,
-    before: &std::collections::BTreeMap<String, (String, i64)>,
-    after: &std::collections::BTreeMap<String, (String, i64)>,
-) {
+    port: u16,
+    started: Instant,
+    before: &Slices,
+    client: &kube::Client,
+) -> Result<(), Box<dyn std::error::Error>> {
+    reconciled_all(port).await?;
+    let ready = started.elapsed();
+    settle(port).await?;
+    let writes = writes(port).await?;
+    let after = slices_now(client).await?;
     let rewritten = before
         .iter()
         .filter(|(name, (version, _))| after.get(*name).is_none_or(|(v, _)| v != version))
@@ -251,24 +226,16 @@ fn report(
         ready.as_secs_f64(),
         before.len()
     );
+    Ok(())
 }
 
 /// Until the controller on `port` leads and has reconciled every configuration once.
 async fn reconciled_all(port: u16) -> Result<(), Box<dyn std::error::Error>> {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        if let Ok(body) = akri_testing::http_get(("127.0.0.1", port), "/metrics")
-            .await
-            .map(|(_, body)| body)
-        {
-            let reconciles: u64 = body
-                .lines()
-                .filter(|l| l.starts_with("akri_driver_controller_reconciles_total{"))
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-                .sum();
-            if reconciles >= CONFIGURATIONS as u64 {
-                return Ok(());
-            }
+        let reconciles = metric_sum(port, "akri_driver_controller_reconciles_total{", "").await;
+        if reconciles.is_ok_and(|n| n >= CONFIGURATIONS as u64) {
+            return Ok(());
         }
         if Instant::now() > deadline {
             return Err("no configuration reconciled within 120 s".into());
@@ -319,13 +286,28 @@ async fn settle(port: u16) -> Result<(), Box<dyn std::error::Error>> {
 
 /// Object writes (not the Lease) the controller reports in /metrics.
 async fn writes(port: u16) -> Result<u64, Box<dyn std::error::Error>> {
+    metric_sum(
+        port,
+        "akri_driver_controller_api_writes_total{",
+        "resource=\"lease\"",
+    )
+    .await
+}
+
+/// The sum of the /metrics lines starting with `prefix`, leaving out those containing `skip`
+/// (when not empty).
+async fn metric_sum(
+    port: u16,
+    prefix: &str,
+    skip: &str,
+) -> Result<u64, Box<dyn std::error::Error>> {
     let body = akri_testing::http_get(("127.0.0.1", port), "/metrics")
         .await
         .map(|(_, body)| body)?;
     Ok(body
         .lines()
-        .filter(|l| l.starts_with("akri_driver_controller_api_writes_total{"))
-        .filter(|l| !l.contains("resource=\"lease\""))
+        .filter(|l| l.starts_with(prefix))
+        .filter(|l| skip.is_empty() || !l.contains(skip))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum())
 }

@@ -1,7 +1,7 @@
 //! A real block device for tests: a loop device over a small image with one partition, so
 //! the kernel shows a device (`loopN`) with a child (`loopNp1`) that tests can attach and
-//! detach, as a USB stick is plugged and pulled. Needs root and util-linux's `losetup` and
-//! `partx`, as CI has.
+//! detach, as a USB stick is plugged and pulled. Needs root, `losetup` (Debian's mount) and
+//! `partx` (util-linux), as CI has.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
