@@ -43,14 +43,59 @@ pub use proxy::TcpProxy;
 pub use real_node::RealNode;
 pub use slow_lists::SlowLists;
 
-/// A free TCP port on 127.0.0.1 (bound and released; tests run on one machine).
+/// A free TCP port on 127.0.0.1, for a component the harness starts (bound and released;
+/// tests run on one machine).
+///
+/// Two things could take the port between this check and the component's own bind, and
+/// each has failed a CI run: the kernel handing it out as the local port of an outgoing
+/// connection (the ephemeral range), and a concurrent test of this process getting it from
+/// its own `bind(0)`. So ports come from below the ephemeral range, and none is handed out
+/// twice by one process.
 pub fn free_port() -> Result<u16, Error> {
-    let listener =
-        std::net::TcpListener::bind("127.0.0.1:0").map_err(Error::io("bind a free port"))?;
-    Ok(listener
-        .local_addr()
-        .map_err(Error::io("read a bound port"))?
-        .port())
+    use std::collections::HashSet;
+    use std::sync::{Mutex, OnceLock};
+    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let mut given = GIVEN
+        .get_or_init(Default::default)
+        .lock()
+        .expect("port lock");
+    let (low, high) = ports_below_ephemeral();
+    let span = u32::from(high - low);
+    // Start each process somewhere else, so that test binaries run side by side by hand
+    // rarely meet either.
+    let start = (std::process::id().wrapping_mul(7919) + given.len() as u32 * 13) % span;
+    for offset in 0..span {
+        let port = low + ((start + offset) % span) as u16;
+        if given.contains(&port) {
+            continue;
+        }
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            given.insert(port);
+            return Ok(port);
+        }
+    }
+    Err(Error::Other(format!(
+        "no free port on 127.0.0.1 in {low}..{high}"
+    )))
+}
+
+/// Ports no outgoing connection takes: from 15000 to the start of the kernel's ephemeral
+/// range (`ip_local_port_range`, 32768..60999 by default), or above its end when it starts
+/// lower.
+fn ports_below_ephemeral() -> (u16, u16) {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|text| {
+            let mut bounds = text.split_whitespace().map(|b| b.parse::<u16>().ok());
+            Some((bounds.next()??, bounds.next()??))
+        })
+        .unwrap_or((32768, 60999));
+    match range {
+        (start, _) if start > 16000 => (15000, start),
+        (_, end) if end < 64000 => (end + 1, 65535),
+        // The whole port space is ephemeral: nothing is safer than anything else.
+        _ => (15000, 65535),
+    }
 }
 
 /// The Event with `reason` that regards Node `node` and whose note contains `note_has`, if
