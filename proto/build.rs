@@ -2,15 +2,7 @@
 //! Needs `protoc` (Debian: protobuf-compiler) on PATH or in $PROTOC.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: &[&str] = &[
-        "protos/pluginregistration_v1.proto",
-        "protos/dra_v1.proto",
-        "protos/dra_v1beta1.proto",
-        "protos/dra_health_v1alpha1.proto",
-        "protos/deviceplugin_v1beta1.proto",
-        "protos/podresources_v1.proto",
-        "protos/akri_discovery_v0.proto",
-    ];
+    const PROTOS: &[&str] = &["protos/akri_discovery_v0.proto"];
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");
     }

@@ -5,7 +5,7 @@
 //! container request; `ListAndWatch` is one long stream per registration that carries every
 //! change of the advertised devices.
 
-use akri_proto::deviceplugin::v1beta1 as api;
+use kubelet_proto::deviceplugin::v1beta1 as api;
 use std::pin::Pin;
 use std::sync::Arc;
 use tokio::sync::watch;

@@ -2,7 +2,7 @@
 //! kubelet.sock`): which devices the containers the kubelet runs hold. The device-plugin API
 //! has no deallocate call, so this is how a plugin learns that a container is gone.
 
-use akri_proto::podresources::v1 as api;
+use kubelet_proto::podresources::v1 as api;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;

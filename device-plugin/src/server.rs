@@ -7,7 +7,7 @@
 //! that `kubelet.sock` is the one it registered with, and registers when either changed.
 
 use crate::plugin::{DevicePlugin, Service};
-use akri_proto::deviceplugin::v1beta1 as api;
+use kubelet_proto::deviceplugin::v1beta1 as api;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -1,12 +1,12 @@
 //! The device-plugin library with the kubelet's own device manager (kubelet peer) as its
 //! peer: registration, advertisement, allocation, pod-resources, kubelet restarts, shutdown.
 
-use akri_proto::deviceplugin::v1beta1 as api;
 use akri_testing::{ControlPlane, KubeletPeer};
 use device_plugin::plugin::Device;
 use device_plugin::{DevicePlugin, PluginConfig, ServedPlugin};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
+use kubelet_proto::deviceplugin::v1beta1 as api;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};

@@ -10,7 +10,7 @@
 //! [`HEALTH_CHECK_TIMEOUT`] of three intervals; a change is sent at once. (Kubernetes 1.36
 //! still offers this service as `v1alpha1` only; there is no `v1` to serve yet.)
 
-use akri_proto::dra::health::v1alpha1 as api;
+use kubelet_proto::dra::health::v1alpha1 as api;
 use std::collections::BTreeMap;
 use std::pin::Pin;
 use std::time::Duration;

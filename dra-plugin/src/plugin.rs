@@ -4,7 +4,7 @@
 use crate::health::HealthReporter;
 use crate::registration::{self, PluginInfo, Registration, RegistrationStatus};
 use crate::service::{DraService, Driver};
-use akri_proto::dra::{health, v1, v1beta1};
+use kubelet_proto::dra::{health, v1, v1beta1};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! driver name, the service socket, the gRPC versions served) and reports back through
 //! `NotifyRegistrationStatus`.
 
-use akri_proto::pluginregistration as api;
+use kubelet_proto::pluginregistration as api;
 use std::path::{Path, PathBuf};
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};

@@ -18,8 +18,8 @@
 //!   that never started).
 
 use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedClaims, PreparedDevice, SetAside};
-use akri_proto::dra::{v1, v1beta1};
 use futures::StreamExt;
+use kubelet_proto::dra::{v1, v1beta1};
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 use std::sync::Arc;

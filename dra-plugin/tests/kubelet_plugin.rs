@@ -2,8 +2,6 @@
 //! scheduler: a small driver built on `dra-plugin` is found, prepares through the kubelet,
 //! survives its own restart through the checkpoint, and registers again after the kubelet's.
 
-use akri_proto::pluginregistration::InfoRequest;
-use akri_proto::pluginregistration::registration_client::RegistrationClient;
 use akri_testing::{ControlPlane, KubeletPeer};
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
 use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
@@ -15,6 +13,8 @@ use dra_plugin::slices::{PoolScope, SlicePublisher};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, Patch, PatchParams, PostParams};
+use kubelet_proto::pluginregistration::InfoRequest;
+use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -6,10 +6,10 @@
 //! what is under test is the service around it (the kubelet-facing contract), and the
 //! kubelet's own DRA manager drives the real drivers in the other suites.
 
-use akri_proto::dra::v1;
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
 use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
 use dra_plugin::service::{ClaimRef, DraService, Driver, MAX_CONCURRENT_CLAIMS};
+use kubelet_proto::dra::v1;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;

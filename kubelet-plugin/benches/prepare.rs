@@ -3,10 +3,10 @@
 //! kube-apiserver: `cargo bench -p akri-kubelet-plugin --bench prepare`.
 
 use akri_kubelet_plugin::discovery::connect::unix_channel;
-use akri_proto::dra::v1 as dra;
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kubelet_proto::dra::v1 as dra;
 use serde_json::json;
 use std::time::{Duration, Instant};
 

@@ -15,10 +15,10 @@ use akri_api::v0::Configuration;
 use akri_legacy_device_plugin::plugins::{
     ConfigurationDevices, Counters, DeviceEdits, LegacyConfig, LegacyPlugins,
 };
-use akri_proto::deviceplugin::v1beta1 as api;
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
+use kubelet_proto::deviceplugin::v1beta1 as api;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;

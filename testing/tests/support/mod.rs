@@ -2,11 +2,11 @@
 
 #![allow(dead_code)]
 
-use akri_proto::dra::v1 as dra;
 use akri_testing::KubeletPeer;
 use dra_plugin::registration::{PluginInfo, Registration, RegistrationStatus};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
+use kubelet_proto::dra::v1 as dra;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

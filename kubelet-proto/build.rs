@@ -1,0 +1,21 @@
+//! Generates the gRPC code from `protos/` at build time; nothing generated is committed.
+//! Needs `protoc` (Debian: protobuf-compiler) on PATH or in $PROTOC.
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    const PROTOS: &[&str] = &[
+        "protos/pluginregistration_v1.proto",
+        "protos/dra_v1.proto",
+        "protos/dra_v1beta1.proto",
+        "protos/dra_health_v1alpha1.proto",
+        "protos/deviceplugin_v1beta1.proto",
+        "protos/podresources_v1.proto",
+    ];
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_protos(PROTOS, &["protos"])?;
+    Ok(())
+}
