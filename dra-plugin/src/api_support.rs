@@ -18,9 +18,12 @@ use std::collections::BTreeMap;
 /// Errors of probing the API server.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A dry-run create failed other than by the server refusing the object as invalid (422).
     #[error("probing the API server with a dry-run {kind}: {source}")]
     Probe {
+        /// The kind of the probe object: `ResourceSlice` or `DeviceClass`.
         kind: &'static str,
+        /// The API server's error.
         #[source]
         source: kube::Error,
     },

@@ -43,10 +43,13 @@ pub struct CdiDevice {
     pub name: String,
     /// Variables set in the container; values may contain any character but NUL.
     pub env: Vec<(String, String)>,
+    /// Device nodes made available in the container.
     pub device_nodes: Vec<DeviceNode>,
+    /// Host files or directories bind-mounted into the container.
     pub mounts: Vec<Mount>,
 }
 
+/// A device node (e.g. `/dev/video0`) made available in the container.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceNode {
     /// The path in the container.
@@ -61,8 +64,11 @@ pub struct DeviceNode {
 /// A bind mount.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Mount {
+    /// The path in the container.
     pub container_path: String,
+    /// The file or directory on the host.
     pub host_path: String,
+    /// Whether the container may only read it (the `ro` mount option).
     pub read_only: bool,
 }
 
@@ -75,28 +81,60 @@ pub struct ClaimSpec {
     pub qualified_ids: Vec<String>,
 }
 
+/// Errors of writing and removing CDI spec files.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// A vendor or class name breaks CDI's naming rules.
     #[error("invalid CDI {what} {name:?}: {reason}")]
     InvalidName {
+        /// `vendor` or `class`.
         what: &'static str,
+        /// The name as given.
         name: String,
+        /// The rule it breaks.
         reason: &'static str,
     },
+    /// A spec was to be written with no devices, which CDI refuses.
     #[error("claim {claim_uid}: no devices to write a CDI spec for")]
-    NoDevices { claim_uid: String },
+    NoDevices {
+        /// The claim.
+        claim_uid: String,
+    },
+    /// Two devices of one spec have the same CDI device name (after sanitizing).
     #[error("claim {claim_uid}: two devices have the CDI device name {name}")]
-    DuplicateDevice { claim_uid: String, name: String },
+    DuplicateDevice {
+        /// The claim.
+        claim_uid: String,
+        /// The CDI device name they share.
+        name: String,
+    },
+    /// A device's edits break CDI's rules (e.g. an invalid variable name or an empty path),
+    /// or it has no edits at all.
     #[error("claim {claim_uid}, device {device:?}: {reason}")]
     InvalidDevice {
+        /// The claim.
         claim_uid: String,
+        /// The device's name as the driver gave it.
         device: String,
+        /// What is wrong with it.
         reason: String,
     },
+    /// The spec file, or its directory, could not be written.
     #[error("cannot write CDI spec {}: {source}", path.display())]
-    Write { path: PathBuf, source: io::Error },
+    Write {
+        /// The spec file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The spec file could not be removed, or its removal not made durable.
     #[error("cannot remove CDI spec {}: {source}", path.display())]
-    Remove { path: PathBuf, source: io::Error },
+    Remove {
+        /// The spec file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
 }
 
 /// A CDI spec directory and the vendor part of the kinds written there.
@@ -116,6 +154,7 @@ impl CdiRoot {
         })
     }
 
+    /// The directory the spec files are written to.
     pub fn dir(&self) -> &Path {
         &self.dir
     }

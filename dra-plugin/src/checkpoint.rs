@@ -58,9 +58,13 @@ const VERSION: u64 = 1;
 /// A claim the plugin prepared, with what unprepare needs to undo it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedClaim {
+    /// The claim's UID (also its key in [`PreparedClaims`]).
     pub uid: String,
+    /// The claim's namespace.
     pub namespace: String,
+    /// The claim's name.
     pub name: String,
+    /// The devices prepared for the claim, as the kubelet was told.
     pub devices: Vec<PreparedDevice>,
     /// The CDI spec files prepare wrote for this claim (one per CDI kind), recorded as paths
     /// so that unprepare removes exactly these even if the plugin's CDI settings changed.
@@ -76,9 +80,13 @@ pub struct PreparedClaim {
 /// One allocated device of a prepared claim, as NodePrepareResources reported it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PreparedDevice {
+    /// The claim's requests this device was allocated for.
     pub request_names: Vec<String>,
+    /// The pool the device belongs to.
     pub pool_name: String,
+    /// The device's name within its pool.
     pub device_name: String,
+    /// The fully qualified CDI device ids the kubelet hands to the container runtime.
     pub cdi_device_ids: Vec<String>,
     /// The share id of an allocation of consumable capacity, if any.
     pub share_id: Option<String>,
@@ -87,30 +95,60 @@ pub struct PreparedDevice {
 /// Prepared claims by claim uid.
 pub type PreparedClaims = BTreeMap<String, PreparedClaim>;
 
+/// Errors of reading and writing the checkpoint.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The file exists but could not be read (an I/O error; the file itself may be fine).
     #[error("cannot read checkpoint {}: {source}", path.display())]
-    Read { path: PathBuf, source: io::Error },
+    Read {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The file is not JSON, or not the shape of a checkpoint.
     #[error("checkpoint {} is not a valid checkpoint file: {source}", path.display())]
     Parse {
+        /// The checkpoint file.
         path: PathBuf,
+        /// What did not parse.
         source: serde_json::Error,
     },
+    /// The file records a version other than the one this code reads, or none.
     #[error("checkpoint {} has version {found}; this plugin reads version {VERSION}", path.display())]
-    Version { path: PathBuf, found: String },
+    Version {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// The `version` the file records, as JSON, or `(none)`.
+        found: String,
+    },
+    /// The claims in the file do not match the checksum recorded with them.
     #[error("checkpoint {} is corrupt: it records checksum {recorded}, its data has {computed}", path.display())]
     Checksum {
+        /// The checkpoint file.
         path: PathBuf,
+        /// The checksum the file records.
         recorded: u32,
+        /// The checksum of the claims the file holds.
         computed: u32,
     },
+    /// The claims could not be serialized to JSON (to store them or to compute their checksum).
     #[error("cannot encode prepared claims for checkpoint {}: {source}", path.display())]
     Encode {
+        /// The checkpoint file.
         path: PathBuf,
+        /// Why.
         source: serde_json::Error,
     },
+    /// Storing failed: creating the directory, writing or renaming the file, or setting a
+    /// corrupt file aside.
     #[error("cannot write checkpoint {}: {source}", path.display())]
-    Write { path: PathBuf, source: io::Error },
+    Write {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
 }
 
 impl Error {
@@ -246,6 +284,7 @@ impl Checkpoint {
         write_atomically(&self.path, &bytes, 0o600).map_err(write)
     }
 
+    /// The checkpoint file.
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -19,7 +19,9 @@ use kube::api::{Api, Patch, PatchParams};
 /// One prepared device's entry.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DeviceStatus {
+    /// The pool of the device, as in the claim's allocation.
     pub pool: String,
+    /// The device's name within its pool.
     pub device: String,
     /// The allocation's share ID, for a device allocated with consumable capacity.
     pub share_id: Option<String>,
@@ -30,11 +32,17 @@ pub struct DeviceStatus {
 /// Errors of writing a claim's device status.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The API server refused or failed the apply (a claim that is gone or was replaced is
+    /// not an error).
     #[error("applying status.devices of claim {namespace}/{name} for driver {driver}: {source}")]
     Apply {
+        /// The claim's namespace.
         namespace: String,
+        /// The claim's name.
         name: String,
+        /// The driver whose entries were written (also the field manager).
         driver: String,
+        /// The API server's error.
         #[source]
         source: kube::Error,
     },
@@ -43,8 +51,11 @@ pub enum Error {
 /// The claim `namespace/name` (UID `uid`).
 #[derive(Clone, Copy, Debug)]
 pub struct Claim<'a> {
+    /// The claim's namespace.
     pub namespace: &'a str,
+    /// The claim's name.
     pub name: &'a str,
+    /// The claim's UID, so that a re-created claim of the same name is not written into.
     pub uid: &'a str,
 }
 

@@ -27,6 +27,7 @@ pub const HEALTH_CHECK_TIMEOUT: Duration = Duration::from_secs(30);
 /// The health of one device.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Health {
+    /// Whether the device is healthy.
     pub healthy: bool,
     /// Why, for an unhealthy device (e.g. "the discovery handler no longer reports it").
     pub message: String,

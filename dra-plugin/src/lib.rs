@@ -1,21 +1,33 @@
-//! What a DRA driver written in Rust needs to be a good peer of the real kubelet.
+//! A library for DRA kubelet plugins written in Rust: what Go drivers get from upstream's
+//! `k8s.io/dynamic-resource-allocation/kubeletplugin` helper, and what it takes to be a good
+//! peer of the real kubelet.
 //!
-//! This crate knows nothing about Akri: another Rust DRA driver can use it as it is (the
-//! role Go drivers get from upstream's `kubeletplugin` helper).
+//! A driver implements [`Driver`] (prepare one checked claim, unprepare one) and starts it
+//! with [`Plugin::builder`]; the library does the rest. See the README for a walk-through
+//! and `examples/minimal.rs` for a complete driver.
 //!
-//! - [`registration`]: the plugin-registration socket the kubelet's plugin watcher finds.
-//! - [`authority`]: serving gRPC on a Unix socket to the kubelet's plugin watcher, whose
-//!   requests carry an `:authority` that Rust's HTTP/2 stack rejects.
+//! - [`builder`]: the entry point, [`Plugin::builder`].
+//! - [`service`]: the `v1` and `v1beta1` DRA gRPC services over one [`Driver`].
+//! - [`claim`]: each claim read from the API server and checked (UID, allocation, node,
+//!   driver) before the driver sees it.
 //! - [`checkpoint`]: the prepared claims, on disk, so that a restarted plugin unprepares
 //!   exactly what it prepared and prepares again with the same CDI ids.
 //! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
+//! - [`slices`]: publishing pools of devices as ResourceSlices, generation by generation.
+//! - [`health`]: the device health stream the kubelet reads.
+//! - [`registration`], [`plugin`], [`authority`]: the sockets the kubelet finds and calls.
+//! - [`vanished`]: keeping a device that disappeared published (tainted) while claims hold it.
 //! - [`api_support`]: which optional DRA fields the API server keeps (asked, not guessed).
 //! - [`device_status`]: a claim's `status.devices` entries of one driver, by server-side apply.
 
+#![warn(missing_docs)]
+
 pub mod api_support;
 pub mod authority;
+pub mod builder;
 pub mod cdi;
 pub mod checkpoint;
+pub mod claim;
 pub mod device_status;
 pub mod health;
 pub mod plugin;
@@ -23,3 +35,8 @@ pub mod registration;
 pub mod service;
 pub mod slices;
 pub mod vanished;
+
+pub use builder::{Builder, Plugin};
+pub use checkpoint::{PreparedClaim, PreparedDevice};
+pub use claim::{Claim, ClaimError, ClaimRef};
+pub use service::{ClaimFailure, Driver};

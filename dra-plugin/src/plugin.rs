@@ -23,12 +23,16 @@ pub struct PluginConfig {
 /// Errors of starting a plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The service socket could not be bound, or the registry directory not created.
     #[error("service socket {path}: {source}")]
     Socket {
+        /// The service socket, or the registry directory.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },
+    /// The registration socket could not be served.
     #[error(transparent)]
     Registration(#[from] registration::Error),
 }

@@ -34,9 +34,12 @@ pub enum RegistrationStatus {
 /// Errors of serving the registration socket.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The registration socket could not be bound (or a stale one not replaced).
     #[error("registration socket {path}: {source}")]
     Socket {
+        /// The socket file.
         path: PathBuf,
+        /// Why.
         #[source]
         source: std::io::Error,
     },

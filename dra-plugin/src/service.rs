@@ -15,9 +15,13 @@
 //! - prepare and unprepare of one claim never overlap, even from concurrent calls;
 //! - at most [`MAX_CONCURRENT_CLAIMS`] claims of a call are with the driver at once;
 //! - unpreparing a claim nobody prepared succeeds (the kubelet calls it for claims of pods
-//!   that never started).
+//!   that never started);
+//! - the claim is read from the API server and checked before the driver sees it
+//!   ([`crate::claim`]): the driver gets only a claim that is allocated to this node, with
+//!   the kubelet's UID, and only its own results.
 
 use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedClaims, PreparedDevice, SetAside};
+pub use crate::claim::{Claim, ClaimError, ClaimRef, ClaimSource};
 use futures::StreamExt;
 use kubelet_proto::dra::{v1, v1beta1};
 use std::collections::{BTreeMap, HashMap};
@@ -29,44 +33,102 @@ use tonic::{Request, Response, Status};
 /// How many claims of one call the driver works on at once: a kubelet may send thousands.
 pub const MAX_CONCURRENT_CLAIMS: usize = 32;
 
-/// A claim as the kubelet names it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
 /// What a DRA driver does for one claim on this node.
 #[tonic::async_trait]
 pub trait Driver: Send + Sync + 'static {
-    /// Prepares a claim that is not prepared yet: checks its allocation, writes what the
-    /// container runtime needs (CDI specs) and says which devices, with which CDI ids, the
-    /// containers get. An error fails this claim only; say what is wrong in words an operator
-    /// understands, the kubelet shows it in the pod's events.
-    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String>;
+    /// What goes wrong in [`prepare`](Self::prepare) and [`unprepare`](Self::unprepare). Its
+    /// text is what the kubelet shows in the pod's events: say what is wrong in words an
+    /// operator understands.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Prepares a claim that is not prepared yet: writes what the container runtime needs
+    /// (CDI specs) and says which devices, with which CDI ids, the containers get. The claim
+    /// was read and checked by the library ([`Claim`]). An error fails this claim only.
+    async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, Self::Error>;
 
     /// Undoes [`prepare`](Self::prepare). `prepared` is `None` when the checkpoint does not
     /// know the claim (never prepared, or the plugin died between writing files and
     /// recording them): clean up whatever a prepare could have left, by naming convention.
+    /// The claim may no longer exist in the API server: this is never read from it.
     async fn unprepare(
         &self,
         claim: &ClaimRef,
         prepared: Option<&PreparedClaim>,
-    ) -> Result<(), String>;
+    ) -> Result<(), Self::Error>;
 }
 
 /// Errors of setting the service up.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The checkpoint exists but cannot be read at all (a corrupt one is set aside instead).
     #[error(transparent)]
     Checkpoint(#[from] crate::checkpoint::Error),
+}
+
+/// Why one claim of a call was not prepared or unprepared: the text the kubelet gets.
+#[derive(Debug, thiserror::Error)]
+pub enum ClaimFailure {
+    /// The claim lacks a namespace, name or UID.
+    #[error("claim {0:?} lacks a namespace, name or UID")]
+    Incomplete(ClaimRef),
+    /// One UID named twice in one call, with different names: which one would be meant?
+    #[error("claim UID {} is named twice in one call, as {first} and {second}: nothing done", first.uid)]
+    NamedTwice {
+        /// One name.
+        first: ClaimRef,
+        /// The other.
+        second: Box<ClaimRef>,
+    },
+    /// The claim as read from the API server is not one to prepare here.
+    #[error(transparent)]
+    Claim(#[from] ClaimError),
+    /// The driver refused or failed.
+    #[error("{0}")]
+    Driver(Box<dyn std::error::Error + Send + Sync>),
+    /// A CDI spec the driver wrote, or the checkpoint recorded, could not be read or rewritten.
+    #[error("{what} the CDI spec {}: {source}", path.display())]
+    Spec {
+        /// `reading back`, `reading`, `rewriting`.
+        what: &'static str,
+        /// The spec file.
+        path: std::path::PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Storing the checkpoint failed: the claim is not prepared (or still prepared).
+    #[error("recording the {what} claim failed: {source}")]
+    Record {
+        /// `prepared` or `unprepared`.
+        what: &'static str,
+        /// Why.
+        #[source]
+        source: Arc<crate::checkpoint::Error>,
+    },
+}
+
+impl ClaimFailure {
+    fn driver(error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        ClaimFailure::Driver(Box::new(error))
+    }
+}
+
+/// Who the service prepares claims for: the driver's name (only its results are prepared)
+/// and the node it runs on (only claims allocated here are prepared).
+#[derive(Clone, Debug)]
+pub struct DriverOnNode {
+    /// The DRA driver name.
+    pub driver: String,
+    /// This node's name.
+    pub node: String,
 }
 
 /// The kubelet-facing service of one driver: serve [`v1`](Self::v1) and
 /// [`v1beta1`](Self::v1beta1) on the driver's socket.
 pub struct DraService<D> {
     driver: Arc<D>,
+    claims: Arc<dyn ClaimSource>,
+    on: Arc<DriverOnNode>,
     state: Arc<Mutex<State>>,
     claim_locks: Arc<ClaimLocks>,
     set_aside: Option<Arc<SetAside>>,
@@ -78,6 +140,8 @@ impl<D> Clone for DraService<D> {
     fn clone(&self) -> Self {
         DraService {
             driver: self.driver.clone(),
+            claims: self.claims.clone(),
+            on: self.on.clone(),
             state: self.state.clone(),
             claim_locks: self.claim_locks.clone(),
             set_aside: self.set_aside.clone(),
@@ -100,10 +164,19 @@ enum Prepared {
 }
 
 impl<D: Driver> DraService<D> {
-    /// Opens (or creates) the checkpoint at `checkpoint_path`. A checkpoint that is corrupt is
-    /// set aside ([`Checkpoint::open_or_set_aside`]; see [`set_aside`](Self::set_aside)); one
-    /// that cannot be read at all is an error.
-    pub fn new(driver: D, checkpoint_path: &Path) -> Result<Self, Error> {
+    /// The service of `driver`, reading claims from `source` (a [`kube::Client`]), with its
+    /// checkpoint at `checkpoint_path`, which it opens or creates. A checkpoint that is
+    /// corrupt is set aside ([`Checkpoint::open_or_set_aside`]; see
+    /// [`set_aside`](Self::set_aside)); one that cannot be read at all is an error.
+    ///
+    /// [`Plugin::builder`](crate::Plugin::builder) does this and the
+    /// rest; this is for serving the service some other way.
+    pub fn new(
+        driver: D,
+        source: impl ClaimSource,
+        on: DriverOnNode,
+        checkpoint_path: &Path,
+    ) -> Result<Self, Error> {
         let (checkpoint, claims, set_aside) = Checkpoint::open_or_set_aside(checkpoint_path)?;
         if let Some(set_aside) = &set_aside {
             tracing::error!(
@@ -115,6 +188,8 @@ impl<D: Driver> DraService<D> {
         }
         Ok(DraService {
             driver: Arc::new(driver),
+            claims: Arc::new(source),
+            on: Arc::new(on),
             state: Arc::new(Mutex::new(State { checkpoint, claims })),
             claim_locks: Arc::default(),
             set_aside: set_aside.map(Arc::new),
@@ -148,7 +223,7 @@ impl<D: Driver> DraService<D> {
     pub async fn prepare_claims(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<Vec<PreparedDevice>, String>> {
+    ) -> HashMap<String, Result<Vec<PreparedDevice>, ClaimFailure>> {
         let (refused, results, _locks) = self
             .each_claim(claims, |claim| async move {
                 let result = self.prepare_claim(&claim).await;
@@ -191,11 +266,15 @@ impl<D: Driver> DraService<D> {
                 };
             }
             drop(state);
+            let error = Arc::new(error);
             for (claim, prepared) in fresh {
                 let _ = self.driver.unprepare(&claim, Some(&prepared)).await;
                 answers.insert(
                     claim.uid,
-                    Err(format!("recording the prepared claim failed: {error}")),
+                    Err(ClaimFailure::Record {
+                        what: "prepared",
+                        source: error.clone(),
+                    }),
                 );
             }
             return answers;
@@ -216,7 +295,7 @@ impl<D: Driver> DraService<D> {
         claims: Vec<ClaimRef>,
         work: impl Fn(ClaimRef) -> F,
     ) -> (
-        Vec<(String, String)>,
+        Vec<(String, ClaimFailure)>,
         Vec<(ClaimRef, T)>,
         Vec<OwnedMutexGuard<()>>,
     ) {
@@ -233,7 +312,7 @@ impl<D: Driver> DraService<D> {
         (refused, results, locks)
     }
 
-    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Prepared, String> {
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Prepared, ClaimFailure> {
         let recorded = self.state.lock().await.claims.get(&claim.uid).cloned();
         if let Some(recorded) = recorded {
             if heal_specs(&recorded)? {
@@ -243,19 +322,31 @@ impl<D: Driver> DraService<D> {
             // the driver can write it again.
             tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "CDI spec missing; preparing again");
         }
-        let mut prepared = self.driver.prepare(claim).await?;
+        let checked = crate::claim::read_and_check(
+            self.claims.as_ref(),
+            claim,
+            &self.on.driver,
+            &self.on.node,
+        )
+        .await?;
+        let mut prepared = self
+            .driver
+            .prepare(&checked)
+            .await
+            .map_err(ClaimFailure::driver)?;
         prepared.cdi_spec_contents = BTreeMap::new();
         for path in &prepared.cdi_spec_files {
             match std::fs::read_to_string(path) {
                 Ok(content) => {
                     prepared.cdi_spec_contents.insert(path.clone(), content);
                 }
-                Err(error) => {
+                Err(source) => {
                     let _ = self.driver.unprepare(claim, Some(&prepared)).await;
-                    return Err(format!(
-                        "reading back the CDI spec {}: {error}",
-                        path.display()
-                    ));
+                    return Err(ClaimFailure::Spec {
+                        what: "reading back",
+                        path: path.clone(),
+                        source,
+                    });
                 }
             }
         }
@@ -266,12 +357,15 @@ impl<D: Driver> DraService<D> {
     pub async fn unprepare_claims(
         &self,
         claims: Vec<ClaimRef>,
-    ) -> HashMap<String, Result<(), String>> {
+    ) -> HashMap<String, Result<(), ClaimFailure>> {
         let (refused, results, _locks) = self
             .each_claim(claims, |claim| async move {
                 let prepared = self.state.lock().await.claims.get(&claim.uid).cloned();
                 let result = self.driver.unprepare(&claim, prepared.as_ref()).await;
-                (claim, result.map(|()| prepared.is_some()))
+                let result = result
+                    .map(|()| prepared.is_some())
+                    .map_err(ClaimFailure::driver);
+                (claim, result)
             })
             .await;
         let mut answers: HashMap<_, _> = refused.into_iter().map(|(u, e)| (u, Err(e))).collect();
@@ -298,7 +392,7 @@ impl<D: Driver> DraService<D> {
             .collect();
         let stored = store(&state.checkpoint, &state.claims)
             .await
-            .map_err(|e| format!("recording the unprepared claim failed: {e}"));
+            .map_err(Arc::new);
         if stored.is_ok() {
             self.changed.send_replace(());
         }
@@ -314,7 +408,11 @@ impl<D: Driver> DraService<D> {
             if stored.is_ok() {
                 tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared");
             }
-            answers.insert(claim.uid, stored.clone());
+            let answer = stored.clone().map_err(|source| ClaimFailure::Record {
+                what: "unprepared",
+                source,
+            });
+            answers.insert(claim.uid, answer);
         }
         answers
     }
@@ -332,7 +430,7 @@ impl<D: Driver> DraService<D> {
 
 /// The claims of one call, each UID once, and the UIDs refused: a claim without a namespace,
 /// name or UID, or one UID named twice with different names (which one would be meant?).
-fn distinct(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, Vec<(String, String)>) {
+fn distinct(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, Vec<(String, ClaimFailure)>) {
     let mut by_uid: BTreeMap<String, Vec<ClaimRef>> = BTreeMap::new();
     for claim in claims {
         by_uid.entry(claim.uid.clone()).or_default().push(claim);
@@ -342,17 +440,14 @@ fn distinct(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, Vec<(String, String)>) {
     for (uid, mut named) in by_uid {
         let claim = named.swap_remove(0);
         if uid.is_empty() || claim.namespace.is_empty() || claim.name.is_empty() {
-            refused.push((
-                uid,
-                format!("claim {claim:?} lacks a namespace, name or UID"),
-            ));
+            refused.push((uid, ClaimFailure::Incomplete(claim)));
         } else if let Some(other) = named.iter().find(|other| **other != claim) {
             refused.push((
                 uid.clone(),
-                format!(
-                    "claim UID {uid} is named twice in one call, as {}/{} and {}/{}: nothing done",
-                    claim.namespace, claim.name, other.namespace, other.name
-                ),
+                ClaimFailure::NamedTwice {
+                    first: claim,
+                    second: Box::new(other.clone()),
+                },
             ));
         } else {
             distinct.push(claim);
@@ -363,12 +458,16 @@ fn distinct(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, Vec<(String, String)>) {
 
 /// Rewrites each recorded CDI spec of `prepared` that is missing or differs from what prepare
 /// wrote. `Ok(false)`: a spec is missing and its content was not recorded.
-fn heal_specs(prepared: &PreparedClaim) -> Result<bool, String> {
+fn heal_specs(prepared: &PreparedClaim) -> Result<bool, ClaimFailure> {
+    let failed = |what, path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ClaimFailure::Spec { what, path, source }
+    };
     for path in &prepared.cdi_spec_files {
         let on_disk = match std::fs::read_to_string(path) {
             Ok(content) => Some(content),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(format!("reading the CDI spec {}: {e}", path.display())),
+            Err(e) => return Err(failed("reading", path)(e)),
         };
         let Some(recorded) = prepared.cdi_spec_contents.get(path) else {
             if on_disk.is_none() {
@@ -381,10 +480,10 @@ fn heal_specs(prepared: &PreparedClaim) -> Result<bool, String> {
         }
         tracing::warn!(uid = %prepared.uid, spec = %path.display(), missing = on_disk.is_none(), "rewriting the claim's CDI spec from the checkpoint");
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(failed("creating the directory of", path))?;
         }
         crate::checkpoint::write_atomically(path, recorded.as_bytes(), crate::cdi::SPEC_FILE_MODE)
-            .map_err(|e| format!("rewriting the CDI spec {}: {e}", path.display()))?;
+            .map_err(failed("rewriting", path))?;
     }
     Ok(true)
 }
@@ -515,7 +614,7 @@ macro_rules! dra_plugin_version {
                             },
                             Err(error) => $api::NodePrepareResourceResponse {
                                 devices: vec![],
-                                error,
+                                error: error.to_string(),
                             },
                         };
                         (uid, answer)
@@ -543,7 +642,7 @@ macro_rules! dra_plugin_version {
                         (
                             uid,
                             $api::NodeUnprepareResourceResponse {
-                                error: result.err().unwrap_or_default(),
+                                error: result.err().map(|e| e.to_string()).unwrap_or_default(),
                             },
                         )
                     })

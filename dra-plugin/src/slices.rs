@@ -19,27 +19,34 @@ use std::collections::BTreeMap;
 
 /// The most devices one ResourceSlice may hold (resource.k8s.io/v1 `ResourceSliceMaxDevices`).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
-/// Label on every slice this publisher writes, naming its pool, so it can find them again.
-pub const POOL_LABEL: &str = "dra.akri.sh/pool";
 
 /// Errors of publishing slices.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
+    /// The API server did not list the pool's slices.
     #[error("listing the slices of pool {pool}: {source}")]
     List {
+        /// The pool name.
         pool: String,
+        /// The API server's error.
         #[source]
         source: kube::Error,
     },
+    /// The API server did not take a slice (server-side apply).
     #[error("writing slice {slice}: {source}")]
     Apply {
+        /// The slice's name.
         slice: String,
+        /// The API server's error.
         #[source]
         source: kube::Error,
     },
+    /// A slice the pool no longer needs could not be deleted (one already gone is fine).
     #[error("deleting slice {slice}: {source}")]
     Delete {
+        /// The slice's name.
         slice: String,
+        /// The API server's error.
         #[source]
         source: kube::Error,
     },
@@ -52,7 +59,12 @@ pub enum Error {
 #[derive(Clone, Debug, PartialEq)]
 pub enum PoolScope {
     /// On one node; the slices are owned by that Node object.
-    Node { name: String, uid: String },
+    Node {
+        /// The node's name (the slices' `nodeName`).
+        name: String,
+        /// The Node object's UID, for the slices' owner reference.
+        uid: String,
+    },
     /// Each device says where with its own `nodeName`/`nodeSelector`/`allNodes`.
     PerDevice,
     /// Every device of the pool is reachable from the nodes this selector (one term) selects.
@@ -62,17 +74,22 @@ pub enum PoolScope {
 /// What every slice of a pool carries besides its devices.
 #[derive(Clone, Debug)]
 pub struct PoolTemplate {
+    /// The DRA driver name (`spec.driver`).
     pub driver: String,
+    /// The pool name (`spec.pool.name`).
     pub pool: String,
+    /// Where the pool's devices are available.
     pub scope: PoolScope,
     /// The owner of the slices, so they are garbage-collected with it. Node pools are owned
     /// by their Node whatever this says.
     pub owner: Option<OwnerReference>,
-    /// Extra labels (the pool label is always set).
+    /// Labels of every slice (none are needed: a pool's slices are found by driver, node and
+    /// pool name).
     pub labels: BTreeMap<String, String>,
 }
 
 impl PoolTemplate {
+    /// A template with no owner and no labels.
     pub fn new(driver: &str, pool: &str, scope: PoolScope) -> Self {
         PoolTemplate {
             driver: driver.to_string(),
@@ -158,19 +175,26 @@ impl SlicePublisher {
     }
 
     /// The pool's slices as the API server has them now.
+    ///
+    /// Found by the fields the API server selects on (`spec.driver`, and `spec.nodeName` for
+    /// a node's pool), then by pool name: no label of ours is needed, so slices written by
+    /// anyone under this driver and pool name count (and are repaired).
     pub async fn list(&self) -> Result<Vec<ResourceSlice>, Error> {
-        Ok(self
+        let mut fields = format!("spec.driver={}", self.template.driver);
+        if let PoolScope::Node { name, .. } = &self.template.scope {
+            fields.push_str(&format!(",spec.nodeName={name}"));
+        }
+        let mut slices = self
             .api
-            .list(&ListParams::default().labels(&format!(
-                "{POOL_LABEL}={}",
-                pool_label_value(&self.template.driver, &self.template.pool)
-            )))
+            .list(&ListParams::default().fields(&fields))
             .await
             .map_err(|source| Error::List {
                 pool: self.template.pool.clone(),
                 source,
             })?
-            .items)
+            .items;
+        slices.retain(|s| s.spec.pool.name == self.template.pool);
+        Ok(slices)
     }
 
     /// [`publish`](Self::publish) against slices the caller already knows (e.g. from a
@@ -239,8 +263,13 @@ impl SlicePublisher {
 /// What to write and delete to bring a pool to `devices`.
 #[derive(Debug, Default)]
 pub struct Plan {
+    /// The pool's generation after the plan: the current one if nothing changed, else the
+    /// next.
     pub generation: i64,
+    /// The slices to write with server-side apply: every slice of the pool at `generation`,
+    /// or none if nothing changed.
     pub apply: Vec<ResourceSlice>,
+    /// Names of existing slices the pool no longer needs, deleted after the writes.
     pub delete: Vec<String>,
 }
 
@@ -286,9 +315,7 @@ pub fn plan(
     let unchanged = existing.len() == chunks.len()
         && wanted(current_generation).iter().all(|want| {
             existing.iter().any(|s| {
-                s.metadata.name == want.metadata.name
-                    && s.spec == want.spec
-                    && s.metadata.labels == want.metadata.labels
+                s.metadata.name == want.metadata.name && s.spec == want.spec && has_labels(s, want)
             })
         });
     if unchanged {
@@ -346,15 +373,10 @@ fn slice(
             template.owner.clone().map(|o| vec![o]),
         ),
     };
-    let mut labels = template.labels.clone();
-    labels.insert(
-        POOL_LABEL.to_string(),
-        pool_label_value(&template.driver, &template.pool),
-    );
     ResourceSlice {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
-            labels: Some(labels),
+            labels: (!template.labels.is_empty()).then(|| template.labels.clone()),
             owner_references: owner,
             ..ObjectMeta::default()
         },
@@ -396,15 +418,15 @@ pub fn slice_name(driver: &str, pool: &str, index: usize) -> String {
     )
 }
 
-/// Label values are at most 63 characters: a stable short hash of driver and pool.
-fn pool_label_value(driver: &str, pool: &str) -> String {
-    // FNV-1a: stable across processes and versions, unlike std's SipHash with random keys.
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in driver.bytes().chain([0]).chain(pool.bytes()) {
-        hash ^= u64::from(byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{hash:016x}")
+/// Whether `slice` carries every label of `want`: labels others add are theirs to keep, and
+/// must not make the pool look changed (it would be rewritten on every publish).
+fn has_labels(slice: &ResourceSlice, want: &ResourceSlice) -> bool {
+    let have = slice.metadata.labels.as_ref();
+    want.metadata
+        .labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| have.and_then(|h| h.get(key)) == Some(value))
 }
 
 #[cfg(test)]
@@ -588,7 +610,5 @@ mod tests {
         );
         let long = slice_name(&"x".repeat(300), "p", 12);
         assert!(long.len() <= 253 && long.ends_with("-12"));
-        assert_eq!(pool_label_value("a", "b"), pool_label_value("a", "b"));
-        assert_ne!(pool_label_value("a", "b"), pool_label_value("ab", ""));
     }
 }

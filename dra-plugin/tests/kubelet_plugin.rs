@@ -1,17 +1,15 @@
 //! The library as a whole against the kubelet's own DRA manager (kubelet peer) and the real
-//! scheduler: a small driver built on `dra-plugin` is found, prepares through the kubelet,
-//! survives its own restart through the checkpoint, and registers again after the kubelet's.
+//! scheduler: the example driver (`examples/minimal.rs`), started with the builder as the
+//! README shows, is found, prepares through the kubelet, survives its own restart through the
+//! checkpoint, and registers again after the kubelet's.
 
 use akri_testing::{ControlPlane, KubeletPeer};
-use dra_plugin::cdi::{CdiDevice, CdiRoot};
-use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
-use dra_plugin::health::HealthReporter;
-use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
+use dra_plugin::Plugin;
+use dra_plugin::cdi::CdiRoot;
 use dra_plugin::registration::RegistrationStatus;
-use dra_plugin::service::{ClaimRef, DraService, Driver};
-use dra_plugin::slices::{PoolScope, SlicePublisher};
+use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{Device, DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kubelet_proto::pluginregistration::InfoRequest;
 use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
@@ -19,93 +17,11 @@ use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-const CLASS: &str = "gadget";
-
-/// Prepares every device allocated to it with one CDI device carrying `GADGET_<DEVICE>=<device>`.
-struct GadgetDriver {
-    name: String,
-    client: kube::Client,
-    cdi: CdiRoot,
-}
-
-#[tonic::async_trait]
-impl Driver for GadgetDriver {
-    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String> {
-        let object = Api::<ResourceClaim>::namespaced(self.client.clone(), &claim.namespace)
-            .get(&claim.name)
-            .await
-            .map_err(|e| format!("reading the claim: {e}"))?;
-        let results = object
-            .status
-            .and_then(|s| s.allocation)
-            .and_then(|a| a.devices)
-            .and_then(|d| d.results)
-            .unwrap_or_default();
-        let mine: Vec<_> = results
-            .into_iter()
-            .filter(|r| r.driver == self.name)
-            .collect();
-        if mine.is_empty() {
-            return Err(format!(
-                "claim {} has no device of driver {}",
-                claim.name, self.name
-            ));
-        }
-        let cdi_devices: Vec<CdiDevice> = mine
-            .iter()
-            .map(|r| CdiDevice {
-                name: r.device.clone(),
-                env: vec![(
-                    format!("GADGET_{}", r.device.to_uppercase()),
-                    r.device.clone(),
-                )],
-                device_nodes: vec![],
-                mounts: vec![],
-            })
-            .collect();
-        let spec = self
-            .cdi
-            .write_claim_spec(CLASS, &claim.uid, &cdi_devices)
-            .map_err(|e| e.to_string())?;
-        Ok(PreparedClaim {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-            devices: mine
-                .iter()
-                .zip(&spec.qualified_ids)
-                .map(|(r, id)| PreparedDevice {
-                    request_names: vec![r.request.clone()],
-                    pool_name: r.pool.clone(),
-                    device_name: r.device.clone(),
-                    cdi_device_ids: vec![id.clone()],
-                    share_id: None,
-                })
-                .collect(),
-            cdi_spec_files: vec![spec.path],
-            cdi_spec_contents: Default::default(),
-        })
-    }
-
-    async fn unprepare(
-        &self,
-        claim: &ClaimRef,
-        prepared: Option<&PreparedClaim>,
-    ) -> Result<(), String> {
-        let files = match prepared {
-            Some(p) => p.cdi_spec_files.clone(),
-            None => vec![
-                self.cdi
-                    .spec_path(CLASS, &claim.uid)
-                    .map_err(|e| e.to_string())?,
-            ],
-        };
-        for file in files {
-            dra_plugin::cdi::remove_claim_spec(&file).map_err(|e| e.to_string())?;
-        }
-        Ok(())
-    }
-}
+/// The README's minimal driver, as `cargo run --example minimal` builds it.
+#[allow(dead_code)]
+#[path = "../examples/minimal.rs"]
+mod minimal;
+use minimal::{CDI_VENDOR, GadgetDriver, gadgets};
 
 async fn wait_until<F: AsyncFn() -> bool>(what: &str, check: F) {
     let start = Instant::now();
@@ -124,30 +40,11 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
     let client = cp.client().await.unwrap();
     let ns = cp.create_namespace("plugin").await.unwrap();
     let node_name = ControlPlane::unique_name("node");
-    let node = cp.create_node(&node_name).await.unwrap();
+    cp.create_node(&node_name).await.unwrap();
     let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("g"));
     let class = ControlPlane::unique_name("gadgets");
     let peer = KubeletPeer::start(cp, &node_name).await.unwrap();
 
-    // The node's gadgets, published with the library's slice publisher.
-    let publisher = SlicePublisher::new(
-        client.clone(),
-        &driver,
-        &node_name,
-        PoolScope::Node {
-            name: node_name.clone(),
-            uid: node.metadata.uid.clone().unwrap(),
-        },
-        "gadget-plugin",
-    );
-    let gadgets: Vec<Device> = ["g0", "g1"]
-        .iter()
-        .map(|n| Device {
-            name: n.to_string(),
-            ..Device::default()
-        })
-        .collect();
-    publisher.publish(&gadgets).await.unwrap();
     Api::<DeviceClass>::all(client.clone())
         .create(&PostParams::default(), &serde_json::from_value(json!({
             "metadata": { "name": class },
@@ -156,29 +53,25 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         .await
         .unwrap();
 
-    // The plugin.
+    // The plugin, and the node's gadgets published through it.
     let state_dir = tempfile::tempdir().unwrap();
     let checkpoint = state_dir.path().join("checkpoint.json");
-    let config = PluginConfig {
-        driver_name: driver.clone(),
-        registry_dir: peer.registry_dir(),
-        plugin_dir: peer.plugins_dir().join(&driver),
+    let start_plugin = async || {
+        Plugin::builder(&driver, &node_name)
+            .registry_dir(peer.registry_dir())
+            .plugin_dir(peer.plugins_dir().join(&driver))
+            .checkpoint(&checkpoint)
+            .start(
+                client.clone(),
+                GadgetDriver {
+                    cdi: CdiRoot::new(peer.cdi_dir(), CDI_VENDOR).unwrap(),
+                },
+            )
+            .await
+            .unwrap()
     };
-    let start_plugin = || {
-        let service = DraService::new(
-            GadgetDriver {
-                name: driver.clone(),
-                client: client.clone(),
-                cdi: CdiRoot::new(peer.cdi_dir(), "example.com").unwrap(),
-            },
-            &checkpoint,
-        )
-        .unwrap();
-        let health = HealthReporter::default();
-        let plugin = KubeletPlugin::start(&config, &service, &health).unwrap();
-        (service, plugin)
-    };
-    let (service, plugin) = start_plugin();
+    let plugin = start_plugin().await;
+    plugin.publish(&gadgets(&["g0", "g1"])).await.unwrap();
     peer.wait_for_driver(&driver, Duration::from_secs(30))
         .await
         .unwrap();
@@ -249,7 +142,7 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         env.contains(&"GADGET_G0=g0".to_string()) && env.contains(&"GADGET_G1=g1".to_string()),
         "{env:?}"
     );
-    let prepared = service.prepared().await;
+    let prepared = plugin.service().prepared().await;
     assert_eq!(prepared.len(), 1);
     let spec_file: PathBuf = prepared.values().next().unwrap().cdi_spec_files[0].clone();
     assert!(spec_file.exists());
@@ -259,7 +152,6 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
     // prepared, so the next prepare is answered by the plugin's checkpoint (not the
     // kubelet's cache) and must bring the spec back.
     drop(plugin);
-    drop(service);
     let recorded: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&checkpoint).unwrap()).unwrap();
     let uid = prepared.keys().next().unwrap();
@@ -274,9 +166,9 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         "the checkpoint file records the claim with its CDI ids: {recorded}"
     );
     std::fs::remove_file(&spec_file).unwrap();
-    let (service, plugin) = start_plugin();
+    let plugin = start_plugin().await;
     assert_eq!(
-        service.prepared().await.len(),
+        plugin.service().prepared().await.len(),
         1,
         "the checkpoint remembers the claim"
     );
@@ -306,7 +198,7 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         !spec_file.exists(),
         "unprepare removed the CDI spec prepare wrote"
     );
-    assert!(service.prepared().await.is_empty());
+    assert!(plugin.service().prepared().await.is_empty());
 
     // The kubelet restarts with a wiped registry directory: the plugin registers again by itself.
     for entry in std::fs::read_dir(peer.registry_dir()).unwrap() {
@@ -329,9 +221,12 @@ async fn one_bad_claim_does_not_fail_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let service = DraService::new(
         GadgetDriver {
-            name: "x.example.com".into(),
-            client: client.clone(),
-            cdi: CdiRoot::new(dir.path().join("cdi"), "example.com").unwrap(),
+            cdi: CdiRoot::new(dir.path().join("cdi"), CDI_VENDOR).unwrap(),
+        },
+        client.clone(),
+        DriverOnNode {
+            driver: "x.example.com".into(),
+            node: "n".into(),
         },
         &dir.path().join("checkpoint.json"),
     )
@@ -383,7 +278,8 @@ async fn one_bad_claim_does_not_fail_the_others() {
         results["u-1"]
             .as_ref()
             .unwrap_err()
-            .contains("reading the claim"),
+            .to_string()
+            .contains("no longer exists"),
         "{:?}",
         results["u-1"]
     );
@@ -391,6 +287,7 @@ async fn one_bad_claim_does_not_fail_the_others() {
         results["u-2"]
             .as_ref()
             .unwrap_err()
+            .to_string()
             .contains("lacks a namespace"),
         "{:?}",
         results["u-2"]

@@ -2,13 +2,17 @@
 //! and empty UIDs, a batch of 10,000 claims, prepare racing unprepare of one claim, and a
 //! reboot that wiped the CDI directory.
 //!
-//! The driver here is a small one that writes a CDI spec per claim and needs no cluster:
-//! what is under test is the service around it (the kubelet-facing contract), and the
-//! kubelet's own DRA manager drives the real drivers in the other suites.
+//! The driver here is a small one that writes a CDI spec per claim and needs no cluster: its
+//! claims come from [`AllocatedClaims`], which answers every read with a claim allocated to
+//! it. What is under test is the service around it (the kubelet-facing contract); reading
+//! claims from a real API server, and the kubelet's own DRA manager, are the other suites'.
 
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
 use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
-use dra_plugin::service::{ClaimRef, DraService, Driver, MAX_CONCURRENT_CLAIMS};
+use dra_plugin::service::{
+    Claim, ClaimRef, ClaimSource, DraService, Driver, DriverOnNode, MAX_CONCURRENT_CLAIMS,
+};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra::v1;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -56,9 +60,40 @@ impl SpecDriver {
     }
 }
 
+const DRIVER: &str = "gadget.example.com";
+const NODE: &str = "node";
+
+/// Every claim read is there, with the UID asked for, allocated one device of [`DRIVER`].
+struct AllocatedClaims;
+
+#[tonic::async_trait]
+impl ClaimSource for AllocatedClaims {
+    async fn read(&self, claim: &ClaimRef) -> Result<ResourceClaim, kube::Error> {
+        Ok(serde_json::from_value(serde_json::json!({
+            "metadata": { "namespace": claim.namespace, "name": claim.name, "uid": claim.uid },
+            "spec": {},
+            "status": { "allocation": { "devices": { "results": [
+                { "request": "r", "driver": DRIVER, "pool": NODE, "device": "dev" },
+            ] } } },
+        }))
+        .expect("a valid claim"))
+    }
+}
+
+fn service(driver: SpecDriver, checkpoint: &Path) -> DraService<SpecDriver> {
+    let on = DriverOnNode {
+        driver: DRIVER.into(),
+        node: NODE.into(),
+    };
+    DraService::new(driver, AllocatedClaims, on, checkpoint).unwrap()
+}
+
 #[tonic::async_trait]
 impl Driver for SpecDriver {
-    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String> {
+    type Error = dra_plugin::cdi::Error;
+
+    async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, Self::Error> {
+        let claim = &claim.reference;
         self.work(&claim.uid, "prepare").await;
         self.prepares.fetch_add(1, Ordering::SeqCst);
         let device = CdiDevice {
@@ -66,10 +101,7 @@ impl Driver for SpecDriver {
             env: vec![("CLAIM".into(), claim.name.clone())],
             ..CdiDevice::default()
         };
-        let spec = self
-            .cdi
-            .write_claim_spec("gadget", &claim.uid, &[device])
-            .map_err(|e| e.to_string())?;
+        let spec = self.cdi.write_claim_spec("gadget", &claim.uid, &[device])?;
         Ok(PreparedClaim {
             uid: claim.uid.clone(),
             namespace: claim.namespace.clone(),
@@ -86,13 +118,14 @@ impl Driver for SpecDriver {
         })
     }
 
-    async fn unprepare(&self, claim: &ClaimRef, _: Option<&PreparedClaim>) -> Result<(), String> {
+    async fn unprepare(
+        &self,
+        claim: &ClaimRef,
+        _: Option<&PreparedClaim>,
+    ) -> Result<(), Self::Error> {
         self.work(&claim.uid, "unprepare").await;
-        let path = self
-            .cdi
-            .spec_path("gadget", &claim.uid)
-            .map_err(|e| e.to_string())?;
-        dra_plugin::cdi::remove_claim_spec(&path).map_err(|e| e.to_string())
+        let path = self.cdi.spec_path("gadget", &claim.uid)?;
+        dra_plugin::cdi::remove_claim_spec(&path)
     }
 }
 
@@ -104,7 +137,7 @@ struct Served {
 }
 
 async fn serve(dir: &Path, delay: Duration) -> Served {
-    let service = DraService::new(SpecDriver::new(dir, delay), &checkpoint(dir)).unwrap();
+    let service = service(SpecDriver::new(dir, delay), &checkpoint(dir));
     let socket = dir.join(format!("dra-{}.sock", rand_suffix()));
     let listener = dra_plugin::authority::bind(&socket, dra_plugin::authority::OWNER_ONLY).unwrap();
     let router = tonic::transport::Server::builder().add_service(service.v1());
@@ -324,11 +357,10 @@ async fn a_failed_checkpoint_store_changes_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     std::fs::create_dir_all(&state).unwrap();
-    let service = DraService::new(
+    let service = service(
         SpecDriver::new(dir.path(), Duration::ZERO),
         &state.join("checkpoint.json"),
-    )
-    .unwrap();
+    );
     let claim = ClaimRef {
         namespace: "s".into(),
         name: "c".into(),

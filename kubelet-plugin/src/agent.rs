@@ -23,10 +23,6 @@ use akri_discovery_handler::Served;
 use akri_legacy_device_plugin::plugins::Counters;
 use akri_runtime::http::Readiness;
 use dra_plugin::cdi::CdiRoot;
-use dra_plugin::health::HealthReporter;
-use dra_plugin::plugin::{KubeletPlugin, PluginConfig};
-use dra_plugin::service::DraService;
-use dra_plugin::slices::{PoolScope, SlicePublisher};
 use dra_plugin::vanished::VanishedDevices;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -148,18 +144,8 @@ pub enum Error {
     ApiSupport(#[from] dra_plugin::api_support::Error),
     #[error("CDI directory: {0}")]
     Cdi(#[from] dra_plugin::cdi::Error),
-    #[error("DRA service of {driver}: {source}")]
-    Service {
-        driver: String,
-        #[source]
-        source: dra_plugin::service::Error,
-    },
-    #[error("kubelet plugin of {driver}: {source}")]
-    Plugin {
-        driver: String,
-        #[source]
-        source: dra_plugin::plugin::Error,
-    },
+    #[error("kubelet plugin: {0}")]
+    Plugin(#[from] dra_plugin::builder::Error),
 }
 
 /// A running agent; dropping it stops everything it serves.
@@ -206,16 +192,13 @@ impl Agent {
 
 /// One served DRA driver (one discovery handler).
 struct ServedDriver {
-    service: DraService<Timed<AkriDriver>>,
-    health: HealthReporter,
-    publisher: SlicePublisher,
+    plugin: dra_plugin::Plugin<Timed<AkriDriver>>,
     /// Devices kept (tainted) while prepared claims hold them after they vanished.
     vanished: VanishedDevices,
     /// Whether `vanished` has read what a previous process published.
     seeded: bool,
     /// Every device name this driver published on this node since it started.
     ever_published: BTreeSet<String>,
-    _plugin: KubeletPlugin,
 }
 
 /// Starts the agent.
@@ -426,7 +409,7 @@ impl AgentState {
                 store.state().iter().map(|c| (**c).clone()).collect();
             let registered = handlers.borrow().clone();
             dirty.extend(self.sync_streams(&configs, &registered, &events_tx).await);
-            dirty.extend(self.sync_drivers(&registered, &claims_tx));
+            dirty.extend(self.sync_drivers(&registered, &claims_tx).await);
             self.errors
                 .report(&self.client, &self.config.node_name)
                 .await;
@@ -584,7 +567,7 @@ impl AgentState {
     }
 
     /// Serves a kubelet plugin per registered handler. Returns drivers newly served.
-    fn sync_drivers(
+    async fn sync_drivers(
         &mut self,
         handlers: &BTreeMap<String, RegisteredHandler>,
         claims_changed: &mpsc::UnboundedSender<String>,
@@ -595,10 +578,10 @@ impl AgentState {
             if self.drivers.contains_key(&driver) {
                 continue;
             }
-            match self.serve_driver(&handler.name, &driver) {
+            match self.serve_driver(&handler.name, &driver).await {
                 Ok(served) => {
                     tokio::spawn(forward_claim_changes(
-                        served.service.prepared_changes(),
+                        served.plugin.service().prepared_changes(),
                         driver.clone(),
                         claims_changed.clone(),
                     ));
@@ -611,7 +594,7 @@ impl AgentState {
         started
     }
 
-    fn serve_driver(&self, handler: &str, driver: &str) -> Result<ServedDriver, Error> {
+    async fn serve_driver(&self, handler: &str, driver: &str) -> Result<ServedDriver, Error> {
         let cdi = CdiRoot::new(&self.config.cdi_dir, akri_devices::DRIVER_DOMAIN)?;
         let akri_driver = AkriDriver {
             driver: driver.to_string(),
@@ -629,11 +612,15 @@ impl AgentState {
             driver: driver.to_string(),
             metrics: self.metrics.clone(),
         };
-        let service = DraService::new(timed, &checkpoint).map_err(|source| Error::Service {
-            driver: driver.to_string(),
-            source,
-        })?;
-        if let Some(set_aside) = service.set_aside() {
+        let plugin = dra_plugin::Plugin::builder(driver, &self.config.node_name)
+            .registry_dir(&self.config.registry_dir)
+            .plugin_dir(self.config.plugins_dir.join(driver))
+            .checkpoint(checkpoint)
+            .node_uid(&self.node_uid)
+            .field_manager(akri_devices::node_field_manager(&self.config.node_name))
+            .start(self.client.clone(), timed)
+            .await?;
+        if let Some(set_aside) = plugin.service().set_aside() {
             let note = format!(
                 "The prepared-claims checkpoint of {driver} was unusable ({}); it was moved to {} and the plugin started without it. Claims are prepared again as the kubelet asks.",
                 set_aside.reason,
@@ -647,32 +634,8 @@ impl AgentState {
                 note,
             ));
         }
-        let health = HealthReporter::default();
-        let plugin_config = PluginConfig {
-            driver_name: driver.to_string(),
-            registry_dir: self.config.registry_dir.clone(),
-            plugin_dir: self.config.plugins_dir.join(driver),
-        };
-        let plugin = KubeletPlugin::start(&plugin_config, &service, &health).map_err(|source| {
-            Error::Plugin {
-                driver: driver.to_string(),
-                source,
-            }
-        })?;
-        let publisher = SlicePublisher::new(
-            self.client.clone(),
-            driver,
-            &self.config.node_name,
-            PoolScope::Node {
-                name: self.config.node_name.clone(),
-                uid: self.node_uid.clone(),
-            },
-            &akri_devices::node_field_manager(&self.config.node_name),
-        );
         Ok(ServedDriver {
-            service,
-            health,
-            publisher,
+            plugin,
             vanished: VanishedDevices::new(
                 akri_devices::NOT_DISCOVERED_TAINT,
                 self.config.vanished_grace,
@@ -680,7 +643,6 @@ impl AgentState {
             ),
             seeded: false,
             ever_published: BTreeSet::new(),
-            _plugin: plugin,
         })
     }
 
@@ -694,7 +656,8 @@ impl AgentState {
         let reported: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
         if !served.seeded {
             // What a previous process published: its vanished devices and their graces.
-            match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.publisher.list()).await {
+            match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.plugin.slices().list()).await
+            {
                 Ok(Ok(stored)) => {
                     served
                         .vanished
@@ -707,7 +670,7 @@ impl AgentState {
                 }
             }
         }
-        let held = crate::vanished::held_devices(&served.service.prepared().await, &pool);
+        let held = crate::vanished::held_devices(&served.plugin.service().prepared().await, &pool);
         let plan = served
             .vanished
             .plan(reported, &held, k8s_openapi::jiff::Timestamp::now());
@@ -731,7 +694,7 @@ impl AgentState {
         let slice_devices = plan.devices;
         let published = tokio::time::timeout(
             crate::API_CALL_TIMEOUT,
-            served.publisher.publish(&slice_devices),
+            served.plugin.publish(&slice_devices),
         )
         .await
         .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
@@ -759,14 +722,14 @@ impl AgentState {
             .cloned()
             .collect();
         for name in &forget {
-            served.health.remove(&pool, name);
+            served.plugin.health().remove(&pool, name);
             served.ever_published.remove(name);
         }
         for name in &now {
-            served.health.set(&pool, name, true, "");
+            served.plugin.health().set(&pool, name, true, "");
         }
         for gone in served.ever_published.difference(&now) {
-            served.health.set(
+            served.plugin.health().set(
                 &pool,
                 gone,
                 false,

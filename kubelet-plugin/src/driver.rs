@@ -9,10 +9,24 @@ use crate::node_devices::{KnownDevice, NodeDevices};
 use dra_plugin::cdi::{self, CdiDevice, CdiRoot, DeviceNode, Mount};
 use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
 use dra_plugin::device_status::{self, DeviceStatus};
-use dra_plugin::service::{ClaimRef, Driver};
-use k8s_openapi::api::core::v1::NodeSelector;
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::Api;
+use dra_plugin::{Claim, ClaimRef, Driver};
+
+/// Why an Akri device was not prepared or unprepared (the kubelet shows it in the pod's
+/// events). Claims that are not allocated here never reach the driver: the library checks
+/// them.
+#[derive(Debug, thiserror::Error)]
+pub enum PrepareError {
+    #[error(
+        "device {device} of claim {claim} is not available on node {node} (its discovery handler no longer reports it)"
+    )]
+    Gone {
+        device: String,
+        claim: ClaimRef,
+        node: String,
+    },
+    #[error(transparent)]
+    Spec(#[from] cdi::Error),
+}
 
 /// The DRA driver of one discovery handler on this node.
 pub struct AkriDriver {
@@ -26,66 +40,27 @@ pub struct AkriDriver {
 
 #[tonic::async_trait]
 impl Driver for AkriDriver {
-    async fn prepare(&self, claim: &ClaimRef) -> Result<PreparedClaim, String> {
-        let claims = Api::<ResourceClaim>::namespaced(self.client.clone(), &claim.namespace);
-        let object = crate::api_call(claims.get(&claim.name))
-            .await
-            .map_err(|e| match e {
-                kube::Error::Api(status) if status.code == 404 => {
-                    format!("claim {}/{} no longer exists", claim.namespace, claim.name)
-                }
-                e => format!("reading claim {}/{}: {e}", claim.namespace, claim.name),
-            })?;
-        if object.metadata.uid.as_deref() != Some(claim.uid.as_str()) {
-            return Err(format!(
-                "claim {}/{} was replaced (UID {:?}, the kubelet asked for {})",
-                claim.namespace, claim.name, object.metadata.uid, claim.uid
-            ));
-        }
-        let allocation = object
-            .status
-            .and_then(|s| s.allocation)
-            .ok_or_else(|| format!("claim {}/{} is not allocated", claim.namespace, claim.name))?;
-        if let Some(selector) = &allocation.node_selector
-            && !selects_node(selector, self.devices.node())
-        {
-            return Err(format!(
-                "claim {}/{} is allocated for other nodes, not {}",
-                claim.namespace,
-                claim.name,
-                self.devices.node()
-            ));
-        }
-        let results: Vec<_> = allocation
-            .devices
-            .and_then(|d| d.results)
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|r| r.driver == self.driver)
-            .collect();
-        if results.is_empty() {
-            return Err(format!(
-                "claim {}/{} has no device of driver {}",
-                claim.namespace, claim.name, self.driver
-            ));
-        }
+    type Error = PrepareError;
+
+    async fn prepare(&self, checked: &Claim) -> Result<PreparedClaim, PrepareError> {
+        let claim = &checked.reference;
+        let results = &checked.results;
 
         // One CDI device per allocated device: a device with consumable capacity can be the
         // result of two requests of one claim, and both requests then get the same CDI id.
         let mut cdi_devices: Vec<CdiDevice> = Vec::new();
-        for result in &results {
+        for result in results {
             if cdi_devices.iter().any(|d| d.name == result.device) {
                 continue;
             }
-            let known = self.devices.lookup(&self.driver, &result.device).ok_or_else(|| {
-                format!(
-                    "device {} of claim {}/{} is not available on node {} (its discovery handler no longer reports it)",
-                    result.device,
-                    claim.namespace,
-                    claim.name,
-                    self.devices.node()
-                )
-            })?;
+            let known = self
+                .devices
+                .lookup(&self.driver, &result.device)
+                .ok_or_else(|| PrepareError::Gone {
+                    device: result.device.clone(),
+                    claim: claim.clone(),
+                    node: self.devices.node().to_string(),
+                })?;
             cdi_devices.push(CdiDevice {
                 name: result.device.clone(),
                 env: known.device.properties.clone().into_iter().collect(),
@@ -114,8 +89,7 @@ impl Driver for AkriDriver {
         }
         let spec = self
             .cdi
-            .write_claim_spec(&self.cdi_class, &claim.uid, &cdi_devices)
-            .map_err(|e| format!("writing the CDI spec: {e}"))?;
+            .write_claim_spec(&self.cdi_class, &claim.uid, &cdi_devices)?;
         let statuses: Vec<DeviceStatus> = results
             .iter()
             .filter_map(|result| {
@@ -158,19 +132,14 @@ impl Driver for AkriDriver {
         &self,
         claim: &ClaimRef,
         prepared: Option<&PreparedClaim>,
-    ) -> Result<(), String> {
+    ) -> Result<(), PrepareError> {
         let files = match prepared {
             Some(prepared) => prepared.cdi_spec_files.clone(),
             // Not recorded: remove what a prepare interrupted before recording would have left.
-            None => vec![
-                self.cdi
-                    .spec_path(&self.cdi_class, &claim.uid)
-                    .map_err(|e| e.to_string())?,
-            ],
+            None => vec![self.cdi.spec_path(&self.cdi_class, &claim.uid)?],
         };
         for file in files {
-            cdi::remove_claim_spec(&file)
-                .map_err(|e| format!("removing {}: {e}", file.display()))?;
+            cdi::remove_claim_spec(&file)?;
         }
         // In the background: unprepare must not wait for the API server (the kubelet
         // unprepares through outages), and the claim is usually being deallocated, which
@@ -249,39 +218,9 @@ pub fn shown_property(key: &str) -> bool {
         .any(|word| CREDENTIAL_WORDS.contains(&word))
 }
 
-/// Whether an allocation's node selector admits `node`, as far as it names nodes: by the
-/// `metadata.name` field or the `kubernetes.io/hostname` label (what the scheduler writes).
-/// Terms are ORed; a term naming no node admits every node.
-pub fn selects_node(selector: &NodeSelector, node: &str) -> bool {
-    selector.node_selector_terms.iter().any(|term| {
-        let fields = term
-            .match_fields
-            .iter()
-            .flatten()
-            .filter(|r| r.key == "metadata.name");
-        let labels = term
-            .match_expressions
-            .iter()
-            .flatten()
-            .filter(|r| r.key == "kubernetes.io/hostname");
-        fields.chain(labels).all(|requirement| {
-            let listed = requirement.values.iter().flatten().any(|v| v == node);
-            match requirement.operator.as_str() {
-                "In" => listed,
-                "NotIn" => !listed,
-                _ => true,
-            }
-        })
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn selector(value: serde_json::Value) -> NodeSelector {
-        serde_json::from_value(value).unwrap()
-    }
 
     #[test]
     fn credentials_stay_out_of_claim_status() {
@@ -303,25 +242,5 @@ mod tests {
         ] {
             assert!(shown_property(shown), "{shown}");
         }
-    }
-
-    #[test]
-    fn node_selectors_name_nodes_by_field_or_hostname() {
-        let by_field = selector(serde_json::json!({ "nodeSelectorTerms": [{
-            "matchFields": [{ "key": "metadata.name", "operator": "In", "values": ["a"] }] }] }));
-        assert!(selects_node(&by_field, "a"));
-        assert!(!selects_node(&by_field, "b"));
-        let by_label = selector(serde_json::json!({ "nodeSelectorTerms": [
-            { "matchExpressions": [{ "key": "kubernetes.io/hostname", "operator": "In", "values": ["b"] }] },
-            { "matchExpressions": [{ "key": "kubernetes.io/hostname", "operator": "In", "values": ["c"] }] },
-        ] }));
-        assert!(selects_node(&by_label, "c"));
-        assert!(!selects_node(&by_label, "a"));
-        let other = selector(serde_json::json!({ "nodeSelectorTerms": [{
-            "matchExpressions": [{ "key": "zone", "operator": "In", "values": ["z1"] }] }] }));
-        assert!(
-            selects_node(&other, "a"),
-            "a term naming no node admits any node"
-        );
     }
 }

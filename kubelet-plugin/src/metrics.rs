@@ -165,11 +165,13 @@ pub struct Timed<D> {
 }
 
 #[tonic::async_trait]
-impl<D: dra_plugin::service::Driver> dra_plugin::service::Driver for Timed<D> {
+impl<D: dra_plugin::Driver> dra_plugin::Driver for Timed<D> {
+    type Error = D::Error;
+
     async fn prepare(
         &self,
-        claim: &dra_plugin::service::ClaimRef,
-    ) -> Result<dra_plugin::checkpoint::PreparedClaim, String> {
+        claim: &dra_plugin::Claim,
+    ) -> Result<dra_plugin::PreparedClaim, D::Error> {
         let started = std::time::Instant::now();
         let result = self.inner.prepare(claim).await;
         self.metrics
@@ -179,9 +181,9 @@ impl<D: dra_plugin::service::Driver> dra_plugin::service::Driver for Timed<D> {
 
     async fn unprepare(
         &self,
-        claim: &dra_plugin::service::ClaimRef,
-        prepared: Option<&dra_plugin::checkpoint::PreparedClaim>,
-    ) -> Result<(), String> {
+        claim: &dra_plugin::ClaimRef,
+        prepared: Option<&dra_plugin::PreparedClaim>,
+    ) -> Result<(), D::Error> {
         self.inner.unprepare(claim, prepared).await
     }
 }

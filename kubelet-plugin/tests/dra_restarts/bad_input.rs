@@ -7,7 +7,7 @@ use akri_kubelet_plugin::driver::AkriDriver;
 use akri_kubelet_plugin::node_devices::{ConfigDevices, NodeDevices};
 use akri_testing::ControlPlane;
 use dra_plugin::cdi::CdiRoot;
-use dra_plugin::service::{ClaimRef, DraService};
+use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -42,6 +42,11 @@ async fn malformed_claims_fail_alone() {
             client: client.clone(),
             cdi: CdiRoot::new(dir.path().join("cdi"), "akri.sh").unwrap(),
             devices,
+        },
+        client.clone(),
+        DriverOnNode {
+            driver: DRIVER.into(),
+            node: node.into(),
         },
         &dir.path().join("checkpoint.json"),
     )
@@ -82,7 +87,10 @@ async fn malformed_claims_fail_alone() {
     });
 
     let results = service.prepare_claims(refs.clone()).await;
-    let by_name = |name: &str| results[&refs.iter().find(|r| r.name == name).unwrap().uid].clone();
+    let by_name = |name: &str| {
+        let result = &results[&refs.iter().find(|r| r.name == name).unwrap().uid];
+        result.as_ref().map_err(ToString::to_string).cloned()
+    };
     let good = by_name("good").expect("the good claim is prepared despite the others");
     assert_eq!(good[0].device_name, device);
     let expect_error = |name: &str, words: &str| {
@@ -180,7 +188,7 @@ async fn two_requests_on_one_shared_device_prepare() {
     )
     .await;
     let prepared = service.prepare_claims(vec![claim.clone()]).await;
-    let devices = prepared[&claim.uid].clone().expect("the claim prepares");
+    let devices = prepared[&claim.uid].as_ref().expect("the claim prepares");
     assert_eq!(devices.len(), 2);
     assert_eq!(devices[0].cdi_device_ids, devices[1].cdi_device_ids);
     // One place builds the CDI name: `<claim uid>-<device>`, the UID once.

@@ -6,7 +6,7 @@ use akri_kubelet_plugin::driver::AkriDriver;
 use akri_kubelet_plugin::node_devices::{ConfigDevices, NodeDevices};
 use akri_testing::{ControlPlane, KubeletPeer};
 use dra_plugin::cdi::CdiRoot;
-use dra_plugin::service::{ClaimRef, DraService};
+use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -216,6 +216,11 @@ pub(crate) fn driver_seeing(
             client: client.clone(),
             cdi: CdiRoot::new(dir.join("cdi"), "akri.sh").unwrap(),
             devices,
+        },
+        client.clone(),
+        DriverOnNode {
+            driver: DRIVER.into(),
+            node: node.into(),
         },
         &dir.join("checkpoint.json"),
     )

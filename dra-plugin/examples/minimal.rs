@@ -1,0 +1,118 @@
+//! A complete DRA driver on `dra-plugin`: the node has a few "gadgets"; a container that
+//! claims one gets `GADGET_<NAME>=<name>` in its environment, through a CDI spec.
+//!
+//! Everything else (registration with the kubelet, both DRA gRPC versions, the health stream,
+//! reading and checking each claim, the checkpoint, slices) is the library's.
+//!
+//! ```text
+//! DRIVER_NAME=gadget.example.com NODE_NAME=$(hostname) GADGETS=g0,g1 \
+//!     cargo run -p dra-plugin --example minimal
+//! ```
+//!
+//! It runs as root on the node (or in a pod with `/var/lib/kubelet/plugins`,
+//! `/var/lib/kubelet/plugins_registry` and `/var/run/cdi` mounted from the host), with a
+//! kubeconfig or in-cluster credentials allowed to read ResourceClaims and the Node and to
+//! write ResourceSlices. `tests/kubelet_plugin.rs` runs this driver against the kubelet's own
+//! DRA manager.
+
+use dra_plugin::cdi::{CdiDevice, CdiRoot};
+use dra_plugin::{Claim, ClaimRef, Driver, Plugin, PreparedClaim, PreparedDevice};
+use k8s_openapi::api::resource::v1::Device;
+
+/// The CDI class of the gadgets: CDI ids are `example.com/gadget=<claim uid>-<device>`.
+pub const CDI_CLASS: &str = "gadget";
+/// The CDI vendor.
+pub const CDI_VENDOR: &str = "example.com";
+
+/// The driver: one CDI device per allocated gadget.
+pub struct GadgetDriver {
+    /// Where CDI specs go (`/var/run/cdi`, where the container runtime reads them).
+    pub cdi: CdiRoot,
+}
+
+#[tonic::async_trait]
+impl Driver for GadgetDriver {
+    type Error = dra_plugin::cdi::Error;
+
+    async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, Self::Error> {
+        // `claim.results` are this driver's allocation results, checked by the library.
+        let devices: Vec<CdiDevice> = claim
+            .results
+            .iter()
+            .map(|result| CdiDevice {
+                name: result.device.clone(),
+                env: vec![(
+                    format!("GADGET_{}", result.device.to_uppercase()),
+                    result.device.clone(),
+                )],
+                ..CdiDevice::default()
+            })
+            .collect();
+        let uid = &claim.reference.uid;
+        let spec = self.cdi.write_claim_spec(CDI_CLASS, uid, &devices)?;
+        Ok(PreparedClaim {
+            uid: uid.clone(),
+            namespace: claim.reference.namespace.clone(),
+            name: claim.reference.name.clone(),
+            devices: claim
+                .results
+                .iter()
+                .zip(&spec.qualified_ids)
+                .map(|(result, id)| PreparedDevice {
+                    request_names: vec![result.request.clone()],
+                    pool_name: result.pool.clone(),
+                    device_name: result.device.clone(),
+                    cdi_device_ids: vec![id.clone()],
+                    share_id: result.share_id.clone(),
+                })
+                .collect(),
+            cdi_spec_files: vec![spec.path],
+            cdi_spec_contents: Default::default(),
+        })
+    }
+
+    async fn unprepare(
+        &self,
+        claim: &ClaimRef,
+        prepared: Option<&PreparedClaim>,
+    ) -> Result<(), Self::Error> {
+        // What prepare wrote, or (not recorded) where it would have written.
+        let files = match prepared {
+            Some(prepared) => prepared.cdi_spec_files.clone(),
+            None => vec![self.cdi.spec_path(CDI_CLASS, &claim.uid)?],
+        };
+        for file in files {
+            dra_plugin::cdi::remove_claim_spec(&file)?;
+        }
+        Ok(())
+    }
+}
+
+/// The node's gadgets as devices of its ResourceSlice.
+pub fn gadgets(names: &[&str]) -> Vec<Device> {
+    names
+        .iter()
+        .map(|name| Device {
+            name: name.to_string(),
+            ..Device::default()
+        })
+        .collect()
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let env = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+    let (driver, node) = (env("DRIVER_NAME")?, env("NODE_NAME")?);
+    let names = std::env::var("GADGETS").unwrap_or_else(|_| "g0".into());
+    let cdi_root = std::env::var("CDI_ROOT").unwrap_or_else(|_| "/var/run/cdi".into());
+
+    let client = kube::Client::try_default().await?;
+    let cdi = CdiRoot::new(cdi_root, CDI_VENDOR)?;
+    let plugin = Plugin::builder(driver, node)
+        .start(client, GadgetDriver { cdi })
+        .await?;
+    let names: Vec<&str> = names.split(',').collect();
+    plugin.publish(&gadgets(&names)).await?;
+    tokio::signal::ctrl_c().await?;
+    Ok(())
+}

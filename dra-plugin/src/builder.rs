@@ -1,0 +1,267 @@
+//! The one entry point: [`Plugin::builder`] starts everything a DRA kubelet plugin is made of
+//! (registration with the kubelet, the `v1` and `v1beta1` DRA services, the health stream,
+//! the checkpoint) and returns a [`Plugin`] that also publishes the node's devices.
+//!
+//! ```no_run
+//! # use dra_plugin::{Plugin, Driver, Claim, ClaimRef, PreparedClaim};
+//! # struct MyDriver;
+//! # #[tonic::async_trait]
+//! # impl Driver for MyDriver {
+//! #     type Error = std::io::Error;
+//! #     async fn prepare(&self, _: &Claim) -> Result<PreparedClaim, std::io::Error> { todo!() }
+//! #     async fn unprepare(&self, _: &ClaimRef, _: Option<&PreparedClaim>) -> Result<(), std::io::Error> { Ok(()) }
+//! # }
+//! # async fn run(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
+//! let plugin = Plugin::builder("gpu.example.com", "node-1")
+//!     .start(client, MyDriver)
+//!     .await?;
+//! plugin.publish(&[/* the node's devices */]).await?;
+//! # Ok(()) }
+//! ```
+
+use crate::claim::ClaimSource;
+use crate::health::HealthReporter;
+use crate::plugin::{KubeletPlugin, PluginConfig};
+use crate::registration::RegistrationStatus;
+use crate::service::{DraService, Driver, DriverOnNode};
+use crate::slices::{PoolScope, Published, SlicePublisher};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::Device;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where the kubelet looks for plugins, unless told otherwise.
+pub const KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// Where plugins keep their sockets, one directory per driver, unless told otherwise.
+pub const KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
+
+/// Errors of starting a plugin.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The checkpoint could not be opened.
+    #[error("driver {driver}: {source}")]
+    Service {
+        /// The driver.
+        driver: String,
+        /// Why.
+        #[source]
+        source: crate::service::Error,
+    },
+    /// The sockets could not be served or registered.
+    #[error("driver {driver}: {source}")]
+    Serve {
+        /// The driver.
+        driver: String,
+        /// Why.
+        #[source]
+        source: crate::plugin::Error,
+    },
+    /// The Node object (whose UID owns the node's slices) could not be read.
+    #[error("reading node {node}: {source}")]
+    Node {
+        /// This node.
+        node: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Settings of a plugin; every one but the names has a default. See [`Plugin::builder`].
+#[must_use]
+pub struct Builder {
+    driver: String,
+    node: String,
+    registry_dir: PathBuf,
+    plugin_dir: Option<PathBuf>,
+    checkpoint: Option<PathBuf>,
+    node_uid: Option<String>,
+    field_manager: Option<String>,
+    claims: Option<Arc<dyn ClaimSource>>,
+}
+
+impl Builder {
+    /// The kubelet's plugin registry directory (default [`KUBELET_REGISTRY_DIR`]).
+    pub fn registry_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.registry_dir = dir.into();
+        self
+    }
+
+    /// This driver's own directory, for its service socket and by default its checkpoint
+    /// (default `<`[`KUBELET_PLUGINS_DIR`]`>/<driver>`). The kubelet must see it at the same
+    /// path: mount it from the host.
+    pub fn plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.plugin_dir = Some(dir.into());
+        self
+    }
+
+    /// Where the prepared claims are recorded (default `<plugin dir>/checkpoint.json`). It
+    /// must survive restarts of the plugin, and should survive reboots: the kubelet prepares
+    /// every claim again after one, and expects the same CDI ids.
+    pub fn checkpoint(mut self, path: impl Into<PathBuf>) -> Self {
+        self.checkpoint = Some(path.into());
+        self
+    }
+
+    /// The Node's UID, which owns the node's slices (they go away with the Node). Without
+    /// it, [`start`](Self::start) reads the Node once.
+    pub fn node_uid(mut self, uid: impl Into<String>) -> Self {
+        self.node_uid = Some(uid.into());
+        self
+    }
+
+    /// The server-side apply field manager of the slices (default: the driver name).
+    pub fn field_manager(mut self, manager: impl Into<String>) -> Self {
+        self.field_manager = Some(manager.into());
+        self
+    }
+
+    /// Where claims are read from (default: the client given to [`start`](Self::start)).
+    pub fn claim_source(mut self, source: impl ClaimSource) -> Self {
+        self.claims = Some(Arc::new(source));
+        self
+    }
+
+    /// Opens the checkpoint, serves the DRA services and health on
+    /// `<plugin dir>/dra.sock`, registers with the kubelet (again whenever a restarted
+    /// kubelet forgets it), and readies the node's slice publisher.
+    pub async fn start<D: Driver>(
+        self,
+        client: kube::Client,
+        driver: D,
+    ) -> Result<Plugin<D>, Error> {
+        let plugin_dir = self
+            .plugin_dir
+            .unwrap_or_else(|| Path::new(KUBELET_PLUGINS_DIR).join(&self.driver));
+        let checkpoint = self
+            .checkpoint
+            .unwrap_or_else(|| plugin_dir.join("checkpoint.json"));
+        let node_uid = match self.node_uid {
+            Some(uid) => uid,
+            None => {
+                let node = kube::Api::<Node>::all(client.clone())
+                    .get(&self.node)
+                    .await
+                    .map_err(|source| Error::Node {
+                        node: self.node.clone(),
+                        source,
+                    })?;
+                node.metadata.uid.unwrap_or_default()
+            }
+        };
+        let on = DriverOnNode {
+            driver: self.driver.clone(),
+            node: self.node.clone(),
+        };
+        let service_error = |source| Error::Service {
+            driver: self.driver.clone(),
+            source,
+        };
+        let service = match self.claims {
+            Some(claims) => DraService::new(driver, claims, on, &checkpoint),
+            None => DraService::new(driver, client.clone(), on, &checkpoint),
+        }
+        .map_err(service_error)?;
+        let health = HealthReporter::default();
+        let config = PluginConfig {
+            driver_name: self.driver.clone(),
+            registry_dir: self.registry_dir,
+            plugin_dir,
+        };
+        let served =
+            KubeletPlugin::start(&config, &service, &health).map_err(|source| Error::Serve {
+                driver: self.driver.clone(),
+                source,
+            })?;
+        let slices = SlicePublisher::new(
+            client,
+            &self.driver,
+            &self.node,
+            PoolScope::Node {
+                name: self.node.clone(),
+                uid: node_uid,
+            },
+            self.field_manager.as_deref().unwrap_or(&self.driver),
+        );
+        Ok(Plugin {
+            service,
+            health,
+            slices,
+            served,
+        })
+    }
+}
+
+#[tonic::async_trait]
+impl ClaimSource for Arc<dyn ClaimSource> {
+    async fn read(
+        &self,
+        claim: &crate::claim::ClaimRef,
+    ) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, kube::Error> {
+        self.as_ref().read(claim).await
+    }
+}
+
+/// A running plugin. Dropping it stops serving and removes its sockets; what it published
+/// stays (the node's devices are still there while the plugin restarts).
+pub struct Plugin<D> {
+    service: DraService<D>,
+    health: HealthReporter,
+    slices: SlicePublisher,
+    served: KubeletPlugin,
+}
+
+impl Plugin<()> {
+    /// Settings for the plugin of DRA driver `driver` on node `node`.
+    pub fn builder(driver: impl Into<String>, node: impl Into<String>) -> Builder {
+        Builder {
+            driver: driver.into(),
+            node: node.into(),
+            registry_dir: PathBuf::from(KUBELET_REGISTRY_DIR),
+            plugin_dir: None,
+            checkpoint: None,
+            node_uid: None,
+            field_manager: None,
+            claims: None,
+        }
+    }
+}
+
+impl<D: Driver> Plugin<D> {
+    /// Makes the node's pool (named after the node) hold exactly `devices`: a new generation
+    /// when anything changed, nothing written when nothing did. Call it whenever the devices
+    /// change, and now and then to repair slices someone else changed or deleted.
+    pub async fn publish(&self, devices: &[Device]) -> Result<Published, crate::slices::Error> {
+        self.slices.publish(devices).await
+    }
+
+    /// The node pool's publisher, e.g. to [`list`](SlicePublisher::list) what is published.
+    pub fn slices(&self) -> &SlicePublisher {
+        &self.slices
+    }
+
+    /// The health the kubelet hears: set a device unhealthy and pods holding it learn so.
+    pub fn health(&self) -> &HealthReporter {
+        &self.health
+    }
+
+    /// The DRA service: what is prepared, and the driver.
+    pub fn service(&self) -> &DraService<D> {
+        &self.service
+    }
+
+    /// The driver.
+    pub fn driver(&self) -> &D {
+        self.service.driver()
+    }
+
+    /// The service socket the kubelet calls.
+    pub fn socket(&self) -> &Path {
+        self.served.socket()
+    }
+
+    /// The registration status the kubelet last reported.
+    pub fn registration_status(&self) -> RegistrationStatus {
+        self.served.registration_status()
+    }
+}
