@@ -78,6 +78,7 @@ pub struct Builder {
     node_uid: Option<String>,
     field_manager: Option<String>,
     claims: Option<Arc<dyn ClaimSource>>,
+    repair: bool,
 }
 
 impl Builder {
@@ -119,6 +120,15 @@ impl Builder {
     /// Where claims are read from (default: the client given to [`start`](Self::start)).
     pub fn claim_source(mut self, source: impl ClaimSource) -> Self {
         self.claims = Some(Arc::new(source));
+        self
+    }
+
+    /// Whether the plugin watches its node's slices and publishes again whenever one is
+    /// changed or deleted behind its back (default: yes). The kubelet's DRA manager deletes a
+    /// node's slices when it restarts. Turn it off only when the driver watches and
+    /// republishes itself.
+    pub fn repair_slices(mut self, repair: bool) -> Self {
+        self.repair = repair;
         self
     }
 
@@ -174,7 +184,7 @@ impl Builder {
                 source,
             })?;
         let slices = SlicePublisher::new(
-            client,
+            client.clone(),
             &self.driver,
             &self.node,
             PoolScope::Node {
@@ -183,11 +193,23 @@ impl Builder {
             },
             self.field_manager.as_deref().unwrap_or(&self.driver),
         );
+        let publishing = Arc::new(Publishing {
+            slices,
+            wanted: tokio::sync::Mutex::new(None),
+        });
+        let repair = self.repair.then(|| {
+            tokio::spawn(repair(
+                client,
+                format!("spec.driver={},spec.nodeName={}", self.driver, self.node),
+                Arc::downgrade(&publishing),
+            ))
+        });
         Ok(Plugin {
             service,
             health,
-            slices,
+            publishing,
             served,
+            repair,
         })
     }
 }
@@ -207,8 +229,68 @@ impl ClaimSource for Arc<dyn ClaimSource> {
 pub struct Plugin<D> {
     service: DraService<D>,
     health: HealthReporter,
-    slices: SlicePublisher,
+    publishing: Arc<Publishing>,
     served: KubeletPlugin,
+    repair: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<D> Drop for Plugin<D> {
+    fn drop(&mut self) {
+        if let Some(repair) = &self.repair {
+            repair.abort();
+        }
+    }
+}
+
+/// The node's pool: its publisher and the devices last asked for. The lock makes publishes
+/// (the driver's and the repairs) one at a time, so they never race to new generations.
+struct Publishing {
+    slices: SlicePublisher,
+    wanted: tokio::sync::Mutex<Option<Vec<Device>>>,
+}
+
+/// How long the repair waits after a slice event for more of them: a publish of several
+/// slices, or the kubelet deleting them all, is one burst.
+const REPAIR_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// Publishes the wanted devices again after every burst of changes to the node's slices of
+/// this driver. Each pass lists what is stored (a consistent read) and writes only what
+/// differs, so the events of its own writes cost one list and nothing more.
+async fn repair(client: kube::Client, fields: String, publishing: std::sync::Weak<Publishing>) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let api = kube::Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(client);
+    let events = watcher(api, watcher::Config::default().fields(&fields)).default_backoff();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        if event.is_err() {
+            // The watcher retries with backoff; a publish now would fail the same way.
+            continue;
+        }
+        // Drain the rest of the burst.
+        while let Ok(Some(_)) = tokio::time::timeout(REPAIR_SETTLE, events.next()).await {}
+        let Some(publishing) = publishing.upgrade() else {
+            return;
+        };
+        let wanted = publishing.wanted.lock().await;
+        let Some(devices) = wanted.as_ref() else {
+            continue;
+        };
+        match publishing.slices.publish(devices).await {
+            Ok(published) if published.written + published.deleted > 0 => {
+                tracing::info!(
+                    generation = published.generation,
+                    written = published.written,
+                    deleted = published.deleted,
+                    "repaired the node's slices"
+                );
+            }
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change")
+            }
+        }
+    }
 }
 
 impl Plugin<()> {
@@ -223,6 +305,7 @@ impl Plugin<()> {
             node_uid: None,
             field_manager: None,
             claims: None,
+            repair: true,
         }
     }
 }
@@ -230,14 +313,17 @@ impl Plugin<()> {
 impl<D: Driver> Plugin<D> {
     /// Makes the node's pool (named after the node) hold exactly `devices`: a new generation
     /// when anything changed, nothing written when nothing did. Call it whenever the devices
-    /// change, and now and then to repair slices someone else changed or deleted.
+    /// change. Slices changed or deleted behind the plugin's back are repaired by themselves
+    /// (see [`Builder::repair_slices`]).
     pub async fn publish(&self, devices: &[Device]) -> Result<Published, crate::slices::Error> {
-        self.slices.publish(devices).await
+        let mut wanted = self.publishing.wanted.lock().await;
+        *wanted = Some(devices.to_vec());
+        self.publishing.slices.publish(devices).await
     }
 
     /// The node pool's publisher, e.g. to [`list`](SlicePublisher::list) what is published.
     pub fn slices(&self) -> &SlicePublisher {
-        &self.slices
+        &self.publishing.slices
     }
 
     /// The health the kubelet hears: set a device unhealthy and pods holding it learn so.

@@ -9,8 +9,10 @@ use dra_plugin::cdi::CdiRoot;
 use dra_plugin::registration::RegistrationStatus;
 use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kubelet_proto::pluginregistration::InfoRequest;
 use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
 use serde_json::json;
@@ -301,4 +303,84 @@ async fn one_bad_claim_does_not_fail_the_others() {
         }])
         .await;
     assert!(results["u-3"].is_ok());
+}
+
+#[tokio::test]
+async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let node = ControlPlane::unique_name("repair");
+    cp.create_node(&node).await.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("r"));
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::builder(&driver, &node)
+        .registry_dir(dir.path().join("registry"))
+        .plugin_dir(dir.path().join("plugin"))
+        .start(
+            client.clone(),
+            GadgetDriver {
+                cdi: CdiRoot::new(dir.path().join("cdi"), CDI_VENDOR).unwrap(),
+            },
+        )
+        .await
+        .unwrap();
+    let published = plugin.publish(&gadgets(&["g0", "g1"])).await.unwrap();
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let ours = ListParams::default().fields(&format!("spec.driver={driver}"));
+    let devices = async || -> Vec<String> {
+        let listed = slices.list(&ours).await.unwrap().items;
+        dra_plugin::slices::current_devices(&listed)
+            .into_iter()
+            .map(|d| d.name)
+            .collect()
+    };
+    assert_eq!(devices().await, ["g0", "g1"]);
+    let name = slices.list(&ours).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+
+    // Someone edits the slice: one device fewer.
+    let mut edited = slices.get(&name).await.unwrap();
+    edited.spec.devices.as_mut().unwrap().truncate(1);
+    edited.metadata.managed_fields = None;
+    slices
+        .replace(&name, &PostParams::default(), &edited)
+        .await
+        .unwrap();
+    wait_until("the edited slice repaired", async || {
+        devices().await == ["g0", "g1"]
+    })
+    .await;
+
+    // Someone deletes it (as a restarting kubelet does).
+    slices.delete(&name, &Default::default()).await.unwrap();
+    wait_until("the deleted slice repaired", async || {
+        devices().await == ["g0", "g1"]
+    })
+    .await;
+    let repaired = slices.list(&ours).await.unwrap().items;
+    assert!(
+        repaired
+            .iter()
+            .all(|s| s.spec.pool.generation > published.generation),
+        "a repair is a new generation, never an old one again: {:?}",
+        repaired
+            .iter()
+            .map(|s| s.spec.pool.generation)
+            .collect::<Vec<_>>()
+    );
+
+    // At rest the repair writes nothing: its own writes' events find nothing to do.
+    let settled = slices.list(&ours).await.unwrap().items[0]
+        .metadata
+        .resource_version
+        .clone();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let later = slices.list(&ours).await.unwrap().items[0]
+        .metadata
+        .resource_version
+        .clone();
+    assert_eq!(settled, later, "no write at rest");
 }

@@ -618,6 +618,9 @@ impl AgentState {
             .checkpoint(checkpoint)
             .node_uid(&self.node_uid)
             .field_manager(akri_devices::node_field_manager(&self.config.node_name))
+            // The agent watches the node's slices itself: its pass also moves vanished
+            // devices' taints along, which a plain republish would not.
+            .repair_slices(false)
             .start(self.client.clone(), timed)
             .await?;
         if let Some(set_aside) = plugin.service().set_aside() {
