@@ -3,23 +3,8 @@
 //! `protos/` fails here even though both sides of our own code would still agree.
 
 use akri_proto::discovery;
-use prost::Message;
+use akri_testing::wire::{assert_wire, ld};
 use std::collections::HashMap;
-
-/// Encodes `msg`, compares with `expected`, decodes `expected` and compares with `msg`.
-fn assert_wire<M: Message + Default + PartialEq + std::fmt::Debug>(msg: &M, expected: &[u8]) {
-    assert_eq!(msg.encode_to_vec(), expected, "encoding of {msg:?}");
-    assert_eq!(&M::decode(expected).expect("decodes"), msg);
-}
-
-/// A length-delimited field: tag byte, one-byte length, payload.
-fn ld(tag: u8, payload: &[u8]) -> Vec<u8> {
-    assert!(
-        payload.len() < 128,
-        "test payloads stay below one length byte"
-    );
-    [&[tag, payload.len() as u8][..], payload].concat()
-}
 
 #[test]
 fn akri_discovery() {

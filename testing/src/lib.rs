@@ -32,6 +32,7 @@ mod proxy;
 pub mod rbac;
 mod real_node;
 mod slow_lists;
+pub mod wire;
 
 pub use bins::{BinDir, NodeBins};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
