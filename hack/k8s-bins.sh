@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds real Kubernetes control-plane binaries, the kubelet (for the real test node, with
-# hack/node-bins.sh) and our kubelet-peer harness from the Go module proxy, as plain processes
-# for tests: no containers, no downloads of prebuilt binaries.
+# hack/node-bins.sh), our kubelet-peer harness and the Go reference DRA driver of dra-plugin's
+# benchmark (go-dra-driver, on upstream's kubeletplugin helper) from the Go module proxy, as
+# plain processes for tests: no containers, no downloads of prebuilt binaries.
 #
 #   hack/k8s-bins.sh            # the main version (hack/k8s/VERSION), with the kubelet peer
 #   hack/k8s-bins.sh 1.34.4     # another version: control plane only
@@ -22,20 +23,20 @@ bin="$work/bin"
 
 log() { printf '[k8s-bins] %s\n' "$*" >&2; }
 
-# The kubelet peer is written against the main version's kubelet packages only.
+# The kubelet peer and the Go driver are written against the main version's packages only.
 with_peer=false
 [ "$version" = "$main_version" ] && with_peer=true
 
-# Inputs that decide whether a rebuild is needed: this script, tools.go, the peer's sources.
+# Inputs that decide whether a rebuild is needed: this script, tools.go, the Go sources.
 stamp_inputs() {
   cat "$0" "$repo/hack/k8s/tools.go"
   echo "go=$(go env GOVERSION) version=$version peer=$with_peer"
   if $with_peer; then
-    find "$repo/hack/k8s/kubelet-peer" -type f | LC_ALL=C sort | xargs cat
+    find "$repo/hack/k8s/kubelet-peer" "$repo/hack/k8s/go-dra-driver" -type f | LC_ALL=C sort | xargs cat
   fi
 }
 stamp=$(stamp_inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kubelet" ]; then
+if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kubelet" ] && { ! $with_peer || [ -x "$bin/go-dra-driver" ]; }; then
   log "v$version is up to date in $bin"
   echo "$bin"
   exit 0
@@ -79,8 +80,8 @@ go_directive=$(sed -n 's/^go \([0-9.]*\)$/\1/p' "$gomod")
 } >"$src/go.mod"
 rm -f "$src/go.sum"
 cp "$repo/hack/k8s/tools.go" "$src/"
-rm -rf "$src/kubelet-peer"
-if $with_peer; then cp -r "$repo/hack/k8s/kubelet-peer" "$src/"; fi
+rm -rf "$src/kubelet-peer" "$src/go-dra-driver"
+if $with_peer; then cp -r "$repo/hack/k8s/kubelet-peer" "$repo/hack/k8s/go-dra-driver" "$src/"; fi
 
 log "resolving modules for v$version"
 (cd "$src" && go mod tidy)
@@ -103,6 +104,8 @@ log "building etcd (the version Kubernetes v$version pins)"
 if $with_peer; then
   log "building kubelet-peer"
   (cd "$src" && go build -ldflags "$ldflags" -o "$bin/kubelet-peer" ./kubelet-peer)
+  log "building go-dra-driver"
+  (cd "$src" && go build -ldflags "$ldflags" -o "$bin/go-dra-driver" ./go-dra-driver)
 fi
 log "built v$version in $(( $(date +%s) - start ))s"
 echo "$stamp" >"$work/stamp"

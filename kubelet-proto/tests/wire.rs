@@ -2,8 +2,8 @@
 //! the upstream field numbers and types, and decode back. A renumbered or retyped field in
 //! `protos/` fails here even though both sides of our own code would still agree.
 
-use kubelet_proto::{deviceplugin, dra, pluginregistration, podresources};
 use akri_testing::wire::{assert_wire, ld};
+use kubelet_proto::{deviceplugin, dra, pluginregistration, podresources};
 use std::collections::HashMap;
 
 #[test]

@@ -99,10 +99,13 @@ impl ControlPlane {
     pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane, Error> {
         let started = Instant::now();
         let bins = BinDir::from_env()?;
+        sweep_orphans();
         let dir = tempfile::Builder::new()
-            .prefix("akri-k8s-")
+            .prefix(DIR_PREFIX)
             .tempdir()
             .map_err(Error::io("create the control plane directory"))?;
+        std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
+            .map_err(Error::io("record the control plane's owner"))?;
         let certs = Certs::generate(dir.path())?;
         let feature_gates = feature_gates(&bins, &options)?;
 
@@ -446,6 +449,46 @@ impl ControlPlane {
 
 /// Starts kube-scheduler or kube-controller-manager (API clients with their own serving port
 /// for health checks) with the flags they share plus `extra`, and waits for `/healthz`.
+/// The prefix of every control plane's directory in the temporary directory.
+const DIR_PREFIX: &str = "akri-k8s-";
+/// The file in a control plane's directory that names the process it belongs to.
+const OWNER_FILE: &str = "owner.pid";
+
+/// Removes the directories of control planes whose process is gone, once per process. A
+/// shared control plane lives in a static, which is never dropped, so its directory (etcd's
+/// data, about 120 MB) outlives the test binary; without this, every run left some behind.
+fn sweep_orphans() {
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(|| sweep_orphans_in(&std::env::temp_dir()));
+}
+
+fn sweep_orphans_in(temp: &Path) {
+    let Ok(entries) = std::fs::read_dir(temp) else {
+        return;
+    };
+    {
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let ours = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with(DIR_PREFIX));
+            // No owner file: another process is creating it right now (or it predates
+            // owners); leave it.
+            let Some(owner) = ours
+                .then(|| std::fs::read_to_string(path.join(OWNER_FILE)).ok())
+                .flatten()
+            else {
+                continue;
+            };
+            let alive = Path::new("/proc").join(owner.trim()).exists();
+            if !alive {
+                let _ = std::fs::remove_dir_all(&path);
+            }
+        }
+    }
+}
+
 async fn start_client_component(
     name: &str,
     bins: &BinDir,
@@ -618,4 +661,31 @@ async fn install_crds(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn directories_of_dead_processes_are_swept_and_others_kept() {
+        let temp = tempfile::tempdir().unwrap();
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        gone.wait().unwrap();
+        let owned = |name: &str, pid: Option<u32>| {
+            let dir = temp.path().join(name);
+            std::fs::create_dir(&dir).unwrap();
+            if let Some(pid) = pid {
+                std::fs::write(dir.join(OWNER_FILE), pid.to_string()).unwrap();
+            }
+            dir
+        };
+        let dead = owned("akri-k8s-dead", Some(gone.id()));
+        let alive = owned("akri-k8s-alive", Some(std::process::id()));
+        let unowned = owned("akri-k8s-unowned", None);
+        let other = owned("something-else", Some(gone.id()));
+        sweep_orphans_in(temp.path());
+        assert!(!dead.exists());
+        assert!(alive.exists() && unowned.exists() && other.exists());
+    }
 }
