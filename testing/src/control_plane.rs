@@ -466,25 +466,23 @@ fn sweep_orphans_in(temp: &Path) {
     let Ok(entries) = std::fs::read_dir(temp) else {
         return;
     };
-    {
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let ours = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with(DIR_PREFIX));
-            // No owner file: another process is creating it right now (or it predates
-            // owners); leave it.
-            let Some(owner) = ours
-                .then(|| std::fs::read_to_string(path.join(OWNER_FILE)).ok())
-                .flatten()
-            else {
-                continue;
-            };
-            let alive = Path::new("/proc").join(owner.trim()).exists();
-            if !alive {
-                let _ = std::fs::remove_dir_all(&path);
-            }
+    for entry in entries.flatten() {
+        let path = entry.path();
+        let ours = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(DIR_PREFIX));
+        // No owner file: another process is creating it right now (or it predates
+        // owners); leave it.
+        let Some(owner) = ours
+            .then(|| std::fs::read_to_string(path.join(OWNER_FILE)).ok())
+            .flatten()
+        else {
+            continue;
+        };
+        let alive = Path::new("/proc").join(owner.trim()).exists();
+        if !alive {
+            let _ = std::fs::remove_dir_all(&path);
         }
     }
 }
