@@ -10,6 +10,11 @@
 //! through consumable capacity), so each CDI device name is derived from the claim uid and the
 //! DRA device name ([`device_name`]), sanitized into CDI's alphabet.
 //!
+//! A spec is replaced atomically (readers see the old file or the new one) but not fsynced:
+//! the checkpoint records its content durably before the kubelet hears of the claim, and the
+//! prepare the kubelet repeats after a reboot rewrites a spec that is missing or differs
+//! ([`crate::service`]). `/var/run/cdi` is a tmpfs on most nodes anyway.
+//!
 //! We write `cdiVersion` [`CDI_VERSION`] (0.6.0): the lowest version that allows what we
 //! emit. Device names start with the claim uid, possibly a digit, and device nodes may carry a
 //! `hostPath` (both 0.5.0); classes may contain dots (0.6.0). The reference Go library
@@ -22,7 +27,7 @@
 //! are `pub(crate)`, it depends on clap, jsonschema, oci-spec, regex, serde_yaml and anyhow,
 //! and its name validators are private. Five small structs are less than that.
 
-use crate::checkpoint::write_atomically;
+use crate::checkpoint::write_replacing;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -211,7 +216,7 @@ impl CdiRoot {
             source,
         };
         std::fs::create_dir_all(&self.dir).map_err(write)?;
-        write_atomically(&path, &bytes, SPEC_FILE_MODE).map_err(write)?;
+        write_replacing(&path, &bytes, SPEC_FILE_MODE).map_err(write)?;
         let qualified_ids = spec.devices.iter().map(|d| format!("{kind}={}", d.name));
         Ok(ClaimSpec {
             qualified_ids: qualified_ids.collect(),

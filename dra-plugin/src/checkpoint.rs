@@ -302,8 +302,21 @@ fn parent(path: &Path) -> Option<&Path> {
 /// Writes `contents` to `path` so that readers see the old file or the new one, never a
 /// partial one, also across a crash: a hidden `.<name>.<random>.tmp` file in the same
 /// directory, fsync, rename over `path`, fsync the directory. The directory must exist.
-/// Also used for CDI spec files (the `.tmp` suffix keeps CDI registries from reading it).
 pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    replace_file(path, contents, mode, true)
+}
+
+/// Like [`write_atomically`], without the fsyncs: readers see the old file or the new one,
+/// but a crash may lose the new one. For files whose content is recorded durably elsewhere
+/// and written again from there: CDI specs, whose content the checkpoint records and a
+/// prepare after a reboot rewrites (and which usually live on a tmpfs, `/var/run/cdi`, that a
+/// reboot empties anyway). The `.tmp` suffix keeps CDI registries from reading the
+/// unfinished file.
+pub fn write_replacing(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
+    replace_file(path, contents, mode, false)
+}
+
+fn replace_file(path: &Path, contents: &[u8], mode: u32, durable: bool) -> io::Result<()> {
     let dir = parent(path).unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -316,9 +329,14 @@ pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Result<(
     temp.as_file()
         .set_permissions(Permissions::from_mode(mode))?;
     temp.write_all(contents)?;
-    temp.as_file().sync_all()?;
+    if durable {
+        temp.as_file().sync_all()?;
+    }
     temp.persist(path).map_err(|e| e.error)?;
-    File::open(dir)?.sync_all()
+    if durable {
+        File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -116,8 +116,14 @@ func run(o options) error {
 			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{"index": {IntValue: ptr.To(int64(i))}},
 		}
 	}
+	// The helper publishes the slices it is given: at most 128 devices each is the driver's
+	// job (the API server refuses more).
+	var slices []resourceslice.Slice
+	for start := 0; start < len(devices); start += 128 {
+		slices = append(slices, resourceslice.Slice{Devices: devices[start:min(start+128, len(devices))]})
+	}
 	if err := helper.PublishResources(ctx, resourceslice.DriverResources{
-		Pools: map[string]resourceslice.Pool{o.nodeName: {Slices: []resourceslice.Slice{{Devices: devices}}}},
+		Pools: map[string]resourceslice.Pool{o.nodeName: {Slices: slices}},
 	}); err != nil {
 		return err
 	}
