@@ -28,8 +28,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 mod minimal;
 
 /// Rounds per block; each driver gets `BLOCKS` blocks, alternating.
-const ROUNDS: usize = 100;
-const BLOCKS: usize = 3;
+const ROUNDS: usize = 200;
+const BLOCKS: usize = 4;
 /// What this binary does when it is our driver's process.
 const ROLE: &str = "VERSUS_GO_RUST_DRIVER";
 
@@ -366,9 +366,13 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let runtime = tokio::runtime::Runtime::new()?;
     if std::env::var_os(ROLE).is_some() {
+        // As the example's main: one thread serves a node's plugin (see there).
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         return runtime.block_on(rust_driver());
     }
+    let runtime = tokio::runtime::Runtime::new()?;
     runtime.block_on(bench())
 }
