@@ -258,8 +258,12 @@ const REPAIR_SETTLE: std::time::Duration = std::time::Duration::from_millis(500)
 /// differs, so the events of its own writes cost one list and nothing more.
 async fn repair(client: kube::Client, fields: String, publishing: std::sync::Weak<Publishing>) {
     use futures::StreamExt;
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+    use kube::core::PartialObjectMeta;
     use kube::runtime::{WatchStreamExt, watcher};
-    let api = kube::Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(client);
+    let api = kube::Api::<PartialObjectMeta<ResourceSlice>>::all(client);
+    // Only that something changed matters: metadata, not the devices (less to decode and
+    // to keep; the pass lists what it needs).
     let events = watcher(api, watcher::Config::default().fields(&fields)).default_backoff();
     futures::pin_mut!(events);
     while let Some(event) = events.next().await {

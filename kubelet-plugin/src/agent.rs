@@ -28,6 +28,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -342,9 +343,11 @@ impl AgentState {
         );
         // The kubelet's DRA manager deletes a node's slices when it restarts, and anyone may
         // delete them: republish as soon as one of this node's slices changes or goes.
-        let slices_api = Api::<ResourceSlice>::all(self.client.clone());
+        let slices_api = Api::<PartialObjectMeta<ResourceSlice>>::all(self.client.clone());
         let node_slices =
             watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
+        // Only that something changed matters: metadata, not the devices (less to decode and
+        // to keep).
         let mut slice_changes = Box::pin(watcher(slices_api, node_slices).default_backoff().map(
             |event| match event {
                 Ok(_) => WatchEvent::Changed,
