@@ -21,12 +21,14 @@
 
 use crate::claim::ClaimSource;
 use crate::health::HealthReporter;
+use crate::node_pools::NodePools;
 use crate::plugin::{KubeletPlugin, PluginConfig};
 use crate::registration::RegistrationStatus;
 use crate::service::{DraService, Driver, DriverOnNode};
-use crate::slices::{PoolScope, Published, SlicePublisher};
+use crate::slices::Published;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::Device;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -134,7 +136,7 @@ impl Builder {
 
     /// Opens the checkpoint, serves the DRA services and health on
     /// `<plugin dir>/dra.sock`, registers with the kubelet (again whenever a restarted
-    /// kubelet forgets it), and readies the node's slice publisher.
+    /// kubelet forgets it), and readies the node's pools ([`NodePools`]).
     pub async fn start<D: Driver>(
         self,
         client: kube::Client,
@@ -183,33 +185,21 @@ impl Builder {
                 driver: self.driver.clone(),
                 source,
             })?;
-        let slices = SlicePublisher::new(
-            client.clone(),
+        let pools = Arc::new(NodePools::new(
+            client,
             &self.driver,
             &self.node,
-            PoolScope::Node {
-                name: self.node.clone(),
-                uid: node_uid,
-            },
+            &node_uid,
             self.field_manager.as_deref().unwrap_or(&self.driver),
-        );
-        let publishing = Arc::new(Publishing {
-            slices,
-            wanted: tokio::sync::Mutex::new(None),
-        });
-        let repair = self.repair.then(|| {
-            tokio::spawn(repair(
-                client,
-                format!("spec.driver={},spec.nodeName={}", self.driver, self.node),
-                Arc::downgrade(&publishing),
-            ))
-        });
+        ));
+        let repair = self.repair.then(|| NodePools::spawn_repair(&pools));
         Ok(Plugin {
             service,
             health,
-            publishing,
+            pools,
             served,
             repair,
+            node: self.node,
         })
     }
 }
@@ -229,70 +219,16 @@ impl ClaimSource for Arc<dyn ClaimSource> {
 pub struct Plugin<D> {
     service: DraService<D>,
     health: HealthReporter,
-    publishing: Arc<Publishing>,
+    pools: Arc<NodePools>,
     served: KubeletPlugin,
     repair: Option<tokio::task::JoinHandle<()>>,
+    node: String,
 }
 
 impl<D> Drop for Plugin<D> {
     fn drop(&mut self) {
         if let Some(repair) = &self.repair {
             repair.abort();
-        }
-    }
-}
-
-/// The node's pool: its publisher and the devices last asked for. The lock makes publishes
-/// (the driver's and the repairs) one at a time, so they never race to new generations.
-struct Publishing {
-    slices: SlicePublisher,
-    wanted: tokio::sync::Mutex<Option<Vec<Device>>>,
-}
-
-/// How long the repair waits after a slice event for more of them: a publish of several
-/// slices, or the kubelet deleting them all, is one burst.
-const REPAIR_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
-
-/// Publishes the wanted devices again after every burst of changes to the node's slices of
-/// this driver. Each pass lists what is stored (a consistent read) and writes only what
-/// differs, so the events of its own writes cost one list and nothing more.
-async fn repair(client: kube::Client, fields: String, publishing: std::sync::Weak<Publishing>) {
-    use futures::StreamExt;
-    use k8s_openapi::api::resource::v1::ResourceSlice;
-    use kube::core::PartialObjectMeta;
-    use kube::runtime::{WatchStreamExt, watcher};
-    let api = kube::Api::<PartialObjectMeta<ResourceSlice>>::all(client);
-    // Only that something changed matters: metadata, not the devices (less to decode and
-    // to keep; the pass lists what it needs).
-    let events = watcher(api, watcher::Config::default().fields(&fields)).default_backoff();
-    futures::pin_mut!(events);
-    while let Some(event) = events.next().await {
-        if event.is_err() {
-            // The watcher retries with backoff; a publish now would fail the same way.
-            continue;
-        }
-        // Drain the rest of the burst.
-        while let Ok(Some(_)) = tokio::time::timeout(REPAIR_SETTLE, events.next()).await {}
-        let Some(publishing) = publishing.upgrade() else {
-            return;
-        };
-        let wanted = publishing.wanted.lock().await;
-        let Some(devices) = wanted.as_ref() else {
-            continue;
-        };
-        match publishing.slices.publish(devices).await {
-            Ok(published) if published.written + published.deleted > 0 => {
-                tracing::info!(
-                    generation = published.generation,
-                    written = published.written,
-                    deleted = published.deleted,
-                    "repaired the node's slices"
-                );
-            }
-            Ok(_) => {}
-            Err(error) => {
-                tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change")
-            }
         }
     }
 }
@@ -315,19 +251,29 @@ impl Plugin<()> {
 }
 
 impl<D: Driver> Plugin<D> {
-    /// Makes the node's pool (named after the node) hold exactly `devices`: a new generation
-    /// when anything changed, nothing written when nothing did. Call it whenever the devices
-    /// change. Slices changed or deleted behind the plugin's back are repaired by themselves
-    /// (see [`Builder::repair_slices`]).
+    /// Makes the node's pool (named after the node) hold exactly `devices`, and the node has
+    /// no other pool of this driver: a new generation when anything changed, nothing written
+    /// when nothing did. Call it whenever the devices change. Slices changed or deleted behind
+    /// the plugin's back are repaired by themselves (see [`Builder::repair_slices`]).
     pub async fn publish(&self, devices: &[Device]) -> Result<Published, crate::slices::Error> {
-        let mut wanted = self.publishing.wanted.lock().await;
-        *wanted = Some(devices.to_vec());
-        self.publishing.slices.publish(devices).await
+        let pools = BTreeMap::from([(self.node.clone(), devices.to_vec())]);
+        let mut published = self.pools.publish(pools).await?;
+        Ok(published.remove(&self.node).unwrap_or_default())
     }
 
-    /// The node pool's publisher, e.g. to [`list`](SlicePublisher::list) what is published.
-    pub fn slices(&self) -> &SlicePublisher {
-        &self.publishing.slices
+    /// Like [`publish`](Self::publish), for a driver with several pools on the node (pool
+    /// name to devices): pools not named are deleted.
+    pub async fn publish_pools(
+        &self,
+        pools: BTreeMap<String, Vec<Device>>,
+    ) -> Result<BTreeMap<String, Published>, crate::slices::Error> {
+        self.pools.publish(pools).await
+    }
+
+    /// The node's pools of this driver, e.g. to read what is
+    /// [`stored`](NodePools::stored).
+    pub fn pools(&self) -> &NodePools {
+        &self.pools
     }
 
     /// The health the kubelet hears: set a device unhealthy and pods holding it learn so.

@@ -10,12 +10,13 @@ use dra_plugin::registration::RegistrationStatus;
 use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
-    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+    Device, DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kubelet_proto::pluginregistration::InfoRequest;
 use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -383,4 +384,101 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
         .resource_version
         .clone();
     assert_eq!(settled, later, "no write at rest");
+}
+
+#[tokio::test]
+async fn a_node_keeps_exactly_the_pools_its_driver_wants() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let client = cp.client().await.unwrap();
+    let node = ControlPlane::unique_name("pools");
+    let node_uid = cp.create_node(&node).await.unwrap().metadata.uid.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("p"));
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let ours = ListParams::default().fields(&format!("spec.driver={driver}"));
+    let pools = async || -> BTreeMap<String, Vec<String>> {
+        let mut by_pool: BTreeMap<String, Vec<ResourceSlice>> = BTreeMap::new();
+        for slice in slices.list(&ours).await.unwrap().items {
+            by_pool
+                .entry(slice.spec.pool.name.clone())
+                .or_default()
+                .push(slice);
+        }
+        by_pool
+            .into_iter()
+            .map(|(pool, stored)| {
+                let names = dra_plugin::slices::current_devices(&stored);
+                (pool, names.into_iter().map(|d| d.name).collect())
+            })
+            .collect()
+    };
+
+    // A pool a previous process published and nobody wants any more.
+    let stale = dra_plugin::slices::SlicePublisher::new(
+        client.clone(),
+        &driver,
+        "stale",
+        dra_plugin::slices::PoolScope::Node {
+            name: node.clone(),
+            uid: node_uid,
+        },
+        "earlier",
+    );
+    stale.publish(&gadgets(&["old"])).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = Plugin::builder(&driver, &node)
+        .registry_dir(dir.path().join("registry"))
+        .plugin_dir(dir.path().join("plugin"))
+        .start(
+            client.clone(),
+            GadgetDriver {
+                cdi: CdiRoot::new(dir.path().join("cdi"), CDI_VENDOR).unwrap(),
+            },
+        )
+        .await
+        .unwrap();
+    let want = |pools: &[(&str, &[&str])]| -> BTreeMap<String, Vec<Device>> {
+        pools
+            .iter()
+            .map(|(pool, names)| (pool.to_string(), gadgets(names)))
+            .collect()
+    };
+    let listed = |pools: &[(&str, &[&str])]| -> BTreeMap<String, Vec<String>> {
+        pools
+            .iter()
+            .map(|(pool, names)| {
+                (
+                    pool.to_string(),
+                    names.iter().map(|n| n.to_string()).collect(),
+                )
+            })
+            .collect()
+    };
+    let two: &[(&str, &[&str])] = &[("a", &["g0"]), ("b", &["g1", "g2"])];
+    plugin.publish_pools(want(two)).await.unwrap();
+    assert_eq!(
+        pools().await,
+        listed(two),
+        "both pools, and the stale one gone"
+    );
+
+    // Pool b's slice deleted behind the plugin's back comes back.
+    let b = slices
+        .list(&ours)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .find(|s| s.spec.pool.name == "b")
+        .unwrap();
+    slices
+        .delete(b.metadata.name.as_deref().unwrap(), &Default::default())
+        .await
+        .unwrap();
+    wait_until("pool b repaired", async || pools().await == listed(two)).await;
+
+    // The driver drops pool b: its slices go.
+    let one: &[(&str, &[&str])] = &[("a", &["g0"])];
+    plugin.publish_pools(want(one)).await.unwrap();
+    assert_eq!(pools().await, listed(one));
 }

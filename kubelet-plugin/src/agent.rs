@@ -662,7 +662,8 @@ impl AgentState {
         let reported: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
         if !served.seeded {
             // What a previous process published: its vanished devices and their graces.
-            match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.plugin.slices().list()).await
+            match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.plugin.pools().stored(&pool))
+                .await
             {
                 Ok(Ok(stored)) => {
                     served

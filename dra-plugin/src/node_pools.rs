@@ -1,0 +1,182 @@
+//! The pools of one driver on one node, kept as the driver last asked: every slice of the
+//! driver on the node belongs to a wanted pool, and each wanted pool holds exactly its devices.
+//!
+//! [`NodePools::publish`] writes what differs now. A background task watches the driver's
+//! slices on the node and, after each burst of changes, does the same again: a slice edited or
+//! deleted behind the plugin's back (the kubelet's DRA manager deletes a node's slices when it
+//! restarts) is written again as a new generation, and a pool nobody wants any more (one a
+//! previous process published, say) is deleted. Each pass reads what is stored with one LIST
+//! (a consistent read), so the events of its own writes cost a list and nothing more.
+
+use crate::slices::{Error, PoolScope, Published, SlicePublisher};
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use kube::api::{Api, ListParams};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Weak};
+
+/// The pools of one driver on one node. See the module docs.
+pub struct NodePools {
+    api: Api<ResourceSlice>,
+    client: kube::Client,
+    driver: String,
+    node: String,
+    node_uid: String,
+    field_manager: String,
+    /// One pass at a time (the driver's and the repairs'), so they never race to new
+    /// generations.
+    state: tokio::sync::Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    /// One per pool ever written: each remembers its last generation.
+    publishers: BTreeMap<String, SlicePublisher>,
+    /// What the driver last asked for; `None` before its first publish (nothing is touched).
+    wanted: Option<BTreeMap<String, Vec<Device>>>,
+}
+
+/// How long the repair waits after a slice event for more of them: a publish of several
+/// slices, or the kubelet deleting them all, is one burst.
+const REPAIR_SETTLE: std::time::Duration = std::time::Duration::from_millis(500);
+
+impl NodePools {
+    pub(crate) fn new(
+        client: kube::Client,
+        driver: &str,
+        node: &str,
+        node_uid: &str,
+        field_manager: &str,
+    ) -> Self {
+        NodePools {
+            api: Api::all(client.clone()),
+            client,
+            driver: driver.to_string(),
+            node: node.to_string(),
+            node_uid: node_uid.to_string(),
+            field_manager: field_manager.to_string(),
+            state: tokio::sync::Mutex::default(),
+        }
+    }
+
+    /// Makes the node's pools of this driver exactly `pools` (pool name to devices): each
+    /// pool that differs gets a new generation, pools not named are deleted, nothing is
+    /// written for what is already so. What each named pool's publish did, by pool.
+    pub async fn publish(
+        &self,
+        pools: BTreeMap<String, Vec<Device>>,
+    ) -> Result<BTreeMap<String, Published>, Error> {
+        let mut state = self.state.lock().await;
+        state.wanted = Some(pools);
+        self.sync(&mut state).await
+    }
+
+    /// The stored slices of one of the node's pools of this driver.
+    pub async fn stored(&self, pool: &str) -> Result<Vec<ResourceSlice>, Error> {
+        let mut stored = self.list().await?;
+        Ok(stored.remove(pool).unwrap_or_default())
+    }
+
+    /// Every stored slice of this driver on this node, by pool.
+    async fn list(&self) -> Result<BTreeMap<String, Vec<ResourceSlice>>, Error> {
+        let fields = format!("spec.driver={},spec.nodeName={}", self.driver, self.node);
+        let listed = self
+            .api
+            .list(&ListParams::default().fields(&fields))
+            .await
+            .map_err(|source| Error::List {
+                pool: format!("(every pool of {} on {})", self.driver, self.node),
+                source,
+            })?;
+        let mut by_pool: BTreeMap<String, Vec<ResourceSlice>> = BTreeMap::new();
+        for slice in listed.items {
+            by_pool
+                .entry(slice.spec.pool.name.clone())
+                .or_default()
+                .push(slice);
+        }
+        Ok(by_pool)
+    }
+
+    async fn sync(&self, state: &mut State) -> Result<BTreeMap<String, Published>, Error> {
+        let Some(wanted) = state.wanted.clone() else {
+            return Ok(BTreeMap::new());
+        };
+        let mut stored = self.list().await?;
+        let mut published = BTreeMap::new();
+        for (pool, devices) in &wanted {
+            let existing = stored.remove(pool).unwrap_or_default();
+            let done = self
+                .publisher(state, pool)
+                .publish_against(devices, &existing)
+                .await?;
+            published.insert(pool.clone(), done);
+        }
+        // What is left is no pool the driver wants: gone.
+        for (pool, existing) in stored {
+            self.publisher(state, &pool)
+                .publish_against(&[], &existing)
+                .await?;
+        }
+        Ok(published)
+    }
+
+    fn publisher<'a>(&self, state: &'a mut State, pool: &str) -> &'a SlicePublisher {
+        state.publishers.entry(pool.to_string()).or_insert_with(|| {
+            SlicePublisher::new(
+                self.client.clone(),
+                &self.driver,
+                pool,
+                PoolScope::Node {
+                    name: self.node.clone(),
+                    uid: self.node_uid.clone(),
+                },
+                &self.field_manager,
+            )
+        })
+    }
+
+    /// Watches this driver's slices on this node and syncs after each burst of changes, until
+    /// the pools are dropped.
+    pub(crate) fn spawn_repair(pools: &Arc<NodePools>) -> tokio::task::JoinHandle<()> {
+        let fields = format!("spec.driver={},spec.nodeName={}", pools.driver, pools.node);
+        let api = Api::<kube::core::PartialObjectMeta<ResourceSlice>>::all(pools.client.clone());
+        tokio::spawn(repair(api, fields, Arc::downgrade(pools)))
+    }
+}
+
+async fn repair(
+    api: Api<kube::core::PartialObjectMeta<ResourceSlice>>,
+    fields: String,
+    pools: Weak<NodePools>,
+) {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    // Only that something changed matters: metadata, not the devices (less to decode and to
+    // keep; the pass lists what it needs).
+    let events = watcher(api, watcher::Config::default().fields(&fields)).default_backoff();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        if event.is_err() {
+            // The watcher retries with backoff; a pass now would fail the same way.
+            continue;
+        }
+        // Drain the rest of the burst.
+        while let Ok(Some(_)) = tokio::time::timeout(REPAIR_SETTLE, events.next()).await {}
+        let Some(pools) = pools.upgrade() else {
+            return;
+        };
+        let mut state = pools.state.lock().await;
+        match pools.sync(&mut state).await {
+            Ok(published) => {
+                for (pool, done) in published {
+                    if done.written + done.deleted > 0 {
+                        tracing::info!(%pool, generation = done.generation, written = done.written, deleted = done.deleted, "repaired the pool's slices");
+                    }
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change")
+            }
+        }
+    }
+}
