@@ -234,7 +234,14 @@ pub async fn run(
             keeping.into_iter().map(|c| ObjectRef::new(&c))
         })
         .reconcile_all_on(futures::stream::select(node_deletions, lost_changes))
-        .with_config(ControllerRuntimeConfig::default().debounce(config.debounce))
+        // Two configurations at a time: a pass holds several transient copies of its
+        // configuration's devices (planned slices, the vanished plan), and ten passes at once
+        // made the heap's peak, which the allocator keeps, three times the stores' size.
+        .with_config(
+            ControllerRuntimeConfig::default()
+                .debounce(config.debounce)
+                .concurrency(RECONCILE_CONCURRENCY),
+        )
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
             if let Err(error) = result {
@@ -244,6 +251,9 @@ pub async fn run(
         .await;
     Ok(())
 }
+
+/// How many configurations are reconciled at once.
+const RECONCILE_CONCURRENCY: u16 = 2;
 
 /// How often a configuration is reconciled without any change.
 const RESYNC: Duration = Duration::from_secs(300);

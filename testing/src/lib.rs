@@ -216,7 +216,19 @@ pub fn spawn_controller(
     namespace: &str,
     port: u16,
 ) -> std::io::Result<tokio::process::Child> {
-    tokio::process::Command::new(exe)
+    // A profiler to run the controller under, e.g. BENCH_CONTROLLER_WRAPPER=heaptrack (the
+    // figures the bench prints are then the wrapper's process's).
+    let wrapper = std::env::var("BENCH_CONTROLLER_WRAPPER").unwrap_or_default();
+    let mut words = wrapper.split_whitespace();
+    let mut command = match words.next() {
+        Some(program) => {
+            let mut command = tokio::process::Command::new(program);
+            command.args(words).arg(exe);
+            command
+        }
+        None => tokio::process::Command::new(exe),
+    };
+    command
         .env("KUBECONFIG", cp.kubeconfig())
         .env(
             "RUST_LOG",
