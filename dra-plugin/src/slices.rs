@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use std::borrow::Borrow;
 use std::collections::BTreeMap;
 
 /// The most devices one ResourceSlice may hold (resource.k8s.io/v1 `ResourceSliceMaxDevices`).
@@ -200,10 +201,10 @@ impl SlicePublisher {
     /// [`publish`](Self::publish) against slices the caller already knows (e.g. from a
     /// reflector store) instead of listing them. A stale `existing` costs at most one
     /// needless new generation: generations still never go backwards.
-    pub async fn publish_against(
+    pub async fn publish_against<S: Borrow<ResourceSlice>>(
         &self,
         devices: &[Device],
-        existing: &[ResourceSlice],
+        existing: &[S],
     ) -> Result<Published, Error> {
         let floor = self
             .last_generation
@@ -275,26 +276,27 @@ pub struct Plan {
 
 /// The devices of one pool's slices that the scheduler uses: those of its newest generation
 /// (slices of older ones may linger while a publish is under way).
-pub fn current_devices(slices: &[ResourceSlice]) -> Vec<Device> {
-    let newest = slices.iter().map(|s| s.spec.pool.generation).max();
+pub fn current_devices<S: Borrow<ResourceSlice>>(slices: &[S]) -> Vec<Device> {
+    let newest = slices.iter().map(|s| s.borrow().spec.pool.generation).max();
     slices
         .iter()
-        .filter(|s| Some(s.spec.pool.generation) == newest)
+        .map(Borrow::borrow)
+        .filter(|s: &&ResourceSlice| Some(s.spec.pool.generation) == newest)
         .flat_map(|s| s.spec.devices.iter().flatten().cloned())
         .collect()
 }
 
 /// Plans the slices of a pool, never going below generation `floor`. Pure, so that the
 /// generation rules are unit-tested.
-pub fn plan(
+pub fn plan<S: Borrow<ResourceSlice>>(
     template: &PoolTemplate,
     devices: &[Device],
-    existing: &[ResourceSlice],
+    existing: &[S],
     floor: i64,
 ) -> Plan {
     let current_generation = existing
         .iter()
-        .map(|s| s.spec.pool.generation)
+        .map(|s| s.borrow().spec.pool.generation)
         .max()
         .unwrap_or(0)
         .max(floor);
@@ -311,11 +313,14 @@ pub fn plan(
     };
 
     // Unchanged: every wanted slice exists at the current generation with the same spec, and
-    // nothing else is there.
+    // nothing else is there. Built one slice at a time: a pass of a large pool would
+    // otherwise hold a second copy of all its devices.
     let unchanged = existing.len() == chunks.len()
-        && wanted(current_generation).iter().all(|want| {
+        && names.iter().zip(&chunks).all(|(name, chunk)| {
+            let want = slice(template, name, current_generation, chunks.len(), chunk);
             existing.iter().any(|s| {
-                s.metadata.name == want.metadata.name && s.spec == want.spec && has_labels(s, want)
+                let s = s.borrow();
+                s.metadata.name == want.metadata.name && s.spec == want.spec && has_labels(s, &want)
             })
         });
     if unchanged {
@@ -329,7 +334,7 @@ pub fn plan(
     let apply = wanted(generation);
     let delete = existing
         .iter()
-        .filter_map(|s| s.metadata.name.clone())
+        .filter_map(|s| s.borrow().metadata.name.clone())
         .filter(|name| !names.contains(name))
         .collect();
     Plan {
@@ -480,7 +485,7 @@ mod tests {
             |devices: Vec<Device>| -> Vec<String> { devices.into_iter().map(|d| d.name).collect() };
         let slices = [with(2, &["a"]), with(1, &["a", "old"]), with(2, &["b"])];
         assert_eq!(names(current_devices(&slices)), ["a", "b"]);
-        assert!(current_devices(&[]).is_empty());
+        assert!(current_devices::<ResourceSlice>(&[]).is_empty());
     }
 
     /// What the API server would hold after applying a plan.

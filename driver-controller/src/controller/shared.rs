@@ -94,10 +94,11 @@ impl Context {
             };
             let mut wanted = BTreeSet::new();
             for pool in &pools {
-                let existing: Vec<ResourceSlice> = ours
+                // The store's objects themselves: a copy would be one more of every device.
+                let existing: Vec<Arc<ResourceSlice>> = ours
                     .iter()
                     .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool.pool)
-                    .map(|s| (**s).clone())
+                    .cloned()
                     .collect();
                 let state = states
                     .entry(pool.pool.clone())
@@ -189,7 +190,7 @@ impl Context {
         configuration: &str,
         pool: &SharedPool,
         owner: &OwnerReference,
-        existing: &[ResourceSlice],
+        existing: &[Arc<ResourceSlice>],
     ) -> SharedPoolState {
         let mut template = PoolTemplate::new(driver, &pool.pool, pool.scope.clone());
         template.owner = Some(owner.clone());
