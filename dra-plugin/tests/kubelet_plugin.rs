@@ -37,6 +37,27 @@ async fn wait_until<F: AsyncFn() -> bool>(what: &str, check: F) {
     }
 }
 
+/// The example driver with the builder's defaults, in `dir`, with no kubelet to register with
+/// (for what it does with the API server alone).
+async fn plugin_without_kubelet(
+    client: &kube::Client,
+    driver: &str,
+    node: &str,
+    dir: &std::path::Path,
+) -> Plugin<GadgetDriver> {
+    Plugin::builder(driver, node)
+        .registry_dir(dir.join("registry"))
+        .plugin_dir(dir.join("plugin"))
+        .start(
+            client.clone(),
+            GadgetDriver {
+                cdi: CdiRoot::new(dir.join("cdi"), CDI_VENDOR).unwrap(),
+            },
+        )
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn prepares_through_the_kubelet_and_survives_restarts() {
     let cp = ControlPlane::shared().await.expect("control plane");
@@ -314,17 +335,7 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
     cp.create_node(&node).await.unwrap();
     let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("r"));
     let dir = tempfile::tempdir().unwrap();
-    let plugin = Plugin::builder(&driver, &node)
-        .registry_dir(dir.path().join("registry"))
-        .plugin_dir(dir.path().join("plugin"))
-        .start(
-            client.clone(),
-            GadgetDriver {
-                cdi: CdiRoot::new(dir.path().join("cdi"), CDI_VENDOR).unwrap(),
-            },
-        )
-        .await
-        .unwrap();
+    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
     let published = plugin.publish(&gadgets(&["g0", "g1"])).await.unwrap();
     let slices = Api::<ResourceSlice>::all(client.clone());
     let ours = ListParams::default().fields(&format!("spec.driver={driver}"));
@@ -426,17 +437,7 @@ async fn a_node_keeps_exactly_the_pools_its_driver_wants() {
     stale.publish(&gadgets(&["old"])).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let plugin = Plugin::builder(&driver, &node)
-        .registry_dir(dir.path().join("registry"))
-        .plugin_dir(dir.path().join("plugin"))
-        .start(
-            client.clone(),
-            GadgetDriver {
-                cdi: CdiRoot::new(dir.path().join("cdi"), CDI_VENDOR).unwrap(),
-            },
-        )
-        .await
-        .unwrap();
+    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
     let want = |pools: &[(&str, &[&str])]| -> BTreeMap<String, Vec<Device>> {
         pools
             .iter()
