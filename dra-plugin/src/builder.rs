@@ -204,16 +204,6 @@ impl Builder {
     }
 }
 
-#[tonic::async_trait]
-impl ClaimSource for Arc<dyn ClaimSource> {
-    async fn read(
-        &self,
-        claim: &crate::claim::ClaimRef,
-    ) -> Result<k8s_openapi::api::resource::v1::ResourceClaim, kube::Error> {
-        self.as_ref().read(claim).await
-    }
-}
-
 /// A running plugin. Dropping it stops serving and removes its sockets; what it published
 /// stays (the node's devices are still there while the plugin restarts).
 pub struct Plugin<D> {

@@ -109,6 +109,14 @@ impl ClaimSource for kube::Client {
     }
 }
 
+/// A source shared (the builder's, when one is given).
+#[tonic::async_trait]
+impl ClaimSource for std::sync::Arc<dyn ClaimSource> {
+    async fn read(&self, claim: &ClaimRef) -> Result<ResourceClaim, kube::Error> {
+        self.as_ref().read(claim).await
+    }
+}
+
 /// How long one read may take: the kubelet's own call has a deadline (about 45 s), and a
 /// prepare that waits for an unreachable API server should fail in time to be retried.
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
