@@ -5,7 +5,7 @@
 # plain processes for tests: no containers, no downloads of prebuilt binaries.
 #
 #   hack/k8s-bins.sh            # the main version (hack/k8s/VERSION), with the kubelet peer
-#   hack/k8s-bins.sh 1.34.4     # another version: control plane only
+#   hack/k8s-bins.sh 1.34.4     # another version: control plane and kubelet (no peer)
 #
 # Prints the bin directory on its last line. Output goes to $K8S_BINS_ROOT
 # (default: <repo>/_output/k8s), one directory per version; a build whose inputs have

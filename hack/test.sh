@@ -18,8 +18,8 @@ echo "== the discovery handlers' protocol peers (a Python virtualenv from PyPI, 
 hack/peers.sh >/dev/null
 echo "== cargo test"
 cargo test --workspace
-echo "== the README's run command, checked (hack/demo.sh --check)"
-hack/demo.sh --check
+echo "== the README's run command, checked (hack/demo.sh --check --real-nodes: a real container must print its device)"
+hack/demo.sh --check --real-nodes
 echo "== Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
 hack/k8s-bins.sh 1.34.4 >/dev/null
 echo "== cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"

@@ -75,10 +75,20 @@ pub struct Cluster {
     _dir: tempfile::TempDir,
 }
 
+/// Which nodes the demo runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NodeKind {
+    /// containerd + the kubelet, or an error where this machine cannot run them.
+    Real,
+    /// Real ones where this machine can run them, else simulated ones (saying why).
+    RealWherePossible,
+    /// The kubelet's DRA code only, no containers.
+    Simulated,
+}
+
 impl Cluster {
-    /// Starts everything; real nodes when `prefer_real` and this machine can run them (else
-    /// simulated ones, saying why).
-    pub async fn start(binaries: &Binaries, prefer_real: bool) -> anyhow::Result<Cluster> {
+    /// Starts everything, with the kind of nodes asked for.
+    pub async fn start(binaries: &Binaries, kind: NodeKind) -> anyhow::Result<Cluster> {
         let dir = tempfile::Builder::new().prefix("akri-demo-").tempdir()?;
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs)?;
@@ -103,14 +113,17 @@ impl Cluster {
         })
         .await?;
 
-        let real = prefer_real
-            && match RealNode::available(&cp) {
-                Ok(()) => true,
-                Err(why) => {
-                    println!("  real nodes are not available here ({why}): simulated nodes");
-                    false
-                }
-            };
+        let real = match (kind, RealNode::available(&cp)) {
+            (NodeKind::Simulated, _) => false,
+            (_, Ok(())) => true,
+            (NodeKind::Real, Err(why)) => {
+                anyhow::bail!("real nodes were asked for but cannot run here: {why}")
+            }
+            (NodeKind::RealWherePossible, Err(why)) => {
+                println!("  real nodes are not available here ({why}): simulated nodes");
+                false
+            }
+        };
         let kubeconfig = cp.kubeconfig().as_os_str().to_owned();
         let env: [(&str, &OsStr); 2] = [
             ("KUBECONFIG", &kubeconfig),

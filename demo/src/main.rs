@@ -26,8 +26,12 @@ struct Args {
     check: bool,
     /// Simulated nodes (the kubelet's DRA code only, no containers) even where real ones
     /// (containerd + kubelet, root, `hack/node-bins.sh`) can run.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "real_nodes")]
     simulated_nodes: bool,
+    /// Real nodes or none: fail when this machine cannot run them, and with `--check` unless
+    /// the container itself printed its device (`hack/test.sh` asks for this; it runs as root).
+    #[arg(long)]
+    real_nodes: bool,
     /// Where akri-kubelet-plugin and akri-driver-controller are; default: beside this binary.
     #[arg(long)]
     bin_dir: Option<PathBuf>,
@@ -45,11 +49,19 @@ async fn main() -> anyhow::Result<()> {
     };
     let binaries = cluster::Binaries::beside(&bin_dir)?;
 
+    let node_kind = if args.real_nodes {
+        cluster::NodeKind::Real
+    } else if args.simulated_nodes {
+        cluster::NodeKind::Simulated
+    } else {
+        cluster::NodeKind::RealWherePossible
+    };
+
     println!("Starting (Ctrl-C stops and removes everything):");
     // Ctrl-C while starting drops what has started so far, and with it the cluster's
     // directory, as Ctrl-C does later.
     let cluster = tokio::select! {
-        cluster = cluster::Cluster::start(&binaries, !args.simulated_nodes) => cluster?,
+        cluster = cluster::Cluster::start(&binaries, node_kind) => cluster?,
         _ = tokio::signal::ctrl_c() => return stopping(),
     };
     println!("Applying the debugEcho examples:");
@@ -82,6 +94,9 @@ async fn main() -> anyhow::Result<()> {
 
     if args.check {
         let mut problems = report.problems();
+        if args.real_nodes && !report.container {
+            problems.push("real nodes were asked for, but no container printed its device".into());
+        }
         if doc_run.ran == 0 {
             problems.push("no documented kubectl command was found to run".to_string());
         }
