@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
-use std::borrow::Borrow;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// The most devices one ResourceSlice may hold (resource.k8s.io/v1 `ResourceSliceMaxDevices`).
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -54,6 +54,58 @@ pub enum Error {
     /// The caller gave up waiting for the API server (the publisher itself sets no deadline).
     #[error("publishing timed out")]
     TimedOut,
+}
+
+/// A stored slice as a publisher compares it with what it plans. Implemented by
+/// [`ResourceSlice`] itself, and by the compact copies a long-lived store may keep instead: a
+/// controller's reflector of thousands of devices need not hold each one as a struct (a
+/// `Device` with a few attributes and a capacity takes kilobytes).
+pub trait StoredSlice {
+    /// The slice's name.
+    fn name(&self) -> Option<&str>;
+    /// Its pool's generation.
+    fn generation(&self) -> i64;
+    /// Whether it is `want` as far as the scheduler and the publisher care: the same spec,
+    /// and at least `want`'s labels (see [`carries_labels`]).
+    fn is(&self, want: &ResourceSlice) -> bool;
+    /// Its devices.
+    fn devices(&self) -> Vec<Device>;
+}
+
+impl StoredSlice for ResourceSlice {
+    fn name(&self) -> Option<&str> {
+        self.metadata.name.as_deref()
+    }
+
+    fn generation(&self) -> i64 {
+        self.spec.pool.generation
+    }
+
+    fn is(&self, want: &ResourceSlice) -> bool {
+        self.spec == want.spec && carries_labels(self.metadata.labels.as_ref(), want)
+    }
+
+    fn devices(&self) -> Vec<Device> {
+        self.spec.devices.clone().unwrap_or_default()
+    }
+}
+
+impl<T: StoredSlice + ?Sized> StoredSlice for Arc<T> {
+    fn name(&self) -> Option<&str> {
+        T::name(self)
+    }
+
+    fn generation(&self) -> i64 {
+        T::generation(self)
+    }
+
+    fn is(&self, want: &ResourceSlice) -> bool {
+        T::is(self, want)
+    }
+
+    fn devices(&self) -> Vec<Device> {
+        T::devices(self)
+    }
 }
 
 /// Where a pool's devices are available.
@@ -201,7 +253,7 @@ impl SlicePublisher {
     /// [`publish`](Self::publish) against slices the caller already knows (e.g. from a
     /// reflector store) instead of listing them. A stale `existing` costs at most one
     /// needless new generation: generations still never go backwards.
-    pub async fn publish_against<S: Borrow<ResourceSlice>>(
+    pub async fn publish_against<S: StoredSlice>(
         &self,
         devices: &[Device],
         existing: &[S],
@@ -276,19 +328,18 @@ pub struct Plan {
 
 /// The devices of one pool's slices that the scheduler uses: those of its newest generation
 /// (slices of older ones may linger while a publish is under way).
-pub fn current_devices<S: Borrow<ResourceSlice>>(slices: &[S]) -> Vec<Device> {
-    let newest = slices.iter().map(|s| s.borrow().spec.pool.generation).max();
+pub fn current_devices<S: StoredSlice>(slices: &[S]) -> Vec<Device> {
+    let newest = slices.iter().map(StoredSlice::generation).max();
     slices
         .iter()
-        .map(Borrow::borrow)
-        .filter(|s: &&ResourceSlice| Some(s.spec.pool.generation) == newest)
-        .flat_map(|s| s.spec.devices.iter().flatten().cloned())
+        .filter(|s| Some(s.generation()) == newest)
+        .flat_map(StoredSlice::devices)
         .collect()
 }
 
 /// Plans the slices of a pool, never going below generation `floor`. Pure, so that the
 /// generation rules are unit-tested.
-pub fn plan<S: Borrow<ResourceSlice>>(
+pub fn plan<S: StoredSlice>(
     template: &PoolTemplate,
     devices: &[Device],
     existing: &[S],
@@ -296,7 +347,7 @@ pub fn plan<S: Borrow<ResourceSlice>>(
 ) -> Plan {
     let current_generation = existing
         .iter()
-        .map(|s| s.borrow().spec.pool.generation)
+        .map(StoredSlice::generation)
         .max()
         .unwrap_or(0)
         .max(floor);
@@ -318,10 +369,9 @@ pub fn plan<S: Borrow<ResourceSlice>>(
     let unchanged = existing.len() == chunks.len()
         && names.iter().zip(&chunks).all(|(name, chunk)| {
             let want = slice(template, name, current_generation, chunks.len(), chunk);
-            existing.iter().any(|s| {
-                let s = s.borrow();
-                s.metadata.name == want.metadata.name && s.spec == want.spec && has_labels(s, &want)
-            })
+            existing
+                .iter()
+                .any(|s| s.name() == want.metadata.name.as_deref() && s.is(&want))
         });
     if unchanged {
         return Plan {
@@ -334,8 +384,9 @@ pub fn plan<S: Borrow<ResourceSlice>>(
     let apply = wanted(generation);
     let delete = existing
         .iter()
-        .filter_map(|s| s.borrow().metadata.name.clone())
-        .filter(|name| !names.contains(name))
+        .filter_map(StoredSlice::name)
+        .filter(|name| !names.iter().any(|n| n == name))
+        .map(str::to_string)
         .collect();
     Plan {
         generation,
@@ -423,10 +474,10 @@ pub fn slice_name(driver: &str, pool: &str, index: usize) -> String {
     )
 }
 
-/// Whether `slice` carries every label of `want`: labels others add are theirs to keep, and
-/// must not make the pool look changed (it would be rewritten on every publish).
-fn has_labels(slice: &ResourceSlice, want: &ResourceSlice) -> bool {
-    let have = slice.metadata.labels.as_ref();
+/// Whether a slice with `have` labels carries every label of `want`: labels others add are
+/// theirs to keep, and must not make the pool look changed (it would be rewritten on every
+/// publish).
+pub fn carries_labels(have: Option<&BTreeMap<String, String>>, want: &ResourceSlice) -> bool {
     want.metadata
         .labels
         .iter()

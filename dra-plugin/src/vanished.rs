@@ -31,8 +31,10 @@ pub struct VanishedDevices {
     key: String,
     grace: Duration,
     taints: bool,
-    /// The devices reported at the last call, by name.
-    last: BTreeMap<String, Device>,
+    /// The devices reported at the last call, by name, as JSON: only one that vanishes while
+    /// held is read back, and a controller's pools hold thousands (as structs, kilobytes
+    /// each).
+    last: BTreeMap<String, Box<str>>,
     /// Held devices that are no longer reported, as they were last reported, and since when.
     gone: BTreeMap<String, (Device, Timestamp)>,
 }
@@ -82,7 +84,7 @@ impl VanishedDevices {
                     self.gone.insert(device.name.clone(), (device, since));
                 }
                 None => {
-                    self.last.insert(device.name.clone(), device);
+                    self.last.insert(device.name.clone(), compact(&device));
                 }
             }
         }
@@ -97,6 +99,10 @@ impl VanishedDevices {
         let last = std::mem::take(&mut self.last);
         for (name, device) in last {
             if !reported.contains_key(&name) && held.contains(&name) {
+                let device = serde_json::from_str(&device).unwrap_or_else(|_| Device {
+                    name: name.clone(),
+                    ..Device::default()
+                });
                 // Whole seconds: the API server stores taint times so, and a publisher that
                 // compares with what is stored must see the same value.
                 let since = Timestamp::from_second(now.as_second()).unwrap_or(now);
@@ -107,7 +113,11 @@ impl VanishedDevices {
         self.gone
             .retain(|name, _| held.contains(name) && !reported.contains_key(name));
 
-        plan.devices = reported.values().cloned().collect();
+        self.last = reported
+            .iter()
+            .map(|(n, d)| (n.clone(), compact(d)))
+            .collect();
+        plan.devices = reported.into_values().collect();
         if self.taints {
             for (device, since) in self.gone.values() {
                 let evict_at = *since + self.grace_signed();
@@ -131,7 +141,6 @@ impl VanishedDevices {
             }
             plan.devices.sort_by(|a, b| a.name.cmp(&b.name));
         }
-        self.last = reported;
         plan
     }
 
@@ -149,6 +158,12 @@ impl VanishedDevices {
     fn grace_signed(&self) -> SignedDuration {
         SignedDuration::try_from(self.grace).unwrap_or(SignedDuration::MAX)
     }
+}
+
+fn compact(device: &Device) -> Box<str> {
+    serde_json::to_string(device)
+        .unwrap_or_default()
+        .into_boxed_str()
 }
 
 fn strip(device: &mut Device, key: &str) {

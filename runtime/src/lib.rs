@@ -1,7 +1,7 @@
 //! What every akri binary runs with, so each `main` is flags and wiring only: one tracing
 //! setup ([`init_logging`]), one `/healthz` `/readyz` `/metrics` server ([`http`]), one
 //! shutdown signal ([`stopped`]), one leader elector ([`leader`]), one way controllers cache
-//! what they read ([`reflect`]).
+//! what they read ([`reflect`], [`reflect_as`]).
 
 pub mod http;
 pub mod leader;
@@ -29,10 +29,45 @@ where
         + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    reflect_as(api, config, |mut o: K| {
+        kube::ResourceExt::managed_fields_mut(&mut o).clear();
+        o
+    })
+}
+
+/// [`reflect`], keeping (and passing on) `view(object)` instead of each object: for a store of
+/// many large objects of which a controller reads little, e.g. the devices of ResourceSlices.
+pub fn reflect_as<K, V>(
+    api: kube::Api<K>,
+    config: watcher::Config,
+    view: impl Fn(K) -> V + Send + 'static,
+) -> (
+    Store<V>,
+    impl futures::Stream<Item = Result<V, watcher::Error>> + Send + 'static,
+)
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+    V: kube::Resource + Clone + Send + Sync + 'static,
+    V::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    use futures::TryStreamExt;
     let (store, writer) = reflector::store();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|o| kube::ResourceExt::managed_fields_mut(o).clear())
+        .map_ok(move |event| match event {
+            watcher::Event::Apply(o) => watcher::Event::Apply(view(o)),
+            watcher::Event::Delete(o) => watcher::Event::Delete(view(o)),
+            watcher::Event::InitApply(o) => watcher::Event::InitApply(view(o)),
+            watcher::Event::Init => watcher::Event::Init,
+            watcher::Event::InitDone => watcher::Event::InitDone,
+        })
         .reflect(writer)
         .touched_objects();
     (store, stream)

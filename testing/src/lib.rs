@@ -22,6 +22,7 @@
 mod bins;
 mod certs;
 mod control_plane;
+pub mod discovery;
 pub mod docs;
 mod error;
 mod kubelet_peer;

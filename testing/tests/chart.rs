@@ -506,6 +506,57 @@ async fn template_renders_every_option_of_the_full_values() {
         container["securityContext"]["capabilities"]["drop"],
         json!(["ALL"])
     );
+    // OPC UA: its rescan, a writable emptyDir for the client's trust lists, and (asked for
+    // here) the node's network, where Akri's default discovery URL finds an LDS on the node.
+    // ONVIF: the node's network by default, for WS-Discovery's multicast.
+    for (handler, args, tmp) in [
+        (
+            "opcua",
+            vec![
+                "--handlers-dir=/var/lib/akri",
+                "--rescan-seconds=30",
+                "--pki-dir=/tmp/akri-opcua-pki",
+                "--log-json",
+            ],
+            true,
+        ),
+        (
+            "onvif",
+            vec![
+                "--handlers-dir=/var/lib/akri",
+                "--rescan-seconds=20",
+                "--log-json",
+            ],
+            false,
+        ),
+    ] {
+        let pod = &find(
+            &objects,
+            "DaemonSet",
+            &format!("edge-akri-{handler}-discovery-handler"),
+        )["spec"]["template"]["spec"];
+        assert_eq!(pod["automountServiceAccountToken"], false, "{handler}");
+        assert_eq!(pod["hostNetwork"], true, "{handler}");
+        assert_eq!(pod["dnsPolicy"], "ClusterFirstWithHostNet", "{handler}");
+        let container = &pod["containers"][0];
+        assert_eq!(
+            container["image"],
+            format!("ghcr.io/akri-dra/akri-{handler}-discovery-handler:0.1.0")
+        );
+        assert_eq!(strings(&container["args"]), args, "{handler}");
+        assert_eq!(host_paths(pod), ["/var/lib/akri"], "{handler}");
+        let mounts_tmp = container["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["mountPath"] == "/tmp");
+        assert_eq!(mounts_tmp, tmp, "{handler}: /tmp");
+        assert_eq!(
+            container["securityContext"]["capabilities"]["drop"],
+            json!(["ALL"]),
+            "{handler}"
+        );
+    }
     let echo = &find(
         &objects,
         "DaemonSet",

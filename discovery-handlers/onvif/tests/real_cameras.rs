@@ -219,3 +219,119 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
         );
     }
 }
+
+/// The standalone binary beside the kubelet-plugin's agent, as a node runs it: garbage details
+/// and the handler killed mid-stream each show in the configuration's status for this node,
+/// without touching another configuration, and clear once put right.
+#[tokio::test]
+async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
+    use akri_kubelet_plugin::agent::{self, AgentConfig};
+    use akri_testing::discovery::{apply_configuration, discovery_error, instance_properties};
+    use akri_testing::{ControlPlane, ControlPlaneOptions, eventually};
+
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cp = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("akri").await.unwrap();
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig::embedded(&node, &ns, dir.path());
+    let handlers_dir = config.discovery_socket.parent().unwrap().to_path_buf();
+    let _agent = agent::start(client.clone(), config)
+        .await
+        .expect("agent starts");
+    let start_handler = || {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-onvif-discovery-handler"))
+            .arg("--handlers-dir")
+            .arg(&handlers_dir)
+            .args(["--rescan-seconds", "1"])
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+    let mut handler = start_handler();
+    let gate = camera("gate", "gate", "10.0.0.21", "00:11:22:33:44:21", false);
+
+    let (cameras, garbage) = ("cameras", "garbage");
+    apply_configuration(&client, cameras, "onvif", &details(&[&gate], ""))
+        .await
+        .unwrap();
+    apply_configuration(&client, garbage, "onvif", "uuids: [not, a, filter]")
+        .await
+        .unwrap();
+    let error_of = async |name: &str| discovery_error(&client, name, &node).await;
+    let found = async |name: &str| {
+        instance_properties(&client, &ns, name)
+            .await
+            .iter()
+            .any(|p| {
+                p.get("ONVIF_DEVICE_UUID") == Some(&gate.uuid)
+                    && p.get("ONVIF_DEVICE_IP_ADDRESS").map(String::as_str) == Some("10.0.0.21")
+            })
+            .then_some(())
+    };
+    eventually(
+        "the camera's Instance",
+        Duration::from_secs(60),
+        async || found(cameras).await,
+    )
+    .await;
+    let message = eventually(
+        "the garbage details in the status",
+        Duration::from_secs(60),
+        async || error_of(garbage).await,
+    )
+    .await;
+    assert!(
+        message.contains("onvif discovery details"),
+        "says the details are wrong: {message}"
+    );
+    assert_eq!(
+        error_of(cameras).await,
+        None,
+        "the other configuration is fine"
+    );
+
+    // Killed mid-stream: the status names the handler; started again, all is as before.
+    handler.kill().await.unwrap();
+    let message = eventually(
+        "the killed handler in the status",
+        Duration::from_secs(30),
+        async || error_of(cameras).await,
+    )
+    .await;
+    assert!(message.contains("onvif"), "names the handler: {message}");
+    let _handler = start_handler();
+    eventually(
+        "the error cleared after the restart",
+        Duration::from_secs(60),
+        async || error_of(cameras).await.is_none().then_some(()),
+    )
+    .await;
+    eventually("the Instance back", Duration::from_secs(30), async || {
+        found(cameras).await
+    })
+    .await;
+
+    // The garbage details put right: that configuration finds the camera too, and its error
+    // clears.
+    apply_configuration(&client, garbage, "onvif", &details(&[&gate], ""))
+        .await
+        .unwrap();
+    eventually(
+        "the fixed configuration's error cleared",
+        Duration::from_secs(90),
+        async || error_of(garbage).await.is_none().then_some(()),
+    )
+    .await;
+    eventually(
+        "the fixed configuration's Instance",
+        Duration::from_secs(30),
+        async || found(garbage).await,
+    )
+    .await;
+}

@@ -3,8 +3,7 @@
 //! the error clears.
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
-use kube::api::{Api, PostParams};
+use akri_testing::{ControlPlane, ControlPlaneOptions};
 use std::time::Duration;
 
 fn start_handler(handlers_dir: &std::path::Path) -> tokio::process::Child {
@@ -35,48 +34,23 @@ async fn a_killed_handler_shows_in_the_status_and_its_return_clears_it() {
     let mut handler = start_handler(&handlers_dir);
 
     let name = ControlPlane::unique_name("null");
-    let configuration: akri_api::v1::DiscoveryConfiguration = from_json(serde_json::json!({
-        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-        "metadata": { "name": name },
-        "spec": { "discoveryHandler": {
-            "name": "udev", "discoveryDetails": "udevRules: ['KERNEL==\"null\"']",
-        } },
-    }));
-    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
-    configs
-        .create(&PostParams::default(), &configuration)
-        .await
-        .unwrap();
-    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    akri_testing::discovery::apply_configuration(
+        &client,
+        &name,
+        "udev",
+        "udevRules: ['KERNEL==\"null\"']",
+    )
+    .await
+    .unwrap();
     let found = async || {
-        instances
-            .list(&Default::default())
+        akri_testing::discovery::instance_properties(&client, &ns, &name)
             .await
-            .ok()?
-            .items
             .iter()
-            .any(|i| {
-                i.spec.configuration_name == name
-                    && i.spec
-                        .broker_properties
-                        .get("UDEV_DEVNODE")
-                        .map(String::as_str)
-                        == Some("/dev/null")
-            })
+            .any(|p| p.get("UDEV_DEVNODE").map(String::as_str) == Some("/dev/null"))
             .then_some(())
     };
     akri_testing::eventually("the null device's Instance", Duration::from_secs(30), found).await;
-    let error_of = async || {
-        configs
-            .get(&name)
-            .await
-            .ok()?
-            .status?
-            .discovery_errors
-            .into_iter()
-            .find(|e| e.node == node)
-            .map(|e| e.message)
-    };
+    let error_of = async || akri_testing::discovery::discovery_error(&client, &name, &node).await;
     assert_eq!(error_of().await, None);
 
     handler.kill().await.unwrap();

@@ -5,7 +5,7 @@
 //! exists ([`dra_plugin::vanished`]); it leaves when no claim holds it. A node-local device is
 //! kept so by its node's kubelet-plugin; a shared one has no node to do it, so it is done here.
 
-use super::{Context, Error, SHARED_CONFIGURATION_LABEL};
+use super::{Context, Error, SHARED_CONFIGURATION_LABEL, SliceView};
 use crate::shared_devices::{self, SharedPool};
 use akri_api::v1::{DiscoveryConfiguration, Instance};
 use akri_devices::Sharing;
@@ -57,7 +57,7 @@ impl Context {
             &refs,
             &self.lost_nodes(),
         );
-        let ours: Vec<Arc<ResourceSlice>> = self
+        let ours: Vec<Arc<SliceView>> = self
             .slices
             .state()
             .into_iter()
@@ -67,9 +67,9 @@ impl Context {
         // A published pool no Instance reports any more (pool-wide node selection: its
         // Instance is gone) may hold held devices: it is planned empty, where it was.
         for slice in &ours {
-            if !pools.iter().any(|p| p.pool == slice.spec.pool.name) {
+            if !pools.iter().any(|p| p.pool == slice.pool) {
                 pools.push(SharedPool {
-                    pool: slice.spec.pool.name.clone(),
+                    pool: slice.pool.clone(),
                     scope: stored_scope(slice),
                     devices: Vec::new(),
                 });
@@ -92,19 +92,19 @@ impl Context {
                 devices: 0,
                 next_change: None,
             };
-            let mut wanted = BTreeSet::new();
-            for pool in &pools {
-                // The store's objects themselves: a copy would be one more of every device.
-                let existing: Vec<Arc<ResourceSlice>> = ours
+            let mut wanted: BTreeSet<String> = BTreeSet::new();
+            // Each pool's devices are moved into its plan: a copy would be one more of each.
+            for pool in pools {
+                let existing: Vec<Arc<SliceView>> = ours
                     .iter()
-                    .filter(|s| s.spec.driver == driver && s.spec.pool.name == pool.pool)
+                    .filter(|s| s.driver == driver && s.pool == pool.pool)
                     .cloned()
                     .collect();
                 let state = states
                     .entry(pool.pool.clone())
-                    .or_insert_with(|| self.pool_state(driver, &name, pool, &owner, &existing));
+                    .or_insert_with(|| self.pool_state(driver, &name, &pool, &owner, &existing));
                 let plan = state.vanished.plan(
-                    pool.devices.clone(),
+                    pool.devices,
                     held.get(&pool.pool).unwrap_or(&nothing),
                     now,
                 );
@@ -121,7 +121,7 @@ impl Context {
                 if !keep {
                     continue;
                 }
-                wanted.insert(pool.pool.as_str());
+                wanted.insert(pool.pool.clone());
                 state.publisher.set_scope(pool.scope.clone());
                 let written = state
                     .publisher
@@ -142,7 +142,7 @@ impl Context {
             }
             // Pools no longer wanted (an Instance gone and nothing held, or the API server's
             // support changed).
-            for slice in ours.iter().filter(|s| !wanted.contains(s.spec.pool.name.as_str())) {
+            for slice in ours.iter().filter(|s| !wanted.contains(&s.pool)) {
                 let slice_name = slice.name_any();
                 match Api::<ResourceSlice>::all(self.client.clone())
                     .delete(&slice_name, &DeleteParams::default())
@@ -159,7 +159,7 @@ impl Context {
                     }
                 }
             }
-            states.retain(|pool, _| wanted.contains(pool.as_str()));
+            states.retain(|pool, _| wanted.contains(pool));
             let mut keeping = self.keeping_vanished.lock().expect("lock");
             if states.values().any(|s| s.vanished.any_vanished()) {
                 keeping.insert(name.clone());
@@ -190,7 +190,7 @@ impl Context {
         configuration: &str,
         pool: &SharedPool,
         owner: &OwnerReference,
-        existing: &[Arc<ResourceSlice>],
+        existing: &[Arc<SliceView>],
     ) -> SharedPoolState {
         let mut template = PoolTemplate::new(driver, &pool.pool, pool.scope.clone());
         template.owner = Some(owner.clone());
@@ -267,8 +267,8 @@ fn allocation_results(
 }
 
 /// Where a stored shared pool's devices are: its slices' node selector, or each device's own.
-fn stored_scope(slice: &ResourceSlice) -> PoolScope {
-    match &slice.spec.node_selector {
+fn stored_scope(slice: &SliceView) -> PoolScope {
+    match &slice.node_selector {
         Some(selector) => PoolScope::Nodes(selector.clone()),
         None => PoolScope::PerDevice,
     }

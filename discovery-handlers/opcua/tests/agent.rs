@@ -1,0 +1,154 @@
+//! The standalone binary beside the kubelet-plugin's agent, as a node runs it: garbage details,
+//! a discovery URL nobody answers and the handler killed mid-stream each show in the
+//! configuration's status for this node, without touching another configuration, and clear
+//! once put right.
+
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_testing::discovery::{apply_configuration, discovery_error, instance_properties};
+use akri_testing::peers::Peer;
+use akri_testing::{ControlPlane, ControlPlaneOptions, eventually};
+use std::path::Path;
+use std::time::Duration;
+
+fn start_handler(handlers_dir: &Path, pki_dir: &Path) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-opcua-discovery-handler"))
+        .arg("--handlers-dir")
+        .arg(handlers_dir)
+        .args(["--rescan-seconds", "1"])
+        .arg("--pki-dir")
+        .arg(pki_dir)
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_status_and_clear() {
+    let cp = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("akri").await.unwrap();
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig::embedded(&node, &ns, dir.path());
+    let handlers_dir = config.discovery_socket.parent().unwrap().to_path_buf();
+    let _agent = agent::start(client.clone(), config)
+        .await
+        .expect("agent starts");
+    let pki = dir.path().join("pki");
+    let mut handler = start_handler(&handlers_dir, &pki);
+
+    let port = akri_testing::free_port().unwrap();
+    let url = format!("opc.tcp://127.0.0.1:{port}/");
+    let (plant, garbage) = ("plant", "garbage");
+    let details = format!("opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: ['{url}']\n");
+    apply_configuration(&client, plant, "opcua", &details)
+        .await
+        .unwrap();
+    apply_configuration(
+        &client,
+        garbage,
+        "opcua",
+        "opcuaDiscoveryMethod: [no, urls]",
+    )
+    .await
+    .unwrap();
+    let error_of = async |name: &str| discovery_error(&client, name, &node).await;
+
+    // Nobody answers at the URL yet: the status says which URL.
+    let message = eventually(
+        "the unreachable URL in the status",
+        Duration::from_secs(60),
+        async || error_of(plant).await,
+    )
+    .await;
+    assert!(message.contains(&url), "names the URL: {message}");
+    let message = eventually(
+        "the garbage details in the status",
+        Duration::from_secs(60),
+        async || error_of(garbage).await,
+    )
+    .await;
+    assert!(
+        message.contains("opcua discovery details"),
+        "says the details are wrong: {message}"
+    );
+
+    // The server comes up: found, and the error clears (the agent retries the stream).
+    let _server = Peer::start(
+        "Boiler",
+        "opcua_server.py",
+        &[
+            "--port",
+            &port.to_string(),
+            "--name",
+            "Boiler",
+            "--type",
+            "server",
+        ]
+        .map(String::from),
+    )
+    .unwrap();
+    let found = async || {
+        instance_properties(&client, &ns, plant)
+            .await
+            .iter()
+            .any(|p| {
+                p.get("OPCUA_DISCOVERY_URL") == Some(&url)
+                    && p.get("OPCUA_APPLICATION_NAME").map(String::as_str) == Some("Boiler")
+            })
+            .then_some(())
+    };
+    eventually("the server's Instance", Duration::from_secs(90), found).await;
+    eventually(
+        "the URL's error cleared",
+        Duration::from_secs(30),
+        async || error_of(plant).await.is_none().then_some(()),
+    )
+    .await;
+    assert!(
+        error_of(garbage).await.is_some(),
+        "the garbage configuration still fails on its own"
+    );
+
+    // Killed mid-stream: the status names the handler; started again, all is as before.
+    handler.kill().await.unwrap();
+    let message = eventually(
+        "the killed handler in the status",
+        Duration::from_secs(30),
+        async || error_of(plant).await,
+    )
+    .await;
+    assert!(message.contains("opcua"), "names the handler: {message}");
+    let _handler = start_handler(&handlers_dir, &pki);
+    eventually(
+        "the error cleared after the restart",
+        Duration::from_secs(60),
+        async || error_of(plant).await.is_none().then_some(()),
+    )
+    .await;
+    eventually("the Instance back", Duration::from_secs(30), found).await;
+
+    // The garbage details put right: that configuration finds the server too, and its error
+    // clears.
+    apply_configuration(&client, garbage, "opcua", &details)
+        .await
+        .unwrap();
+    eventually(
+        "the fixed configuration's error cleared",
+        Duration::from_secs(90),
+        async || error_of(garbage).await.is_none().then_some(()),
+    )
+    .await;
+    let found_by_fixed =
+        async || (!instance_properties(&client, &ns, garbage).await.is_empty()).then_some(());
+    eventually(
+        "the fixed configuration's Instance",
+        Duration::from_secs(30),
+        found_by_fixed,
+    )
+    .await;
+}
