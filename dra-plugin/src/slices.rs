@@ -261,20 +261,23 @@ impl SlicePublisher {
         let floor = self
             .last_generation
             .load(std::sync::atomic::Ordering::Relaxed);
-        let plan = plan(&self.template, devices, existing, floor);
+        let plan = changes(&self.template, devices, existing, floor);
         let mut published = Published {
             generation: plan.generation,
             ..Published::default()
         };
         let params = PatchParams::apply(&self.field_manager).force();
-        for slice in &plan.apply {
+        let writes = plan
+            .write
+            .then(|| slices(&self.template, devices, plan.generation));
+        for slice in writes.into_iter().flatten() {
             let name = slice
                 .metadata
                 .name
                 .clone()
                 .expect("planned slices are named");
             self.api
-                .patch(&name, &params, &Patch::Apply(slice))
+                .patch(&name, &params, &Patch::Apply(&slice))
                 .await
                 .map_err(|source| Error::Apply {
                     slice: name,
@@ -345,54 +348,84 @@ pub fn plan<S: StoredSlice>(
     existing: &[S],
     floor: i64,
 ) -> Plan {
+    let changes = changes(template, devices, existing, floor);
+    Plan {
+        generation: changes.generation,
+        apply: if changes.write {
+            slices(template, devices, changes.generation).collect()
+        } else {
+            Vec::new()
+        },
+        delete: changes.delete,
+    }
+}
+
+/// What a [`Plan`] is made of, without its slices: a publish builds each slice only as it
+/// writes it, so a large pool's devices are never all copied at once.
+struct Changes {
+    generation: i64,
+    /// Whether every slice of the pool is written at `generation`.
+    write: bool,
+    delete: Vec<String>,
+}
+
+fn changes<S: StoredSlice>(
+    template: &PoolTemplate,
+    devices: &[Device],
+    existing: &[S],
+    floor: i64,
+) -> Changes {
     let current_generation = existing
         .iter()
         .map(StoredSlice::generation)
         .max()
         .unwrap_or(0)
         .max(floor);
-    let chunks: Vec<&[Device]> = devices.chunks(MAX_DEVICES_PER_SLICE).collect();
-    let names: Vec<String> = (0..chunks.len())
-        .map(|i| slice_name(&template.driver, &template.pool, i))
-        .collect();
-    let wanted = |generation| -> Vec<ResourceSlice> {
-        names
-            .iter()
-            .zip(&chunks)
-            .map(|(name, chunk)| slice(template, name, generation, chunks.len(), chunk))
-            .collect()
-    };
+    let count = devices.chunks(MAX_DEVICES_PER_SLICE).len();
 
     // Unchanged: every wanted slice exists at the current generation with the same spec, and
-    // nothing else is there. Built one slice at a time: a pass of a large pool would
-    // otherwise hold a second copy of all its devices.
-    let unchanged = existing.len() == chunks.len()
-        && names.iter().zip(&chunks).all(|(name, chunk)| {
-            let want = slice(template, name, current_generation, chunks.len(), chunk);
+    // nothing else is there. Built one slice at a time, as the writes are.
+    let unchanged = existing.len() == count
+        && slices(template, devices, current_generation).all(|want| {
             existing
                 .iter()
                 .any(|s| s.name() == want.metadata.name.as_deref() && s.is(&want))
         });
     if unchanged {
-        return Plan {
+        return Changes {
             generation: current_generation,
-            ..Plan::default()
+            write: false,
+            delete: Vec::new(),
         };
     }
-
-    let generation = current_generation + 1;
-    let apply = wanted(generation);
+    let names: Vec<String> = (0..count)
+        .map(|i| slice_name(&template.driver, &template.pool, i))
+        .collect();
     let delete = existing
         .iter()
         .filter_map(StoredSlice::name)
         .filter(|name| !names.iter().any(|n| n == name))
         .map(str::to_string)
         .collect();
-    Plan {
-        generation,
-        apply,
+    Changes {
+        generation: current_generation + 1,
+        write: true,
         delete,
     }
+}
+
+/// The slices of a pool holding `devices` at `generation`, built one by one.
+fn slices<'a>(
+    template: &'a PoolTemplate,
+    devices: &'a [Device],
+    generation: i64,
+) -> impl Iterator<Item = ResourceSlice> + 'a {
+    let chunks = devices.chunks(MAX_DEVICES_PER_SLICE);
+    let count = chunks.len();
+    chunks.enumerate().map(move |(i, chunk)| {
+        let name = slice_name(&template.driver, &template.pool, i);
+        slice(template, &name, generation, count, chunk)
+    })
 }
 
 fn slice(

@@ -220,6 +220,10 @@ pub fn spawn_controller(
     // A profiler to run the controller under, e.g. BENCH_CONTROLLER_WRAPPER=heaptrack (the
     // figures the bench prints are then the wrapper's process's).
     let wrapper = std::env::var("BENCH_CONTROLLER_WRAPPER").unwrap_or_default();
+    // Another build of the controller, e.g. the static musl binary the image ships
+    // (`target/x86_64-unknown-linux-musl/release/...`): its allocator is musl's, not glibc's.
+    let exe = std::env::var("BENCH_CONTROLLER_BIN").unwrap_or_else(|_| exe.to_string());
+    let exe = exe.as_str();
     let mut words = wrapper.split_whitespace();
     let mut command = match words.next() {
         Some(program) => {
