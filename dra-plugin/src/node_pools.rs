@@ -31,8 +31,10 @@ pub struct NodePools {
 struct State {
     /// One per pool ever written: each remembers its last generation.
     publishers: BTreeMap<String, SlicePublisher>,
-    /// What the driver last asked for; `None` before its first publish (nothing is touched).
-    wanted: Option<BTreeMap<String, Vec<Device>>>,
+    /// What the driver last asked for, by pool, as JSON: only a repair reads it back, and a
+    /// `Device` with its maps takes kilobytes as a struct (JSON, a tenth). `None` before the
+    /// driver's first publish (nothing is touched).
+    wanted: Option<BTreeMap<String, Box<str>>>,
 }
 
 /// How long the repair waits after a slice event for more of them: a publish of several
@@ -66,8 +68,13 @@ impl NodePools {
         pools: BTreeMap<String, Vec<Device>>,
     ) -> Result<BTreeMap<String, Published>, Error> {
         let mut state = self.state.lock().await;
-        state.wanted = Some(pools);
-        self.sync(&mut state).await
+        state.wanted = Some(
+            pools
+                .iter()
+                .map(|(pool, devices)| (pool.clone(), crate::slices::to_json(devices)))
+                .collect(),
+        );
+        self.sync(&mut state, &pools).await
     }
 
     /// The stored slices of one of the node's pools of this driver.
@@ -97,13 +104,15 @@ impl NodePools {
         Ok(by_pool)
     }
 
-    async fn sync(&self, state: &mut State) -> Result<BTreeMap<String, Published>, Error> {
-        let Some(wanted) = state.wanted.clone() else {
-            return Ok(BTreeMap::new());
-        };
+    /// Makes the stored pools `wanted`.
+    async fn sync(
+        &self,
+        state: &mut State,
+        wanted: &BTreeMap<String, Vec<Device>>,
+    ) -> Result<BTreeMap<String, Published>, Error> {
         let mut stored = self.list().await?;
         let mut published = BTreeMap::new();
-        for (pool, devices) in &wanted {
+        for (pool, devices) in wanted {
             let existing = stored.remove(pool).unwrap_or_default();
             let done = self
                 .publisher(state, pool)
@@ -166,7 +175,18 @@ async fn repair(
             return;
         };
         let mut state = pools.state.lock().await;
-        match pools.sync(&mut state).await {
+        // Nothing asked for yet: nothing to repair.
+        let Some(wanted) = state.wanted.as_ref().map(|wanted| {
+            wanted
+                .iter()
+                .map(|(pool, devices)| {
+                    (pool.clone(), serde_json::from_str(devices).unwrap_or_default())
+                })
+                .collect::<BTreeMap<String, Vec<Device>>>()
+        }) else {
+            continue;
+        };
+        match pools.sync(&mut state, &wanted).await {
             Ok(published) => {
                 for (pool, done) in published {
                     if done.written + done.deleted > 0 {

@@ -108,6 +108,13 @@ impl<T: StoredSlice + ?Sized> StoredSlice for Arc<T> {
     }
 }
 
+/// `value` as compact JSON: how devices are kept where they are rarely read back.
+pub(crate) fn to_json(value: &impl serde::Serialize) -> Box<str> {
+    serde_json::to_string(value)
+        .unwrap_or_default()
+        .into_boxed_str()
+}
+
 /// Where a pool's devices are available.
 #[derive(Clone, Debug, PartialEq)]
 pub enum PoolScope {

@@ -84,7 +84,7 @@ impl VanishedDevices {
                     self.gone.insert(device.name.clone(), (device, since));
                 }
                 None => {
-                    self.last.insert(device.name.clone(), compact(&device));
+                    self.last.insert(device.name.clone(), crate::slices::to_json(&device));
                 }
             }
         }
@@ -115,7 +115,7 @@ impl VanishedDevices {
 
         self.last = reported
             .iter()
-            .map(|(n, d)| (n.clone(), compact(d)))
+            .map(|(n, d)| (n.clone(), crate::slices::to_json(d)))
             .collect();
         plan.devices = reported.into_values().collect();
         if self.taints {
@@ -158,12 +158,6 @@ impl VanishedDevices {
     fn grace_signed(&self) -> SignedDuration {
         SignedDuration::try_from(self.grace).unwrap_or(SignedDuration::MAX)
     }
-}
-
-fn compact(device: &Device) -> Box<str> {
-    serde_json::to_string(device)
-        .unwrap_or_default()
-        .into_boxed_str()
 }
 
 fn strip(device: &mut Device, key: &str) {
