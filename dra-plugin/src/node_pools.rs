@@ -180,7 +180,10 @@ async fn repair(
             wanted
                 .iter()
                 .map(|(pool, devices)| {
-                    (pool.clone(), serde_json::from_str(devices).unwrap_or_default())
+                    (
+                        pool.clone(),
+                        serde_json::from_str(devices).unwrap_or_default(),
+                    )
                 })
                 .collect::<BTreeMap<String, Vec<Device>>>()
         }) else {

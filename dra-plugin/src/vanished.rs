@@ -84,7 +84,8 @@ impl VanishedDevices {
                     self.gone.insert(device.name.clone(), (device, since));
                 }
                 None => {
-                    self.last.insert(device.name.clone(), crate::slices::to_json(&device));
+                    self.last
+                        .insert(device.name.clone(), crate::slices::to_json(&device));
                 }
             }
         }
