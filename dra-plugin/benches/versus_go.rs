@@ -361,20 +361,17 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
         go.quantile("prepare, 1 claim", 0.5),
         go.quantile("prepare, 1 claim", 0.99),
     );
-    eprintln!(
-        "{:<24} {:>18} {:>18} {:>16}",
-        "the claim's GET alone",
-        "",
-        format!("{:.2}/{:.2} ms", read_ms(0.5), read_ms(0.99)),
-        format!("{:.2}/{:.2}", read_ms(0.5) / g50, read_ms(0.99) / g99)
-    );
-    eprintln!(
-        "{:<24} {:>18} {:>18} {:>16}",
-        "GET + one synced write",
-        "",
-        format!("{:.2}/{:.2} ms", floor_ms(0.5), floor_ms(0.99)),
-        format!("{:.2}/{:.2}", floor_ms(0.5) / g50, floor_ms(0.99) / g99)
-    );
+    for (what, floor) in [
+        ("the claim's GET alone", &read_ms as &dyn Fn(f64) -> f64),
+        ("GET + one synced write", &floor_ms),
+    ] {
+        eprintln!(
+            "{what:<24} {:>18} {:>18} {:>16}",
+            "",
+            format!("{:.2}/{:.2} ms", floor(0.5), floor(0.99)),
+            format!("{:.2}/{:.2}", floor(0.5) / g50, floor(0.99) / g99)
+        );
+    }
     let cpu = |ticks: u64| ticks as f64 / 100.0;
     eprintln!(
         "{:<24} {:>18} {:>18} {:>16}",

@@ -13,9 +13,9 @@ mod filters;
 mod gone_nodes;
 mod lost_nodes;
 mod shared;
-mod slice_view;
+mod stores;
 
-use slice_view::SliceView;
+use stores::{SliceView, slim_claim, slim_instance, slim_node};
 
 use crate::device_class;
 use crate::metrics::Metrics;
@@ -116,7 +116,7 @@ pub struct Context {
     config: ControllerConfig,
     support: ApiSupport,
     instances: Store<Instance>,
-    /// Every ResourceSlice, compact (see [`SliceView`]).
+    /// Every ResourceSlice, compact (see [`stores`]).
     slices: Store<SliceView>,
     filters: Store<PropertyFilter>,
     configurations: Store<DiscoveryConfiguration>,
@@ -252,87 +252,6 @@ pub async fn run(
         })
         .await;
     Ok(())
-}
-
-/// What the controller reads of an Instance: its identity (for the conditional writes of
-/// `gone_nodes`) and the spec's configuration, properties, sharing and nodes. Its labels, owner
-/// and legacy slot usage go: each map allocates a whole B-tree node, and with 10,000
-/// Instances they were a fifth of the store.
-fn slim_instance(instance: Instance) -> Instance {
-    let metadata = instance.metadata;
-    Instance {
-        metadata: kube::api::ObjectMeta {
-            name: metadata.name,
-            namespace: metadata.namespace,
-            uid: metadata.uid,
-            resource_version: metadata.resource_version,
-            ..Default::default()
-        },
-        spec: akri_api::v0::InstanceSpec {
-            device_usage: BTreeMap::new(),
-            cdi_name: String::new(),
-            ..instance.spec
-        },
-    }
-}
-
-/// What the controller reads of a ResourceClaim: the devices allocated to it.
-fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
-    use k8s_openapi::api::resource::v1::{
-        AllocationResult, DeviceAllocationResult, ResourceClaimStatus,
-    };
-    let metadata = claim.metadata;
-    let results = claim
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results);
-    ResourceClaim {
-        metadata: kube::api::ObjectMeta {
-            name: metadata.name,
-            namespace: metadata.namespace,
-            uid: metadata.uid,
-            resource_version: metadata.resource_version,
-            ..Default::default()
-        },
-        spec: Default::default(),
-        status: results.map(|results| ResourceClaimStatus {
-            allocation: Some(AllocationResult {
-                devices: Some(DeviceAllocationResult {
-                    results: Some(results),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
-}
-
-/// What the controller reads of a Node: its name and Ready condition.
-fn slim_node(node: Node) -> Node {
-    use k8s_openapi::api::core::v1::NodeStatus;
-    let metadata = node.metadata;
-    let ready = node
-        .status
-        .and_then(|s| s.conditions)
-        .into_iter()
-        .flatten()
-        .filter(|c| c.type_ == "Ready")
-        .collect();
-    Node {
-        metadata: kube::api::ObjectMeta {
-            name: metadata.name,
-            uid: metadata.uid,
-            resource_version: metadata.resource_version,
-            ..Default::default()
-        },
-        spec: None,
-        status: Some(NodeStatus {
-            conditions: Some(ready),
-            ..NodeStatus::default()
-        }),
-    }
 }
 
 /// How many configurations are reconciled at once.

@@ -2,8 +2,56 @@
 //! run a discovery handler beside the kubelet-plugin's agent. Read as JSON (`DynamicObject`),
 //! so this crate needs no Akri types.
 
+use crate::{ControlPlane, ControlPlaneOptions, Error};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use std::collections::BTreeMap;
+
+/// Where a handler's test runs the kubelet-plugin's agent: a control plane of its own with
+/// Akri's CRDs, a namespace for Instances and a Node.
+pub struct AgentCluster {
+    pub cp: ControlPlane,
+    pub client: kube::Client,
+    /// The namespace the agent writes Instances to.
+    pub namespace: String,
+    /// The node the agent runs as.
+    pub node: String,
+}
+
+impl AgentCluster {
+    /// Starts the control plane and installs `crds` (Akri's: `akri_api::crds::all()`).
+    pub async fn start(crds: &[CustomResourceDefinition]) -> Result<AgentCluster, Error> {
+        let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+        cp.install_crds(crds).await?;
+        let client = cp.client().await?;
+        let namespace = cp.create_namespace("akri").await?;
+        let node = ControlPlane::unique_name("node");
+        cp.create_node(&node).await?;
+        Ok(AgentCluster {
+            cp,
+            client,
+            namespace,
+            node,
+        })
+    }
+
+    /// This node's entry of `configuration`'s `status.discoveryErrors` ([`discovery_error`]).
+    pub async fn discovery_error(&self, configuration: &str) -> Option<String> {
+        discovery_error(&self.client, configuration, &self.node).await
+    }
+
+    /// The broker properties of `configuration`'s Instances ([`instance_properties`]).
+    pub async fn instance_properties(&self, configuration: &str) -> Vec<BTreeMap<String, String>> {
+        instance_properties(&self.client, &self.namespace, configuration).await
+    }
+
+    /// Creates or changes a DiscoveryConfiguration ([`apply_configuration`]).
+    pub async fn apply_configuration(&self, name: &str, handler: &str, details: &str) {
+        apply_configuration(&self.client, name, handler, details)
+            .await
+            .expect("the DiscoveryConfiguration is applied");
+    }
+}
 
 fn configurations(client: &kube::Client) -> Api<DynamicObject> {
     let gvk = GroupVersionKind::gvk("akri.sh", "v1", "DiscoveryConfiguration");

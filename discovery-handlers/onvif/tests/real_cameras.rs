@@ -226,22 +226,15 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
 #[tokio::test]
 async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     use akri_kubelet_plugin::agent::{self, AgentConfig};
-    use akri_testing::discovery::{apply_configuration, discovery_error, instance_properties};
-    use akri_testing::{ControlPlane, ControlPlaneOptions, eventually};
+    use akri_testing::discovery::AgentCluster;
+    use akri_testing::eventually;
 
     let _one = ONE_AT_A_TIME.lock().await;
-    let cp = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let node = ControlPlane::unique_name("node");
-    cp.create_node(&node).await.unwrap();
+    let cluster = AgentCluster::start(&akri_api::crds::all()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::embedded(&node, &ns, dir.path());
+    let config = AgentConfig::embedded(&cluster.node, &cluster.namespace, dir.path());
     let handlers_dir = config.discovery_socket.parent().unwrap().to_path_buf();
-    let _agent = agent::start(client.clone(), config)
+    let _agent = agent::start(cluster.client.clone(), config)
         .await
         .expect("agent starts");
     let start_handler = || {
@@ -257,15 +250,16 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     let gate = camera("gate", "gate", "10.0.0.21", "00:11:22:33:44:21", false);
 
     let (cameras, garbage) = ("cameras", "garbage");
-    apply_configuration(&client, cameras, "onvif", &details(&[&gate], ""))
-        .await
-        .unwrap();
-    apply_configuration(&client, garbage, "onvif", "uuids: [not, a, filter]")
-        .await
-        .unwrap();
-    let error_of = async |name: &str| discovery_error(&client, name, &node).await;
+    cluster
+        .apply_configuration(cameras, "onvif", &details(&[&gate], ""))
+        .await;
+    cluster
+        .apply_configuration(garbage, "onvif", "uuids: [not, a, filter]")
+        .await;
+    let error_of = async |name: &str| cluster.discovery_error(name).await;
     let found = async |name: &str| {
-        instance_properties(&client, &ns, name)
+        cluster
+            .instance_properties(name)
             .await
             .iter()
             .any(|p| {
@@ -319,9 +313,9 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
 
     // The garbage details put right: that configuration finds the camera too, and its error
     // clears.
-    apply_configuration(&client, garbage, "onvif", &details(&[&gate], ""))
-        .await
-        .unwrap();
+    cluster
+        .apply_configuration(garbage, "onvif", &details(&[&gate], ""))
+        .await;
     eventually(
         "the fixed configuration's error cleared",
         Duration::from_secs(90),

@@ -4,9 +4,9 @@
 //! once put right.
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_testing::discovery::{apply_configuration, discovery_error, instance_properties};
+use akri_testing::discovery::AgentCluster;
+use akri_testing::eventually;
 use akri_testing::peers::Peer;
-use akri_testing::{ControlPlane, ControlPlaneOptions, eventually};
 use std::path::Path;
 use std::time::Duration;
 
@@ -24,18 +24,11 @@ fn start_handler(handlers_dir: &Path, pki_dir: &Path) -> tokio::process::Child {
 
 #[tokio::test]
 async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_status_and_clear() {
-    let cp = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let node = ControlPlane::unique_name("node");
-    cp.create_node(&node).await.unwrap();
+    let cluster = AgentCluster::start(&akri_api::crds::all()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::embedded(&node, &ns, dir.path());
+    let config = AgentConfig::embedded(&cluster.node, &cluster.namespace, dir.path());
     let handlers_dir = config.discovery_socket.parent().unwrap().to_path_buf();
-    let _agent = agent::start(client.clone(), config)
+    let _agent = agent::start(cluster.client.clone(), config)
         .await
         .expect("agent starts");
     let pki = dir.path().join("pki");
@@ -45,18 +38,11 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     let url = format!("opc.tcp://127.0.0.1:{port}/");
     let (plant, garbage) = ("plant", "garbage");
     let details = format!("opcuaDiscoveryMethod:\n  standard:\n    discoveryUrls: ['{url}']\n");
-    apply_configuration(&client, plant, "opcua", &details)
-        .await
-        .unwrap();
-    apply_configuration(
-        &client,
-        garbage,
-        "opcua",
-        "opcuaDiscoveryMethod: [no, urls]",
-    )
-    .await
-    .unwrap();
-    let error_of = async |name: &str| discovery_error(&client, name, &node).await;
+    cluster.apply_configuration(plant, "opcua", &details).await;
+    cluster
+        .apply_configuration(garbage, "opcua", "opcuaDiscoveryMethod: [no, urls]")
+        .await;
+    let error_of = async |name: &str| cluster.discovery_error(name).await;
 
     // Nobody answers at the URL yet: the status says which URL.
     let message = eventually(
@@ -93,7 +79,8 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     )
     .unwrap();
     let found = async || {
-        instance_properties(&client, &ns, plant)
+        cluster
+            .instance_properties(plant)
             .await
             .iter()
             .any(|p| {
@@ -134,9 +121,9 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
 
     // The garbage details put right: that configuration finds the server too, and its error
     // clears.
-    apply_configuration(&client, garbage, "opcua", &details)
-        .await
-        .unwrap();
+    cluster
+        .apply_configuration(garbage, "opcua", &details)
+        .await;
     eventually(
         "the fixed configuration's error cleared",
         Duration::from_secs(90),
@@ -144,7 +131,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     )
     .await;
     let found_by_fixed =
-        async || (!instance_properties(&client, &ns, garbage).await.is_empty()).then_some(());
+        async || (!cluster.instance_properties(garbage).await.is_empty()).then_some(());
     eventually(
         "the fixed configuration's Instance",
         Duration::from_secs(30),

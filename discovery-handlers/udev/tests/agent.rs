@@ -3,7 +3,8 @@
 //! the error clears.
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
-use akri_testing::{ControlPlane, ControlPlaneOptions};
+use akri_testing::ControlPlane;
+use akri_testing::discovery::AgentCluster;
 use std::time::Duration;
 
 fn start_handler(handlers_dir: &std::path::Path) -> tokio::process::Child {
@@ -17,40 +18,29 @@ fn start_handler(handlers_dir: &std::path::Path) -> tokio::process::Child {
 
 #[tokio::test]
 async fn a_killed_handler_shows_in_the_status_and_its_return_clears_it() {
-    let cp = ControlPlane::start(ControlPlaneOptions::default())
-        .await
-        .unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let client = cp.client().await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let node = ControlPlane::unique_name("node");
-    cp.create_node(&node).await.unwrap();
+    let cluster = AgentCluster::start(&akri_api::crds::all()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::embedded(&node, &ns, dir.path());
+    let config = AgentConfig::embedded(&cluster.node, &cluster.namespace, dir.path());
     let handlers_dir = config.discovery_socket.parent().unwrap().to_path_buf();
-    let _agent = agent::start(client.clone(), config)
+    let _agent = agent::start(cluster.client.clone(), config)
         .await
         .expect("agent starts");
     let mut handler = start_handler(&handlers_dir);
 
     let name = ControlPlane::unique_name("null");
-    akri_testing::discovery::apply_configuration(
-        &client,
-        &name,
-        "udev",
-        "udevRules: ['KERNEL==\"null\"']",
-    )
-    .await
-    .unwrap();
+    cluster
+        .apply_configuration(&name, "udev", "udevRules: ['KERNEL==\"null\"']")
+        .await;
     let found = async || {
-        akri_testing::discovery::instance_properties(&client, &ns, &name)
+        cluster
+            .instance_properties(&name)
             .await
             .iter()
             .any(|p| p.get("UDEV_DEVNODE").map(String::as_str) == Some("/dev/null"))
             .then_some(())
     };
     akri_testing::eventually("the null device's Instance", Duration::from_secs(30), found).await;
-    let error_of = async || akri_testing::discovery::discovery_error(&client, &name, &node).await;
+    let error_of = async || cluster.discovery_error(&name).await;
     assert_eq!(error_of().await, None);
 
     handler.kill().await.unwrap();
