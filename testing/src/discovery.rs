@@ -6,6 +6,7 @@ use crate::{ControlPlane, ControlPlaneOptions, Error};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Where a handler's test runs the kubelet-plugin's agent: a control plane of its own with
 /// Akri's CRDs, a namespace for Instances and a Node.
@@ -43,6 +44,40 @@ impl AgentCluster {
     /// The broker properties of `configuration`'s Instances ([`instance_properties`]).
     pub async fn instance_properties(&self, configuration: &str) -> Vec<BTreeMap<String, String>> {
         instance_properties(&self.client, &self.namespace, configuration).await
+    }
+
+    /// Kills `handler`, the binary of the handler `name` serving `configuration` here, in the
+    /// middle of its stream: the configuration's status must then name the handler for this
+    /// node. Then starts it again with `restart`, and the error must clear. The restarted
+    /// handler is returned.
+    pub async fn kill_and_restart_handler(
+        &self,
+        configuration: &str,
+        name: &str,
+        mut handler: tokio::process::Child,
+        restart: impl FnOnce() -> tokio::process::Child,
+    ) -> tokio::process::Child {
+        handler.kill().await.expect("the handler is killed");
+        let message = crate::eventually(
+            "the killed handler in the status",
+            Duration::from_secs(30),
+            async || self.discovery_error(configuration).await,
+        )
+        .await;
+        assert!(message.contains(name), "names the handler: {message}");
+        let handler = restart();
+        crate::eventually(
+            "the error cleared after the restart",
+            Duration::from_secs(60),
+            async || {
+                self.discovery_error(configuration)
+                    .await
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
+        handler
     }
 
     /// Creates or changes a DiscoveryConfiguration ([`apply_configuration`]).

@@ -246,7 +246,7 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
             .spawn()
             .unwrap()
     };
-    let mut handler = start_handler();
+    let handler = start_handler();
     let gate = camera("gate", "gate", "10.0.0.21", "00:11:22:33:44:21", false);
 
     let (cameras, garbage) = ("cameras", "garbage");
@@ -291,21 +291,9 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     );
 
     // Killed mid-stream: the status names the handler; started again, all is as before.
-    handler.kill().await.unwrap();
-    let message = eventually(
-        "the killed handler in the status",
-        Duration::from_secs(30),
-        async || error_of(cameras).await,
-    )
-    .await;
-    assert!(message.contains("onvif"), "names the handler: {message}");
-    let _handler = start_handler();
-    eventually(
-        "the error cleared after the restart",
-        Duration::from_secs(60),
-        async || error_of(cameras).await.is_none().then_some(()),
-    )
-    .await;
+    let _handler = cluster
+        .kill_and_restart_handler(cameras, "onvif", handler, start_handler)
+        .await;
     eventually("the Instance back", Duration::from_secs(30), async || {
         found(cameras).await
     })

@@ -32,7 +32,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
         .await
         .expect("agent starts");
     let pki = dir.path().join("pki");
-    let mut handler = start_handler(&handlers_dir, &pki);
+    let handler = start_handler(&handlers_dir, &pki);
 
     let port = akri_testing::free_port().unwrap();
     let url = format!("opc.tcp://127.0.0.1:{port}/");
@@ -102,21 +102,11 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     );
 
     // Killed mid-stream: the status names the handler; started again, all is as before.
-    handler.kill().await.unwrap();
-    let message = eventually(
-        "the killed handler in the status",
-        Duration::from_secs(30),
-        async || error_of(plant).await,
-    )
-    .await;
-    assert!(message.contains("opcua"), "names the handler: {message}");
-    let _handler = start_handler(&handlers_dir, &pki);
-    eventually(
-        "the error cleared after the restart",
-        Duration::from_secs(60),
-        async || error_of(plant).await.is_none().then_some(()),
-    )
-    .await;
+    let _handler = cluster
+        .kill_and_restart_handler(plant, "opcua", handler, || {
+            start_handler(&handlers_dir, &pki)
+        })
+        .await;
     eventually("the Instance back", Duration::from_secs(30), found).await;
 
     // The garbage details put right: that configuration finds the server too, and its error

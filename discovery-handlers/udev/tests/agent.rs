@@ -25,7 +25,7 @@ async fn a_killed_handler_shows_in_the_status_and_its_return_clears_it() {
     let _agent = agent::start(cluster.client.clone(), config)
         .await
         .expect("agent starts");
-    let mut handler = start_handler(&handlers_dir);
+    let handler = start_handler(&handlers_dir);
 
     let name = ControlPlane::unique_name("null");
     cluster
@@ -43,19 +43,8 @@ async fn a_killed_handler_shows_in_the_status_and_its_return_clears_it() {
     let error_of = async || cluster.discovery_error(&name).await;
     assert_eq!(error_of().await, None);
 
-    handler.kill().await.unwrap();
-    let message = akri_testing::eventually(
-        "the killed handler in the status",
-        Duration::from_secs(30),
-        error_of,
-    )
-    .await;
-    assert!(message.contains("udev"), "names the handler: {message}");
-
-    let _handler = start_handler(&handlers_dir);
-    akri_testing::eventually("the error cleared", Duration::from_secs(60), async || {
-        error_of().await.is_none().then_some(())
-    })
-    .await;
+    let _handler = cluster
+        .kill_and_restart_handler(&name, "udev", handler, || start_handler(&handlers_dir))
+        .await;
     akri_testing::eventually("the Instance back", Duration::from_secs(30), found).await;
 }
