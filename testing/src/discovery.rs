@@ -58,17 +58,29 @@ impl AgentCluster {
         restart: impl FnOnce() -> tokio::process::Child,
     ) -> tokio::process::Child {
         handler.kill().await.expect("the handler is killed");
-        let message = crate::eventually(
-            "the killed handler in the status",
-            Duration::from_secs(30),
-            async || self.discovery_error(configuration).await,
-        )
-        .await;
+        let message = self.error_appears(configuration).await;
         assert!(message.contains(name), "names the handler: {message}");
         let handler = restart();
+        self.error_clears(configuration).await;
+        handler
+    }
+
+    /// Waits (up to 60 s) for this node's entry in `configuration`'s discovery errors, and
+    /// returns its message.
+    pub async fn error_appears(&self, configuration: &str) -> String {
         crate::eventually(
-            "the error cleared after the restart",
+            &format!("an error of {configuration} in its status"),
             Duration::from_secs(60),
+            async || self.discovery_error(configuration).await,
+        )
+        .await
+    }
+
+    /// Waits (up to 90 s) until `configuration`'s status has no error for this node.
+    pub async fn error_clears(&self, configuration: &str) {
+        crate::eventually(
+            &format!("the error of {configuration} cleared"),
+            Duration::from_secs(90),
             async || {
                 self.discovery_error(configuration)
                     .await
@@ -76,8 +88,7 @@ impl AgentCluster {
                     .then_some(())
             },
         )
-        .await;
-        handler
+        .await
     }
 
     /// Creates or changes a DiscoveryConfiguration ([`apply_configuration`]).

@@ -274,12 +274,7 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
         async || found(cameras).await,
     )
     .await;
-    let message = eventually(
-        "the garbage details in the status",
-        Duration::from_secs(60),
-        async || error_of(garbage).await,
-    )
-    .await;
+    let message = cluster.error_appears(garbage).await;
     assert!(
         message.contains("onvif discovery details"),
         "says the details are wrong: {message}"
@@ -304,12 +299,7 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     cluster
         .apply_configuration(garbage, "onvif", &details(&[&gate], ""))
         .await;
-    eventually(
-        "the fixed configuration's error cleared",
-        Duration::from_secs(90),
-        async || error_of(garbage).await.is_none().then_some(()),
-    )
-    .await;
+    cluster.error_clears(garbage).await;
     eventually(
         "the fixed configuration's Instance",
         Duration::from_secs(30),

@@ -45,19 +45,9 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     let error_of = async |name: &str| cluster.discovery_error(name).await;
 
     // Nobody answers at the URL yet: the status says which URL.
-    let message = eventually(
-        "the unreachable URL in the status",
-        Duration::from_secs(60),
-        async || error_of(plant).await,
-    )
-    .await;
+    let message = cluster.error_appears(plant).await;
     assert!(message.contains(&url), "names the URL: {message}");
-    let message = eventually(
-        "the garbage details in the status",
-        Duration::from_secs(60),
-        async || error_of(garbage).await,
-    )
-    .await;
+    let message = cluster.error_appears(garbage).await;
     assert!(
         message.contains("opcua discovery details"),
         "says the details are wrong: {message}"
@@ -90,12 +80,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
             .then_some(())
     };
     eventually("the server's Instance", Duration::from_secs(90), found).await;
-    eventually(
-        "the URL's error cleared",
-        Duration::from_secs(30),
-        async || error_of(plant).await.is_none().then_some(()),
-    )
-    .await;
+    cluster.error_clears(plant).await;
     assert!(
         error_of(garbage).await.is_some(),
         "the garbage configuration still fails on its own"
@@ -114,12 +99,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     cluster
         .apply_configuration(garbage, "opcua", &details)
         .await;
-    eventually(
-        "the fixed configuration's error cleared",
-        Duration::from_secs(90),
-        async || error_of(garbage).await.is_none().then_some(()),
-    )
-    .await;
+    cluster.error_clears(garbage).await;
     let found_by_fixed =
         async || (!cluster.instance_properties(garbage).await.is_empty()).then_some(());
     eventually(
