@@ -4,8 +4,9 @@
 //!
 //! Both drivers do the same work per claim: the library (or helper) reads the claim, the
 //! driver writes one CDI spec and records the claim in an fsynced checkpoint, and a claim
-//! already prepared is answered from the checkpoint. Ours is `examples/minimal.rs` started
-//! with `Plugin::builder`, run by this binary as a child process; theirs is the Go driver.
+//! already prepared is answered from the checkpoint. Ours is the example driver's own binary
+//! (`examples/minimal.rs`, built here as `cargo build --release --example minimal` builds it,
+//! so that its memory is the example's and not this harness's); theirs is the Go driver.
 //! Both publish the same devices to the same API server, as separate processes, and one gRPC
 //! client (this process) drives both, block by block in turn so that drift hits both.
 //!
@@ -14,65 +15,33 @@
 //! time during the calls; and ours/theirs.
 
 use akri_testing::{BinDir, ControlPlane, ControlPlaneOptions};
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kubelet_proto::dra::v1 as dra;
 use serde_json::json;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
-
-#[allow(dead_code)]
-#[path = "../examples/minimal.rs"]
-mod minimal;
 
 /// Rounds per block; each driver gets `BLOCKS` blocks, alternating.
 const ROUNDS: usize = 200;
 const BLOCKS: usize = 4;
-/// What this binary does when it is our driver's process.
-const ROLE: &str = "VERSUS_GO_RUST_DRIVER";
 
-fn devices(count: usize) -> Vec<Device> {
-    (0..count)
-        .map(|i| Device {
-            name: format!("dev-{i}"),
-            attributes: Some(BTreeMap::from([(
-                "index".to_string(),
-                DeviceAttribute {
-                    int: Some(i as i64),
-                    ..DeviceAttribute::default()
-                },
-            )])),
-            ..Device::default()
-        })
-        .collect()
-}
-
-/// Our driver's process: the example driver, started as the README says.
-async fn rust_driver() -> Result<(), Box<dyn std::error::Error>> {
-    let env = |name: &str| std::env::var(name).expect(name);
-    let dir = PathBuf::from(env("BENCH_DIR"));
-    let count: usize = env("BENCH_DEVICES").parse()?;
-    let client = kube::Client::try_default().await?;
-    let plugin = dra_plugin::Plugin::builder(env("BENCH_DRIVER"), env("BENCH_NODE"))
-        .registry_dir(dir.join("registry"))
-        .plugin_dir(dir.join("plugin"))
-        .checkpoint(dir.join("checkpoint.json"))
-        .start(
-            client,
-            minimal::GadgetDriver {
-                cdi: dra_plugin::cdi::CdiRoot::new(dir.join("cdi"), minimal::CDI_VENDOR)?,
-            },
-        )
-        .await?;
-    plugin.publish(&devices(count)).await?;
-    // The parent waits for this line on our stdout (the bench's own output goes to stderr).
-    let mut stdout = std::io::stdout();
-    std::io::Write::write_all(&mut stdout, b"READY\n")?;
-    std::io::Write::flush(&mut stdout)?;
-    tokio::signal::ctrl_c().await?;
-    Ok(())
+/// Our driver's binary: the example, built as a driver author would build it.
+fn example_binary() -> Result<PathBuf, Box<dyn std::error::Error>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let built = std::process::Command::new(cargo)
+        .args(["build", "--release", "--quiet", "-p", "dra-plugin"])
+        .args(["--example", "minimal"])
+        .status()?;
+    if !built.success() {
+        return Err("cargo build --release --example minimal failed".into());
+    }
+    // This binary is <target>/release/deps/versus_go-<hash>.
+    let exe = std::env::current_exe()?;
+    let release = exe.parent().and_then(Path::parent).ok_or("no target dir")?;
+    Ok(release.join("examples").join("minimal"))
 }
 
 /// One driver under test.
@@ -115,23 +84,36 @@ impl Driver {
                 .arg(format!("--devices={count}"));
             c
         } else {
-            let mut c = tokio::process::Command::new(std::env::current_exe()?);
-            c.env(ROLE, "1")
-                .env("KUBECONFIG", cp.kubeconfig())
-                .env("BENCH_DIR", &dir)
-                .env("BENCH_DRIVER", &name)
-                .env("BENCH_NODE", node)
-                .env("BENCH_DEVICES", count.to_string());
+            // The example's own settings: its gadgets dev-0..dev-<count-1>, the kubelet's
+            // directories in `dir`.
+            let gadgets: Vec<String> = (0..count).map(|i| format!("dev-{i}")).collect();
+            let mut c = tokio::process::Command::new(example_binary()?);
+            c.env("KUBECONFIG", cp.kubeconfig())
+                .env("DRIVER_NAME", &name)
+                .env("NODE_NAME", node)
+                .env("GADGETS", gadgets.join(","))
+                .env("CDI_ROOT", dir.join("cdi"))
+                .env("KUBELET_DIR", &dir);
             c
         };
         let mut child = command
-            .stdout(std::process::Stdio::piped())
+            .stdout(match go {
+                true => std::process::Stdio::piped(),
+                false => std::process::Stdio::null(),
+            })
             .kill_on_drop(true)
             .spawn()?;
-        let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
-        while lines.next_line().await?.ok_or("the driver exited")? != "READY" {}
+        if go {
+            let mut lines = BufReader::new(child.stdout.take().expect("piped")).lines();
+            while lines.next_line().await?.ok_or("the driver exited")? != "READY" {}
+        }
+        // Ours serves its socket before it publishes.
         wait_published(cp, &name, count).await?;
-        let channel = dra_plugin::authority::connect(&dir.join("plugin/dra.sock")).await?;
+        let socket = match go {
+            true => dir.join("plugin/dra.sock"),
+            false => dir.join("plugins").join(&name).join("dra.sock"),
+        };
+        let channel = dra_plugin::authority::connect(&socket).await?;
         let claims = allocated_claims(cp, &name, node).await?;
         Ok(Driver {
             label,
@@ -407,13 +389,5 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if std::env::var_os(ROLE).is_some() {
-        // As the example's main: one thread serves a node's plugin (see there).
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        return runtime.block_on(rust_driver());
-    }
-    let runtime = tokio::runtime::Runtime::new()?;
-    runtime.block_on(bench())
+    tokio::runtime::Runtime::new()?.block_on(bench())
 }

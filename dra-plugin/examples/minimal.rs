@@ -9,6 +9,9 @@
 //!     cargo run -p dra-plugin --example minimal
 //! ```
 //!
+//! `CDI_ROOT` (default `/var/run/cdi`) and `KUBELET_DIR` (the kubelet's `--root-dir`, default
+//! `/var/lib/kubelet`) move what it writes.
+//!
 //! It runs as root on the node (or in a pod with `/var/lib/kubelet/plugins`,
 //! `/var/lib/kubelet/plugins_registry` and `/var/run/cdi` mounted from the host), with a
 //! kubeconfig or in-cluster credentials allowed to read ResourceClaims and the Node and to
@@ -17,7 +20,7 @@
 
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
 use dra_plugin::{Claim, ClaimRef, Driver, Plugin, PreparedClaim, PreparedDevice};
-use k8s_openapi::api::resource::v1::Device;
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 /// The CDI class of the gadgets: CDI ids are `example.com/gadget=<claim uid>-<device>`.
 pub const CDI_CLASS: &str = "gadget";
@@ -88,12 +91,24 @@ impl Driver for GadgetDriver {
     }
 }
 
-/// The node's gadgets as devices of its ResourceSlice.
+/// The node's gadgets as devices of its ResourceSlice, each with its position as attribute
+/// `index` (a claim can select by it: `device.attributes["gadget.example.com"].index == 0`).
 pub fn gadgets(names: &[&str]) -> Vec<Device> {
     names
         .iter()
-        .map(|name| Device {
+        .enumerate()
+        .map(|(index, name)| Device {
             name: name.to_string(),
+            attributes: Some(
+                [(
+                    "index".to_string(),
+                    DeviceAttribute {
+                        int: Some(index as i64),
+                        ..DeviceAttribute::default()
+                    },
+                )]
+                .into(),
+            ),
             ..Device::default()
         })
         .collect()
@@ -108,10 +123,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (driver, node) = (env("DRIVER_NAME")?, env("NODE_NAME")?);
     let names = std::env::var("GADGETS").unwrap_or_else(|_| "g0".into());
     let cdi_root = std::env::var("CDI_ROOT").unwrap_or_else(|_| "/var/run/cdi".into());
+    let kubelet_dir =
+        std::env::var("KUBELET_DIR").unwrap_or_else(|_| dra_plugin::KUBELET_DIR.into());
 
     let client = kube::Client::try_default().await?;
     let cdi = CdiRoot::new(cdi_root, CDI_VENDOR)?;
     let plugin = Plugin::builder(driver, node)
+        .kubelet_dir(kubelet_dir)
         .start(client, GadgetDriver { cdi })
         .await?;
     let names: Vec<&str> = names.split(',').collect();

@@ -32,6 +32,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// The kubelet's root directory (its `--root-dir`), unless told otherwise.
+pub const KUBELET_DIR: &str = "/var/lib/kubelet";
 /// Where the kubelet looks for plugins, unless told otherwise.
 pub const KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
 /// Where plugins keep their sockets, one directory per driver, unless told otherwise.
@@ -74,7 +76,8 @@ pub enum Error {
 pub struct Builder {
     driver: String,
     node: String,
-    registry_dir: PathBuf,
+    kubelet_dir: PathBuf,
+    registry_dir: Option<PathBuf>,
     plugin_dir: Option<PathBuf>,
     checkpoint: Option<PathBuf>,
     node_uid: Option<String>,
@@ -84,15 +87,24 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// The kubelet's plugin registry directory (default [`KUBELET_REGISTRY_DIR`]).
+    /// The kubelet's root directory, its `--root-dir` (default [`KUBELET_DIR`]; k0s and
+    /// MicroK8s, for example, move it): the registry and plugin directories are under it
+    /// unless set themselves.
+    pub fn kubelet_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.kubelet_dir = dir.into();
+        self
+    }
+
+    /// The kubelet's plugin registry directory (default `<kubelet dir>/plugins_registry`,
+    /// [`KUBELET_REGISTRY_DIR`]).
     pub fn registry_dir(mut self, dir: impl Into<PathBuf>) -> Self {
-        self.registry_dir = dir.into();
+        self.registry_dir = Some(dir.into());
         self
     }
 
     /// This driver's own directory, for its service socket and by default its checkpoint
-    /// (default `<`[`KUBELET_PLUGINS_DIR`]`>/<driver>`). The kubelet must see it at the same
-    /// path: mount it from the host.
+    /// (default `<kubelet dir>/plugins/<driver>`, under [`KUBELET_PLUGINS_DIR`]). The kubelet
+    /// must see it at the same path: mount it from the host.
     pub fn plugin_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.plugin_dir = Some(dir.into());
         self
@@ -134,6 +146,15 @@ impl Builder {
         self
     }
 
+    /// The registry directory and the plugin directory, defaults applied.
+    fn dirs(&self) -> (PathBuf, PathBuf) {
+        let registry = (self.registry_dir.clone())
+            .unwrap_or_else(|| self.kubelet_dir.join("plugins_registry"));
+        let plugin = (self.plugin_dir.clone())
+            .unwrap_or_else(|| self.kubelet_dir.join("plugins").join(&self.driver));
+        (registry, plugin)
+    }
+
     /// Opens the checkpoint, serves the DRA services and health on
     /// `<plugin dir>/dra.sock`, registers with the kubelet (again whenever a restarted
     /// kubelet forgets it), and readies the node's pools ([`NodePools`]).
@@ -142,9 +163,7 @@ impl Builder {
         client: kube::Client,
         driver: D,
     ) -> Result<Plugin<D>, Error> {
-        let plugin_dir = self
-            .plugin_dir
-            .unwrap_or_else(|| Path::new(KUBELET_PLUGINS_DIR).join(&self.driver));
+        let (registry_dir, plugin_dir) = self.dirs();
         let checkpoint = self
             .checkpoint
             .unwrap_or_else(|| plugin_dir.join("checkpoint.json"));
@@ -177,7 +196,7 @@ impl Builder {
         let health = HealthReporter::default();
         let config = PluginConfig {
             driver_name: self.driver.clone(),
-            registry_dir: self.registry_dir,
+            registry_dir,
             plugin_dir,
         };
         let served =
@@ -229,7 +248,8 @@ impl Plugin<()> {
         Builder {
             driver: driver.into(),
             node: node.into(),
-            registry_dir: PathBuf::from(KUBELET_REGISTRY_DIR),
+            kubelet_dir: PathBuf::from(KUBELET_DIR),
+            registry_dir: None,
             plugin_dir: None,
             checkpoint: None,
             node_uid: None,
@@ -289,5 +309,34 @@ impl<D: Driver> Plugin<D> {
     /// The registration status the kubelet last reported.
     pub fn registration_status(&self) -> RegistrationStatus {
         self.served.registration_status()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kubelet_dir_moves_the_default_directories_and_explicit_ones_win() {
+        let dirs = |b: Builder| b.dirs();
+        let builder = || Plugin::builder("gadget.example.com", "n1");
+        assert_eq!(
+            dirs(builder()),
+            (
+                PathBuf::from(KUBELET_REGISTRY_DIR),
+                Path::new(KUBELET_PLUGINS_DIR).join("gadget.example.com")
+            )
+        );
+        assert_eq!(
+            dirs(builder().kubelet_dir("/var/lib/k0s/kubelet")),
+            (
+                PathBuf::from("/var/lib/k0s/kubelet/plugins_registry"),
+                PathBuf::from("/var/lib/k0s/kubelet/plugins/gadget.example.com")
+            )
+        );
+        assert_eq!(
+            dirs(builder().plugin_dir("/p").kubelet_dir("/k").registry_dir("/r")),
+            (PathBuf::from("/r"), PathBuf::from("/p"))
+        );
     }
 }

@@ -38,7 +38,7 @@ pub mod service;
 pub mod slices;
 pub mod vanished;
 
-pub use builder::{Builder, Plugin};
+pub use builder::{Builder, KUBELET_DIR, Plugin};
 pub use checkpoint::{PreparedClaim, PreparedDevice};
 pub use claim::{Claim, ClaimError, ClaimRef};
 pub use service::{ClaimFailure, Driver};
