@@ -133,7 +133,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .start(client, GadgetDriver { cdi })
         .await?;
     let names: Vec<&str> = names.split(',').collect();
-    plugin.publish(&gadgets(&names)).await?;
+    plugin.publish(gadgets(&names)).await?;
     tokio::signal::ctrl_c().await?;
     Ok(())
 }

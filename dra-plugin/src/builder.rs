@@ -15,7 +15,7 @@
 //! let plugin = Plugin::builder("gpu.example.com", "node-1")
 //!     .start(client, MyDriver)
 //!     .await?;
-//! plugin.publish(&[/* the node's devices */]).await?;
+//! plugin.publish(vec![/* the node's devices */]).await?;
 //! # Ok(()) }
 //! ```
 
@@ -264,9 +264,11 @@ impl<D: Driver> Plugin<D> {
     /// Makes the node's pool (named after the node) hold exactly `devices`, and the node has
     /// no other pool of this driver: a new generation when anything changed, nothing written
     /// when nothing did. Call it whenever the devices change. Slices changed or deleted behind
-    /// the plugin's back are repaired by themselves (see [`Builder::repair_slices`]).
-    pub async fn publish(&self, devices: &[Device]) -> Result<Published, crate::slices::Error> {
-        let pools = BTreeMap::from([(self.node.clone(), devices.to_vec())]);
+    /// the plugin's back are repaired by themselves (see [`Builder::repair_slices`]). The
+    /// devices are taken, not copied: a thousand of them with a few attributes each take
+    /// megabytes as structs.
+    pub async fn publish(&self, devices: Vec<Device>) -> Result<Published, crate::slices::Error> {
+        let pools = BTreeMap::from([(self.node.clone(), devices)]);
         let mut published = self.pools.publish(pools).await?;
         Ok(published.remove(&self.node).unwrap_or_default())
     }

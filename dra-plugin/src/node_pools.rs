@@ -6,11 +6,14 @@
 //! deleted behind the plugin's back (the kubelet's DRA manager deletes a node's slices when it
 //! restarts) is written again as a new generation, and a pool nobody wants any more (one a
 //! previous process published, say) is deleted. Each pass reads what is stored with one LIST
-//! (a consistent read), so the events of its own writes cost a list and nothing more.
+//! (a consistent read) and remembers the resourceVersion of every slice it leaves, so the
+//! events of its own writes (each slice as the pass left it, or gone because it deleted it)
+//! cost nothing: no list, no pass.
 
 use crate::slices::{Error, PoolScope, Published, SlicePublisher};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, ListParams};
+use kube::core::PartialObjectMeta;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
@@ -35,6 +38,9 @@ struct State {
     /// `Device` with its maps takes kilobytes as a struct (JSON, a tenth). `None` before the
     /// driver's first publish (nothing is touched).
     wanted: Option<BTreeMap<String, Box<str>>>,
+    /// The node's slices of this driver as the last pass left them: name to resourceVersion.
+    /// `None` before the first pass and after a failed one.
+    left: Option<BTreeMap<String, String>>,
 }
 
 /// How long the repair waits after a slice event for more of them: a publish of several
@@ -110,22 +116,34 @@ impl NodePools {
         state: &mut State,
         wanted: &BTreeMap<String, Vec<Device>>,
     ) -> Result<BTreeMap<String, Published>, Error> {
+        state.left = None;
         let mut stored = self.list().await?;
+        let mut left: BTreeMap<String, String> = (stored.values().flatten())
+            .filter_map(|s| Some((s.metadata.name.clone()?, s.metadata.resource_version.clone()?)))
+            .collect();
+        // The wanted pools, then what is left: no pool the driver wants, so gone.
+        let unwanted: Vec<String> = (stored.keys())
+            .filter(|pool| !wanted.contains_key(*pool))
+            .cloned()
+            .collect();
+        let passes = (wanted.iter().map(|(pool, devices)| (pool, devices.as_slice())))
+            .chain(unwanted.iter().map(|pool| (pool, &[][..])));
         let mut published = BTreeMap::new();
-        for (pool, devices) in wanted {
+        for (pool, devices) in passes {
             let existing = stored.remove(pool).unwrap_or_default();
-            let done = self
+            let outcome = self
                 .publisher(state, pool)
-                .publish_against(devices, &existing)
+                .publish_tracked(devices, &existing)
                 .await?;
-            published.insert(pool.clone(), done);
+            left.extend(outcome.written);
+            for name in outcome.deleted {
+                left.remove(&name);
+            }
+            if wanted.contains_key(pool) {
+                published.insert(pool.clone(), outcome.published);
+            }
         }
-        // What is left is no pool the driver wants: gone.
-        for (pool, existing) in stored {
-            self.publisher(state, &pool)
-                .publish_against(&[], &existing)
-                .await?;
-        }
+        state.left = Some(left);
         Ok(published)
     }
 
@@ -148,13 +166,13 @@ impl NodePools {
     /// the pools are dropped.
     pub(crate) fn spawn_repair(pools: &Arc<NodePools>) -> tokio::task::JoinHandle<()> {
         let fields = format!("spec.driver={},spec.nodeName={}", pools.driver, pools.node);
-        let api = Api::<kube::core::PartialObjectMeta<ResourceSlice>>::all(pools.client.clone());
+        let api = Api::<PartialObjectMeta<ResourceSlice>>::all(pools.client.clone());
         tokio::spawn(repair(api, fields, Arc::downgrade(pools)))
     }
 }
 
 async fn repair(
-    api: Api<kube::core::PartialObjectMeta<ResourceSlice>>,
+    api: Api<PartialObjectMeta<ResourceSlice>>,
     fields: String,
     pools: Weak<NodePools>,
 ) {
@@ -164,17 +182,24 @@ async fn repair(
     // keep; the pass lists what it needs).
     let events = watcher(api, watcher::Config::default().fields(&fields)).default_backoff();
     futures::pin_mut!(events);
+    let mut seen = Seen::default();
     while let Some(event) = events.next().await {
-        if event.is_err() {
-            // The watcher retries with backoff; a pass now would fail the same way.
-            continue;
+        // The watcher retries failures with backoff, listing again: nothing to do here.
+        let Ok(event) = event else { continue };
+        seen.note(event);
+        // The rest of the burst.
+        while let Ok(Some(event)) = tokio::time::timeout(REPAIR_SETTLE, events.next()).await {
+            if let Ok(event) = event {
+                seen.note(event);
+            }
         }
-        // Drain the rest of the burst.
-        while let Ok(Some(_)) = tokio::time::timeout(REPAIR_SETTLE, events.next()).await {}
         let Some(pools) = pools.upgrade() else {
             return;
         };
         let mut state = pools.state.lock().await;
+        if seen.take_all_left_by(state.left.as_ref()) {
+            continue;
+        }
         // Nothing asked for yet: nothing to repair.
         let Some(wanted) = state.wanted.as_ref().map(|wanted| {
             wanted
@@ -201,5 +226,99 @@ async fn repair(
                 tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change")
             }
         }
+    }
+}
+
+/// The repair watch's events since it last looked: what each slice became.
+#[derive(Default)]
+struct Seen {
+    /// Slice name to its resourceVersion now, `None` once deleted.
+    slices: BTreeMap<String, Option<String>>,
+    /// The watch listed everything again after its first list: a slice deleted meanwhile
+    /// sent no event.
+    relisted: bool,
+    listed_once: bool,
+}
+
+impl Seen {
+    fn note(&mut self, event: kube::runtime::watcher::Event<PartialObjectMeta<ResourceSlice>>) {
+        use kube::runtime::watcher::Event;
+        let (object, version) = match event {
+            Event::Apply(object) | Event::InitApply(object) => {
+                let version = object.metadata.resource_version.clone();
+                (object, version)
+            }
+            Event::Delete(object) => (object, None),
+            Event::Init => {
+                self.relisted |= self.listed_once;
+                return;
+            }
+            Event::InitDone => {
+                self.listed_once = true;
+                return;
+            }
+        };
+        if let Some(name) = object.metadata.name {
+            self.slices.insert(name, version);
+        }
+    }
+
+    /// Whether every slice seen is as the last pass left it (`left`): all that pass's own
+    /// doing. Forgets what it has seen either way.
+    fn take_all_left_by(&mut self, left: Option<&BTreeMap<String, String>>) -> bool {
+        let seen = std::mem::take(&mut self.slices);
+        let relisted = std::mem::take(&mut self.relisted);
+        let Some(left) = left else { return false };
+        !relisted && (seen.iter()).all(|(name, version)| left.get(name) == version.as_ref())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::api::ObjectMeta;
+    use kube::core::PartialObjectMetaExt;
+    use kube::runtime::watcher::Event;
+
+    fn slice(name: &str, version: &str) -> PartialObjectMeta<ResourceSlice> {
+        ObjectMeta {
+            name: Some(name.into()),
+            resource_version: Some(version.into()),
+            ..ObjectMeta::default()
+        }
+        .into_response_partial()
+    }
+
+    #[test]
+    fn only_events_of_slices_as_the_last_pass_left_them_are_its_own() {
+        let left = BTreeMap::from([("s0".to_string(), "7".to_string())]);
+        let mut seen = Seen::default();
+        // The first list, the pass's write of s0 and its deletion of s1.
+        for event in [
+            Event::Init,
+            Event::InitApply(slice("s0", "5")),
+            Event::InitApply(slice("s1", "5")),
+            Event::InitDone,
+            Event::Apply(slice("s0", "7")),
+            Event::Delete(slice("s1", "6")),
+        ] {
+            seen.note(event);
+        }
+        assert!(seen.take_all_left_by(Some(&left)));
+        // Before any pass, everything is worth a look.
+        seen.note(Event::Apply(slice("s0", "7")));
+        assert!(!seen.take_all_left_by(None));
+        // Someone else's edit, or deletion, of a slice the pass left.
+        seen.note(Event::Apply(slice("s0", "8")));
+        assert!(!seen.take_all_left_by(Some(&left)));
+        seen.note(Event::Delete(slice("s0", "8")));
+        assert!(!seen.take_all_left_by(Some(&left)));
+        // A new list after the first: a deletion meanwhile sent no event.
+        for event in [Event::Init, Event::InitApply(slice("s0", "7")), Event::InitDone] {
+            seen.note(event);
+        }
+        assert!(!seen.take_all_left_by(Some(&left)));
+        // And what was seen is forgotten once looked at.
+        assert!(seen.take_all_left_by(Some(&left)));
     }
 }

@@ -184,6 +184,17 @@ pub struct Published {
     pub deleted: usize,
 }
 
+/// A publish, with what it left stored: for telling its own writes' watch events from
+/// others'.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    pub published: Published,
+    /// Each slice written, with the resourceVersion the API server gave it.
+    pub written: Vec<(String, String)>,
+    /// Each slice deleted (or found gone).
+    pub deleted: Vec<String>,
+}
+
 impl SlicePublisher {
     /// A publisher writing with server-side apply as `field_manager`.
     pub fn new(
@@ -265,14 +276,29 @@ impl SlicePublisher {
         devices: &[Device],
         existing: &[S],
     ) -> Result<Published, Error> {
+        let outcome = self.publish_tracked(devices, existing).await?;
+        Ok(outcome.published)
+    }
+
+    /// [`publish_against`](Self::publish_against), telling which slices it wrote (with the
+    /// resourceVersion the API server gave each) and which it deleted.
+    pub(crate) async fn publish_tracked<S: StoredSlice>(
+        &self,
+        devices: &[Device],
+        existing: &[S],
+    ) -> Result<Outcome, Error> {
         let floor = self
             .last_generation
             .load(std::sync::atomic::Ordering::Relaxed);
         let plan = changes(&self.template, devices, existing, floor);
-        let mut published = Published {
-            generation: plan.generation,
-            ..Published::default()
+        let mut outcome = Outcome {
+            published: Published {
+                generation: plan.generation,
+                ..Published::default()
+            },
+            ..Outcome::default()
         };
+        let published = &mut outcome.published;
         let params = PatchParams::apply(&self.field_manager).force();
         let writes = plan
             .write
@@ -283,19 +309,27 @@ impl SlicePublisher {
                 .name
                 .clone()
                 .expect("planned slices are named");
-            self.api
+            let applied = self
+                .api
                 .patch(&name, &params, &Patch::Apply(&slice))
                 .await
                 .map_err(|source| Error::Apply {
-                    slice: name,
+                    slice: name.clone(),
                     source,
                 })?;
             published.written += 1;
+            let version = applied.metadata.resource_version.unwrap_or_default();
+            outcome.written.push((name, version));
         }
         for name in &plan.delete {
             match self.api.delete(name, &DeleteParams::default()).await {
-                Ok(_) => published.deleted += 1,
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Ok(_) => {
+                    published.deleted += 1;
+                    outcome.deleted.push(name.clone());
+                }
+                Err(kube::Error::Api(status)) if status.code == 404 => {
+                    outcome.deleted.push(name.clone());
+                }
                 Err(source) => {
                     return Err(Error::Delete {
                         slice: name.clone(),
@@ -308,7 +342,7 @@ impl SlicePublisher {
             .fetch_max(plan.generation, std::sync::atomic::Ordering::Relaxed);
         self.published_devices
             .store(devices.len(), std::sync::atomic::Ordering::Relaxed);
-        Ok(published)
+        Ok(outcome)
     }
 
     /// Devices in the pool after the last successful publish.

@@ -95,7 +95,7 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
             .unwrap()
     };
     let plugin = start_plugin().await;
-    plugin.publish(&gadgets(&["g0", "g1"])).await.unwrap();
+    plugin.publish(gadgets(&["g0", "g1"])).await.unwrap();
     peer.wait_for_driver(&driver, Duration::from_secs(30))
         .await
         .unwrap();
@@ -336,7 +336,7 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
     let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("r"));
     let dir = tempfile::tempdir().unwrap();
     let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
-    let published = plugin.publish(&gadgets(&["g0", "g1"])).await.unwrap();
+    let published = plugin.publish(gadgets(&["g0", "g1"])).await.unwrap();
     let slices = Api::<ResourceSlice>::all(client.clone());
     let ours = ListParams::default().fields(&format!("spec.driver={driver}"));
     let devices = async || -> Vec<String> {
@@ -395,6 +395,51 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
         .resource_version
         .clone();
     assert_eq!(settled, later, "no write at rest");
+}
+
+#[tokio::test]
+async fn its_own_writes_do_not_send_the_repair_watch_back_to_list() {
+    let cp = ControlPlane::shared().await.expect("control plane");
+    let lists = akri_testing::SlowLists::new();
+    let client = lists.client(cp.client_config().await.unwrap()).unwrap();
+    let node = ControlPlane::unique_name("own");
+    cp.create_node(&node).await.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("o"));
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
+    let names: Vec<String> = (0..130).map(|i| format!("g{i}")).collect();
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let quiet = async |what: &str| {
+        // Longer than the repair's settling time, for the events of the writes to arrive.
+        let before = lists.count("resourceslices");
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert_eq!(lists.count("resourceslices"), before, "LISTs after {what}");
+    };
+
+    // Two slices written, then one rewritten and one deleted: every event the repair watch
+    // sees is the plugin's own doing, and reading the pool again would find nothing to do.
+    let first = plugin.publish(gadgets(&names)).await.unwrap();
+    assert_eq!(first.written, 2);
+    quiet("the first publish").await;
+    let second = plugin.publish(gadgets(&names[..3])).await.unwrap();
+    assert_eq!((second.written, second.deleted), (1, 1));
+    quiet("a publish that rewrote one slice and deleted one").await;
+
+    // Someone else's edit still brings it back to read the pool, and repair it.
+    let slices = Api::<ResourceSlice>::all(cp.client().await.unwrap());
+    let ours = ListParams::default().fields(&format!("spec.driver={driver}"));
+    let before = lists.count("resourceslices");
+    let name = slices.list(&ours).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    slices.delete(&name, &Default::default()).await.unwrap();
+    wait_until("the deleted slice repaired", async || {
+        !slices.list(&ours).await.unwrap().items.is_empty()
+    })
+    .await;
+    assert!(lists.count("resourceslices") > before);
 }
 
 #[tokio::test]

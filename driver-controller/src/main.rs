@@ -36,7 +36,11 @@ struct Args {
     process: akri_runtime::ProcessArgs,
 }
 
-#[tokio::main]
+// One worker thread: the controller waits on the API server, and one worker keeps up with
+// 10,000 Instances (the convergence bench publishes them as fast as with two). Each more
+// worker is one more glibc malloc arena, and the default is one per core: 72 MB resident with
+// two instead of 62 at 10,000 Instances, more on a bigger node (docs/performance.md).
+#[tokio::main(worker_threads = 1)]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     akri_runtime::init_logging(args.process.log_json);

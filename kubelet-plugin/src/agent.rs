@@ -698,19 +698,18 @@ impl AgentState {
                 self.device_taints,
             );
         }
-        let slice_devices = plan.devices;
+        let devices = plan.devices.len();
         let published = tokio::time::timeout(
             crate::API_CALL_TIMEOUT,
-            served.plugin.publish(&slice_devices),
+            served.plugin.publish(plan.devices),
         )
         .await
         .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
         match published {
             Ok(published) => {
-                self.metrics
-                    .set_devices_published(driver, slice_devices.len());
+                self.metrics.set_devices_published(driver, devices);
                 if published.written + published.deleted > 0 {
-                    tracing::info!(%driver, devices = slice_devices.len(), generation = published.generation, "published node pool");
+                    tracing::info!(%driver, devices, generation = published.generation, "published node pool");
                 }
             }
             Err(error) => {

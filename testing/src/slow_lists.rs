@@ -1,9 +1,11 @@
 //! A client whose LISTs of some resources are slow: the API server answers at once, the
 //! answer reaches the client late, as from a big or busy cluster. Watches, single-object
-//! reads and writes are untouched, so only the initial fill of a reflector waits.
+//! reads and writes are untouched, so only the initial fill of a reflector waits. It also
+//! counts the LISTs it sent (with no delay set it only counts).
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -12,6 +14,8 @@ use std::time::Duration;
 #[derive(Clone, Debug, Default)]
 pub struct SlowLists {
     delays: Vec<(String, Duration)>,
+    /// The collection path of every LIST sent, shared by the clones.
+    sent: Arc<Mutex<Vec<String>>>,
 }
 
 impl SlowLists {
@@ -32,6 +36,14 @@ impl SlowLists {
             .build())
     }
 
+    /// How many LISTs of `plural` the client has sent so far.
+    pub fn count(&self, plural: &str) -> usize {
+        let suffix = format!("/{plural}");
+        let sent = self.sent.lock().expect("LIST log");
+        sent.iter().filter(|path| path.ends_with(&suffix)).count()
+    }
+
+    /// Records the request if it is a LIST, and says how long to hold its answer back.
     fn delay_of<B>(&self, request: &http::Request<B>) -> Duration {
         let watch = request
             .uri()
@@ -41,6 +53,9 @@ impl SlowLists {
             return Duration::ZERO;
         }
         let path = request.uri().path();
+        // Every GET but a watch; `count` tells LISTs by their collection path (a GET of one
+        // object ends with its name).
+        (self.sent.lock().expect("LIST log")).push(path.to_string());
         self.delays
             .iter()
             .find(|(suffix, _)| path.ends_with(suffix.as_str()))
