@@ -337,7 +337,12 @@ mod tests {
             )
         );
         assert_eq!(
-            dirs(builder().plugin_dir("/p").kubelet_dir("/k").registry_dir("/r")),
+            dirs(
+                builder()
+                    .plugin_dir("/p")
+                    .kubelet_dir("/k")
+                    .registry_dir("/r")
+            ),
             (PathBuf::from("/r"), PathBuf::from("/p"))
         );
     }

@@ -119,15 +119,22 @@ impl NodePools {
         state.left = None;
         let mut stored = self.list().await?;
         let mut left: BTreeMap<String, String> = (stored.values().flatten())
-            .filter_map(|s| Some((s.metadata.name.clone()?, s.metadata.resource_version.clone()?)))
+            .filter_map(|s| {
+                Some((
+                    s.metadata.name.clone()?,
+                    s.metadata.resource_version.clone()?,
+                ))
+            })
             .collect();
         // The wanted pools, then what is left: no pool the driver wants, so gone.
         let unwanted: Vec<String> = (stored.keys())
             .filter(|pool| !wanted.contains_key(*pool))
             .cloned()
             .collect();
-        let passes = (wanted.iter().map(|(pool, devices)| (pool, devices.as_slice())))
-            .chain(unwanted.iter().map(|pool| (pool, &[][..])));
+        let passes = (wanted
+            .iter()
+            .map(|(pool, devices)| (pool, devices.as_slice())))
+        .chain(unwanted.iter().map(|pool| (pool, &[][..])));
         let mut published = BTreeMap::new();
         for (pool, devices) in passes {
             let existing = stored.remove(pool).unwrap_or_default();
@@ -314,7 +321,11 @@ mod tests {
         seen.note(Event::Delete(slice("s0", "8")));
         assert!(!seen.take_all_left_by(Some(&left)));
         // A new list after the first: a deletion meanwhile sent no event.
-        for event in [Event::Init, Event::InitApply(slice("s0", "7")), Event::InitDone] {
+        for event in [
+            Event::Init,
+            Event::InitApply(slice("s0", "7")),
+            Event::InitDone,
+        ] {
             seen.note(event);
         }
         assert!(!seen.take_all_left_by(Some(&left)));

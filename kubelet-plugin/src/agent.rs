@@ -699,12 +699,10 @@ impl AgentState {
             );
         }
         let devices = plan.devices.len();
-        let published = tokio::time::timeout(
-            crate::API_CALL_TIMEOUT,
-            served.plugin.publish(plan.devices),
-        )
-        .await
-        .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
+        let published =
+            tokio::time::timeout(crate::API_CALL_TIMEOUT, served.plugin.publish(plan.devices))
+                .await
+                .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
         match published {
             Ok(published) => {
                 self.metrics.set_devices_published(driver, devices);
