@@ -222,7 +222,15 @@ pub fn spawn_controller(
     let wrapper = std::env::var("BENCH_CONTROLLER_WRAPPER").unwrap_or_default();
     // Another build of the controller, e.g. the static musl binary the image ships
     // (`target/x86_64-unknown-linux-musl/release/...`): its allocator is musl's, not glibc's.
-    let exe = std::env::var("BENCH_CONTROLLER_BIN").unwrap_or_else(|_| exe.to_string());
+    // A relative path is the workspace's (a bench runs in its own package's directory).
+    let exe = match std::env::var("BENCH_CONTROLLER_BIN") {
+        Ok(path) => std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(path)
+            .to_string_lossy()
+            .into_owned(),
+        Err(_) => exe.to_string(),
+    };
     let exe = exe.as_str();
     let mut words = wrapper.split_whitespace();
     let mut command = match words.next() {
