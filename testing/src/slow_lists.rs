@@ -14,7 +14,7 @@ use std::time::Duration;
 #[derive(Clone, Debug, Default)]
 pub struct SlowLists {
     delays: Vec<(String, Duration)>,
-    /// The collection path of every LIST sent, shared by the clones.
+    /// The path of every GET sent but a watch (LISTs among them), shared by the clones.
     sent: Arc<Mutex<Vec<String>>>,
 }
 
