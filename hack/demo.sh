@@ -4,19 +4,38 @@
 #   hack/demo.sh            # leaves the cluster running until Ctrl-C
 #   hack/demo.sh --check    # checks what it printed and exits (CI runs this)
 #
-# Builds what is missing (Kubernetes, containerd, runc and the CNI plugins from the Go module
-# proxy the first time: several minutes; our binaries with cargo), then runs akri-demo: a
-# local control plane, two nodes (real ones, containerd + kubelet, when run as root; else
-# simulated, the kubelet's own DRA code) with the real kubelet-plugin, the real
-# driver-controller, and the examples in examples/debug-echo/ applied with kubectl.
-# `--simulated-nodes` asks for simulated nodes where real ones could run.
+# Installs what is missing (hack/setup.sh: Debian packages and Rust targets, as .ci/run does;
+# Kubernetes, containerd, runc, the CNI plugins and Helm from the Go module proxy the first
+# time: several minutes; our binaries and images with cargo), then runs akri-demo: a local
+# control plane and two nodes. Run as root, the nodes are real (containerd + kubelet) and get
+# the product as users install it: our images loaded into each node's containerd, then
+# `helm install` of charts/akri (the kubelet-plugin DaemonSet, the driver-controller and the
+# broker-controller as pods). Otherwise, or with `--simulated-nodes`, the nodes are simulated
+# (the kubelet's own DRA code) and our binaries run as processes beside them. Then the
+# examples in examples/debug-echo/ are applied with kubectl.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+real=true
+[ "$(id -u)" = 0 ] || real=false
+for arg in "$@"; do [ "$arg" = --simulated-nodes ] && real=false; done
+
+if [ "$(id -u)" = 0 ]; then
+  echo "== Debian packages and Rust targets (hack/setup.sh; reused when present)"
+  hack/setup.sh
+else
+  echo "== not root: nothing installed (hack/setup.sh lists what is missing), simulated nodes"
+fi
 echo "== Kubernetes binaries (reused when up to date)"
 hack/k8s-bins.sh >/dev/null
-echo "== containerd, runc, CNI plugins and images for real nodes (reused when up to date)"
-hack/node-bins.sh >/dev/null || echo "   not built: the demo runs simulated nodes"
+if $real; then
+  echo "== containerd, runc, CNI plugins and images for real nodes (reused when up to date)"
+  hack/node-bins.sh >/dev/null || echo "   not built: the demo runs simulated nodes"
+  echo "== Helm (reused when up to date)"
+  hack/helm.sh >/dev/null
+  echo "== our images (static release binaries; reused when up to date)"
+  hack/images.sh >/dev/null
+fi
 echo "== akri binaries"
 cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo
 target=$(cargo metadata --format-version 1 --no-deps |

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds real Kubernetes control-plane binaries, the kubelet (for the real test node, with
-# hack/node-bins.sh), our kubelet-peer harness and the Go reference DRA driver of dra-plugin's
+# Builds real Kubernetes control-plane binaries, the kubelet and kube-proxy (for the real test
+# node, with hack/node-bins.sh; kube-proxy gives its pods the `kubernetes` Service), our kubelet-peer harness and the Go reference DRA driver of dra-plugin's
 # benchmark (go-dra-driver, on upstream's kubeletplugin helper) from the Go module proxy, as
 # plain processes for tests: no containers, no downloads of prebuilt binaries.
 #
@@ -36,7 +36,7 @@ stamp_inputs() {
   fi
 }
 stamp=$(stamp_inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kubelet" ] && { ! $with_peer || [ -x "$bin/go-dra-driver" ]; }; then
+if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kubelet" ] && [ -x "$bin/kube-proxy" ] && { ! $with_peer || [ -x "$bin/go-dra-driver" ]; }; then
   log "v$version is up to date in $bin"
   echo "$bin"
   exit 0
@@ -92,10 +92,11 @@ for var in "gitVersion=v$version" "gitMajor=${version%%.*}" "gitMinor=$(echo "$v
 done
 
 start=$(date +%s)
-log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet for v$version"
+log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, kube-proxy for v$version"
 (cd "$src" && go build -ldflags "$ldflags" -o "$bin/" \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kube-proxy \
   k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kubectl)

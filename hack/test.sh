@@ -18,7 +18,9 @@ echo "== the discovery handlers' protocol peers (a Python virtualenv from PyPI, 
 hack/peers.sh >/dev/null
 echo "== cargo test"
 cargo test --workspace
-echo "== the README's run command, checked (hack/demo.sh --check --real-nodes: a real container must print its device)"
+echo "== OCI images: static release binaries, packed without a Docker engine and checked (the demo installs them)"
+hack/images.sh
+echo "== the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
 echo "== Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
 hack/k8s-bins.sh 1.34.4 >/dev/null
@@ -29,5 +31,3 @@ echo "== the real node (containerd + kubelet) on Kubernetes 1.34: devices reach 
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-kubelet-plugin --test real_node
 echo "== the Helm chart on Kubernetes 1.34, the oldest release it supports (kubeVersion)"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test chart
-echo "== OCI images: static release binaries, packed without a Docker engine and checked"
-hack/images.sh

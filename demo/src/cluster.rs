@@ -1,13 +1,16 @@
-//! The demo's cluster: a local control plane, two nodes (real ones, containerd + kubelet,
-//! where this machine can run them; else simulated, the kubelet's own DRA code as their
-//! kubelet), the real kubelet-plugin binary with the embedded debugEcho handler beside each,
-//! and the real driver-controller binary.
+//! The demo's cluster: a local control plane and two nodes. Real nodes (containerd + kubelet,
+//! where this machine can run them) get the product as users install it ([`crate::chart`]):
+//! the images, `helm install`, the kubelet-plugin DaemonSet's pods on the nodes and the
+//! controllers as Deployments. Simulated nodes (the kubelet's own DRA code as their kubelet)
+//! get the real kubelet-plugin binary with the embedded debugEcho handler beside each, and the
+//! real driver-controller binary, as processes.
 
+use crate::chart::{self, Images};
 use crate::progress::step;
-use akri_testing::{Component, ControlPlane, ControlPlaneOptions, KubeletPeer, RealNode};
+use akri_testing::{BinDir, Component, ControlPlane, ControlPlaneOptions, KubeletPeer, RealNode};
 use anyhow::Context as _;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, ListParams, PostParams};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -58,9 +61,10 @@ pub enum Kubelet {
 pub struct Node {
     pub name: String,
     pub kubelet: Kubelet,
-    /// The plugin's `/metrics`, `/healthz`, `/readyz`.
+    /// The plugin's `/metrics`, `/healthz`, `/readyz` (host:port).
     pub metrics: String,
-    _plugin: Component,
+    /// The plugin process (simulated nodes; on real ones it is the DaemonSet's pod).
+    _plugin: Option<Component>,
 }
 
 pub struct Cluster {
@@ -71,7 +75,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     pub kubectl: PathBuf,
     pub logs: PathBuf,
-    _controller: Component,
+    /// The controller process (simulated nodes; on real ones it is the chart's Deployment).
+    _controller: Option<Component>,
     _dir: tempfile::TempDir,
 }
 
@@ -93,14 +98,149 @@ impl Cluster {
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs)?;
 
-        let cp = step(
-            "control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager",
-            ControlPlane::start(ControlPlaneOptions::full()),
-        )
-        .await
-        .context("the control plane did not start (hack/k8s-bins.sh builds it)")?;
+        let real = match (kind, real_nodes_available()) {
+            (NodeKind::Simulated, _) => None,
+            (_, Ok(images)) => Some(images),
+            (NodeKind::Real, Err(why)) => {
+                anyhow::bail!("real nodes were asked for but cannot run here: {why}")
+            }
+            (NodeKind::RealWherePossible, Err(why)) => {
+                println!("  real nodes are not available here ({why}): simulated nodes");
+                None
+            }
+        };
+        let (what, options) = match real {
+            Some(_) => (
+                "control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kube-proxy",
+                ControlPlaneOptions::with_services(),
+            ),
+            None => (
+                "control plane: etcd, kube-apiserver, kube-scheduler, kube-controller-manager",
+                ControlPlaneOptions::full(),
+            ),
+        };
+        let cp = step(what, ControlPlane::start(options))
+            .await
+            .context("the control plane did not start (hack/k8s-bins.sh builds it)")?;
         let kubectl = cp.bins().require("kubectl")?;
         let client = cp.client().await?;
+        let mut cluster = Cluster {
+            cp,
+            real: real.is_some(),
+            client,
+            nodes: Vec::new(),
+            kubectl,
+            logs,
+            _controller: None,
+            _dir: dir,
+        };
+        match real {
+            Some(images) => cluster.install_chart(&images).await?,
+            None => cluster.run_processes(binaries).await?,
+        }
+        Ok(cluster)
+    }
+
+    /// Real nodes with the images, then the chart, as the Quickstart says.
+    async fn install_chart(&mut self, images: &Images) -> anyhow::Result<()> {
+        step(
+            &format!("namespace {NAMESPACE}, labelled for the chart's Pod Security level"),
+            async {
+                let manifest = chart::repo().join("examples/akri-namespace.yaml");
+                self.kubectl(&["apply", "-f", &manifest.display().to_string()])
+            },
+        )
+        .await?;
+        let mut real_nodes = Vec::new();
+        for (name, _) in NODES {
+            let node = step(
+                &format!(
+                    "{name}: containerd, kubelet, our images {REGISTRY}/*:{}",
+                    images.tag,
+                    REGISTRY = chart::REGISTRY
+                ),
+                async {
+                    let node = RealNode::start(&self.cp, name).await?;
+                    node.tag_image("busybox", EXAMPLE_IMAGE).await?;
+                    images.load(&node).await?;
+                    anyhow::Ok(node)
+                },
+            )
+            .await?;
+            real_nodes.push(node);
+        }
+        step(
+            "helm install akri charts/akri: kubelet-plugin DaemonSet, driver-controller, broker-controller",
+            async { chart::install(self.cp.kubeconfig(), images) },
+        )
+        .await
+        .map_err(|e| {
+            // What a person would look at next.
+            let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]);
+            let events = self.kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
+            let text = |r: anyhow::Result<String>| r.unwrap_or_else(|e| format!("{e:#}"));
+            let mut logs = String::new();
+            for component in ["kubelet-plugin", "driver-controller", "broker-controller"] {
+                let selector = format!("app.kubernetes.io/component={component}");
+                let args = ["logs", "-n", NAMESPACE, "-l", &selector, "--prefix", "--tail=15"];
+                logs += &format!("$ kubectl {}\n{}\n", args.join(" "), text(self.kubectl(&args)));
+            }
+            e.context(format!(
+                "$ kubectl get pods -A -o wide\n{}\n$ kubectl get events -A\n{}\n{logs}",
+                text(pods),
+                text(events)
+            ))
+        })?;
+        let pods = Api::<Pod>::namespaced(self.client.clone(), NAMESPACE);
+        let plugins = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/component=kubelet-plugin"))
+            .await?
+            .items;
+        for (node, (name, hidden)) in real_nodes.into_iter().zip(NODES) {
+            let pod = plugins
+                .iter()
+                .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name))
+                .with_context(|| format!("no kubelet-plugin pod on {name}"))?;
+            let ip = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .with_context(|| format!("the kubelet-plugin pod on {name} has no IP"))?;
+            // What the node's debugEcho devices do not see: its availability file is in the
+            // pod's /tmp, an emptyDir on the node (the image has no shell to write it with).
+            let uid = pod.metadata.uid.clone().unwrap_or_default();
+            let tmp = node
+                .kubelet_root_dir()
+                .join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/tmp"));
+            std::fs::write(tmp.join("debug-echo-availability.txt"), hidden)
+                .with_context(|| format!("write {name}'s debugEcho availability file"))?;
+            let node = Node {
+                name: name.to_string(),
+                kubelet: Kubelet::Real(Box::new(node)),
+                metrics: format!("{ip}:8080"),
+                _plugin: None,
+            };
+            node.wait_registered().await?;
+            // The kubelet called the plugin back over its registration socket: both found
+            // each other through the chart's host paths.
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            crate::progress::wait_for(
+                &format!("{name} says the kubelet of {} registered it", node.name),
+                Duration::from_secs(60),
+                async || {
+                    let logs = pods.logs(&name, &Default::default()).await?;
+                    Ok(logs.contains("registered with the kubelet").then_some(()))
+                },
+            )
+            .await?;
+            self.nodes.push(node);
+        }
+        Ok(())
+    }
+
+    /// Simulated nodes, with our binaries as processes beside them.
+    async fn run_processes(&mut self, binaries: &Binaries) -> anyhow::Result<()> {
+        let (cp, client, dir, logs) = (&self.cp, &self.client, self._dir.path(), &self.logs);
         step("CRDs and the akri namespace", async {
             cp.install_crds(&akri_api::crds::all()).await?;
             let namespace = serde_json::from_value(serde_json::json!({
@@ -113,45 +253,20 @@ impl Cluster {
         })
         .await?;
 
-        let real = match (kind, RealNode::available(&cp)) {
-            (NodeKind::Simulated, _) => false,
-            (_, Ok(())) => true,
-            (NodeKind::Real, Err(why)) => {
-                anyhow::bail!("real nodes were asked for but cannot run here: {why}")
-            }
-            (NodeKind::RealWherePossible, Err(why)) => {
-                println!("  real nodes are not available here ({why}): simulated nodes");
-                false
-            }
-        };
         let kubeconfig = cp.kubeconfig().as_os_str().to_owned();
         let env: [(&str, &OsStr); 2] = [
             ("KUBECONFIG", &kubeconfig),
             ("RUST_LOG", OsStr::new("info")),
         ];
-        let mut nodes = Vec::new();
         for (name, hidden) in NODES {
-            let what = if real {
-                "containerd, kubelet"
-            } else {
-                "kubelet peer"
-            };
             let node = step(
-                &format!("{name}: {what} and kubelet-plugin with debugEcho"),
+                &format!("{name}: kubelet peer and kubelet-plugin with debugEcho"),
                 async {
-                    let kubelet = if real {
-                        let node = RealNode::start(&cp, name).await?;
-                        node.tag_image("busybox", EXAMPLE_IMAGE).await?;
-                        Kubelet::Real(Box::new(node))
-                    } else {
-                        cp.create_node(name).await?;
-                        Kubelet::Simulated(KubeletPeer::start(&cp, name).await?)
-                    };
-                    let (registry, plugins, cdi) = match &kubelet {
-                        Kubelet::Real(n) => (n.registry_dir(), n.plugins_dir(), n.cdi_dir()),
-                        Kubelet::Simulated(p) => (p.registry_dir(), p.plugins_dir(), p.cdi_dir()),
-                    };
-                    let home = dir.path().join(name);
+                    cp.create_node(name).await?;
+                    let peer = KubeletPeer::start(cp, name).await?;
+                    let (registry, plugins, cdi) =
+                        (peer.registry_dir(), peer.plugins_dir(), peer.cdi_dir());
+                    let home = dir.join(name);
                     std::fs::create_dir_all(home.join("handlers"))?;
                     let availability = home.join("debug-echo-availability.txt");
                     std::fs::write(&availability, hidden)?;
@@ -182,25 +297,23 @@ impl Cluster {
                         &binaries.kubelet_plugin,
                         &args,
                         &env,
-                        &logs,
+                        logs,
                     )?;
+                    let log = plugin.log().to_path_buf();
                     let node = Node {
                         name: name.to_string(),
-                        kubelet,
+                        kubelet: Kubelet::Simulated(peer),
                         metrics,
-                        _plugin: plugin,
+                        _plugin: Some(plugin),
                     };
                     node.wait_registered().await.with_context(|| {
-                        format!(
-                            "the plugin did not register; see {}",
-                            node._plugin.log().display()
-                        )
+                        format!("the plugin did not register; see {}", log.display())
                     })?;
                     anyhow::Ok(node)
                 },
             )
             .await?;
-            nodes.push(node);
+            self.nodes.push(node);
         }
 
         let controller = step("driver-controller", async {
@@ -219,21 +332,12 @@ impl Cluster {
                 &binaries.driver_controller,
                 &args,
                 &env,
-                &logs,
+                logs,
             )?)
         })
         .await?;
-
-        Ok(Cluster {
-            cp,
-            real,
-            client,
-            nodes,
-            kubectl,
-            logs,
-            _controller: controller,
-            _dir: dir,
-        })
+        self._controller = Some(controller);
+        Ok(())
     }
 
     /// Runs the kubectl built from the same Kubernetes source against this cluster.
@@ -283,4 +387,11 @@ impl Node {
         let response = reqwest::get(format!("http://{}{path}", self.metrics)).await?;
         Ok((response.status().as_u16(), response.text().await?))
     }
+}
+
+/// Whether real nodes can run here, with the images they run: `Err` says what is missing.
+fn real_nodes_available() -> Result<Images, String> {
+    let bins = BinDir::from_env().map_err(|e| e.to_string())?;
+    RealNode::available_with(&bins)?;
+    Images::built().map_err(|e| format!("{e:#}"))
 }

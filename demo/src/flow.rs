@@ -3,7 +3,7 @@
 
 use crate::cluster::{Cluster, DRIVER, Kubelet, NAMESPACE};
 use crate::progress::wait_for;
-use crate::report::{Allocation, InstanceRow, Report, SliceDevice, SliceRow};
+use crate::report::{Allocation, Installed, InstanceRow, Report, SliceDevice, SliceRow};
 use akri_api::v0::Instance;
 use k8s_openapi::api::core::v1::{NodeSelector, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -144,6 +144,10 @@ pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
         .map(str::to_string)
         .collect();
 
+    let installed = match cluster.real {
+        true => Some(installed(cluster, &instances).await?),
+        false => None,
+    };
     let kubectl = cluster.kubectl(&["get", "dc,pf,akrii,resourceslices,resourceclaims", "-A"])?;
     Ok(Report {
         instances,
@@ -157,7 +161,65 @@ pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
         env,
         container,
         kubectl,
+        installed,
     })
+}
+
+/// The chart's pods as they run, then the BrokerTemplate example applied and each Instance's
+/// broker Job's output.
+async fn installed(cluster: &Cluster, instances: &[InstanceRow]) -> anyhow::Result<Installed> {
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), NAMESPACE)
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .map(|p| {
+            let label = |key: &str| p.metadata.labels.as_ref().and_then(|l| l.get(key).cloned());
+            let status = p.status.unwrap_or_default();
+            let ready = status
+                .container_statuses
+                .as_ref()
+                .is_some_and(|c| !c.is_empty() && c.iter().all(|c| c.ready));
+            (
+                p.metadata.name.unwrap_or_default(),
+                label("app.kubernetes.io/component").unwrap_or_default(),
+                p.spec.and_then(|s| s.node_name).unwrap_or_default(),
+                status.phase.unwrap_or_default(),
+                ready,
+            )
+        })
+        .collect();
+
+    let template = examples().join("../brokers/job-per-instance.yaml");
+    cluster.kubectl(&["apply", "-f", &template.display().to_string()])?;
+    println!("  applied examples/brokers/job-per-instance.yaml");
+    let user_pods = Api::<Pod>::namespaced(cluster.client.clone(), USER_NAMESPACE);
+    let mut brokers = Vec::new();
+    for instance in instances {
+        let selector = format!("akri.sh/instance={},job-name", instance.name);
+        let output = wait_for(
+            &format!("the broker Job of {} prints", instance.name),
+            WAIT,
+            async || {
+                for pod in user_pods
+                    .list(&ListParams::default().labels(&selector))
+                    .await?
+                    .items
+                {
+                    let name = pod.metadata.name.unwrap_or_default();
+                    let succeeded =
+                        pod.status.and_then(|s| s.phase).as_deref() == Some("Succeeded");
+                    if succeeded {
+                        return Ok(Some(user_pods.logs(&name, &Default::default()).await?));
+                    }
+                }
+                Ok(None)
+            },
+        )
+        .await?;
+        brokers.push((instance.name.clone(), instance.description.clone(), output));
+    }
+    Ok(Installed { pods, brokers })
 }
 
 /// The CDI devices (`<kind>=<name>`) of the specs in a real node's CDI directory: what the

@@ -8,6 +8,7 @@
 
 #![allow(clippy::print_stdout)]
 
+mod chart;
 mod cluster;
 mod docs;
 mod flow;

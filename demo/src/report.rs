@@ -33,6 +33,15 @@ pub struct Allocation {
     pub instance: String,
 }
 
+/// The installed product on real nodes: the chart's pods, and the broker Jobs of the
+/// BrokerTemplate example.
+pub struct Installed {
+    /// (pod, its component label, node, phase, every container ready)
+    pub pods: Vec<(String, String, String, String, bool)>,
+    /// (Instance, its description, what its broker Job's container printed)
+    pub brokers: Vec<(String, String, String)>,
+}
+
 pub struct Report {
     pub instances: Vec<InstanceRow>,
     pub classes: Vec<String>,
@@ -51,6 +60,8 @@ pub struct Report {
     /// Its prepare and published-devices metrics.
     pub plugin_metrics: Vec<String>,
     pub kubectl: String,
+    /// Real nodes: what the chart installed, and the brokers.
+    pub installed: Option<Installed>,
 }
 
 impl Report {
@@ -105,6 +116,17 @@ impl Report {
         );
         for line in &self.plugin_metrics {
             println!("  {line}");
+        }
+        if let Some(installed) = &self.installed {
+            println!("\nThe chart's pods (helm install akri charts/akri):");
+            for (pod, component, node, phase, ready) in &installed.pods {
+                let ready = if *ready { "ready" } else { "NOT READY" };
+                println!("  {pod:<44} {component:<18} {node:<7} {phase} {ready}");
+            }
+            println!("Broker Jobs of examples/brokers/job-per-instance.yaml (one per Instance):");
+            for (instance, description, output) in &installed.brokers {
+                println!("  {instance} ({description}): {}", output.trim());
+            }
         }
         println!("\n$ kubectl get dc,pf,akrii,resourceslices,resourceclaims -A");
         print!("{}", self.kubectl);
@@ -189,6 +211,44 @@ impl Report {
             self.plugin_metrics.contains(&prepared),
             format!("/metrics lacks `{prepared}`: {:?}", self.plugin_metrics),
         );
+        if let Some(installed) = &self.installed {
+            let running = |component: &str, node: Option<&str>| {
+                installed.pods.iter().any(|(_, c, n, phase, ready)| {
+                    c == component
+                        && node.is_none_or(|node| n == node)
+                        && phase == "Running"
+                        && *ready
+                })
+            };
+            for node in &all_nodes {
+                expect(
+                    running("kubelet-plugin", Some(node)),
+                    format!(
+                        "no ready kubelet-plugin pod on {node}: {:?}",
+                        installed.pods
+                    ),
+                );
+            }
+            for component in ["driver-controller", "broker-controller"] {
+                expect(
+                    running(component, None),
+                    format!("no ready {component} pod: {:?}", installed.pods),
+                );
+            }
+            for (instance, description) in [(&lobby, "lobby"), (&dock, "dock")] {
+                let want = format!("reading {description}");
+                expect(
+                    installed
+                        .brokers
+                        .iter()
+                        .any(|(i, _, output)| i == instance && output.trim() == want),
+                    format!(
+                        "the broker Job of {instance} should print `{want}`: {:?}",
+                        installed.brokers
+                    ),
+                );
+            }
+        }
         for name in ["echo", "echo-lobby", &lobby, &dock, "lobby-camera"] {
             expect(
                 self.kubectl.contains(name),

@@ -22,7 +22,10 @@ pub(crate) struct Certs {
 }
 
 impl Certs {
-    pub fn generate(dir: &Path) -> Result<Self, Error> {
+    /// `host`: the API server's address, besides loopback (the same for the harness's
+    /// control planes; another when pods must reach it). The serving certificate also carries
+    /// the `kubernetes` Service's ClusterIP, as a cluster's does: pods' clients connect to it.
+    pub fn generate(dir: &Path, host: std::net::Ipv4Addr) -> Result<Self, Error> {
         let ca_key = KeyPair::generate()?;
         let ca_params = ca_params();
         let ca_cert = ca_params.self_signed(&ca_key)?;
@@ -34,9 +37,15 @@ impl Certs {
             "kubernetes".to_string(),
             "kubernetes.default.svc".to_string(),
         ])?;
-        serving
-            .subject_alt_names
-            .push(SanType::IpAddress([127, 0, 0, 1].into()));
+        for ip in [
+            std::net::Ipv4Addr::LOCALHOST,
+            host,
+            crate::services::KUBERNETES_SERVICE_IP,
+        ] {
+            serving
+                .subject_alt_names
+                .push(SanType::IpAddress(ip.into()));
+        }
         serving.distinguished_name = name("kube-apiserver", None);
         serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
         let serving_cert = serving.signed_by(&serving_key, &issuer)?;

@@ -3,6 +3,7 @@
 use crate::bins::BinDir;
 use crate::certs::Certs;
 use crate::process::Component;
+use crate::services::{ApiServerAddress, KubeProxy, SERVICE_RANGE};
 use crate::{Error, free_port};
 use base64::Engine;
 use k8s_openapi::api::core::v1::{Namespace, Node, ServiceAccount};
@@ -32,6 +33,10 @@ pub struct ControlPlaneOptions {
     /// CRDs came first: the garbage collector then watches their objects from its start
     /// (it discovers resources added later only on its periodic resync, up to a minute late).
     pub crds: Vec<CustomResourceDefinition>,
+    /// The `kubernetes` Service for pods on real nodes ([`crate::services`]): the API server
+    /// on an address pods reach, and kube-proxy. Needs root; one such control plane at a time
+    /// on a machine.
+    pub services: bool,
 }
 
 impl ControlPlaneOptions {
@@ -41,6 +46,15 @@ impl ControlPlaneOptions {
             scheduler: true,
             controller_manager: true,
             ..Default::default()
+        }
+    }
+
+    /// Everything, and the `kubernetes` Service for pods ([`services`](Self::services)): what
+    /// the chart's components need to run as pods on real nodes.
+    pub fn with_services() -> Self {
+        ControlPlaneOptions {
+            services: true,
+            ..Self::full()
         }
     }
 
@@ -59,10 +73,12 @@ pub struct ControlPlane {
     kubeconfig_yaml: Kubeconfig,
     feature_gates: String,
     // Field order is drop order: clients of the API server go first, etcd last.
+    _kube_proxy: Option<KubeProxy>,
     controller_manager: Option<Component>,
     scheduler: Option<Component>,
     apiserver: Component,
     etcd: Component,
+    _api_server_address: Option<ApiServerAddress>,
     started_in: Duration,
 }
 
@@ -106,7 +122,15 @@ impl ControlPlane {
             .map_err(Error::io("create the control plane directory"))?;
         std::fs::write(dir.path().join(OWNER_FILE), std::process::id().to_string())
             .map_err(Error::io("record the control plane's owner"))?;
-        let certs = Certs::generate(dir.path())?;
+        let api_server_address = if options.services {
+            Some(ApiServerAddress::create()?)
+        } else {
+            None
+        };
+        let host = api_server_address
+            .as_ref()
+            .map_or(std::net::Ipv4Addr::LOCALHOST, |a| a.address);
+        let certs = Certs::generate(dir.path(), host)?;
         let feature_gates = feature_gates(&bins, &options)?;
 
         let etcd_port = free_port()?;
@@ -133,8 +157,8 @@ impl ControlPlane {
             &bins.require("kube-apiserver")?,
             &[
                 format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--bind-address=127.0.0.1".into(),
-                "--advertise-address=127.0.0.1".into(),
+                format!("--bind-address={host}"),
+                format!("--advertise-address={host}"),
                 format!("--secure-port={apiserver_port}"),
                 format!("--cert-dir={}", dir.path().display()),
                 format!("--tls-cert-file={}", certs.serving_cert.display()),
@@ -146,7 +170,7 @@ impl ControlPlane {
                     "--service-account-signing-key-file={}",
                     certs.sa_key.display()
                 ),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                format!("--service-cluster-ip-range={SERVICE_RANGE}"),
                 "--authorization-mode=Node,RBAC".into(),
                 "--allow-privileged=true".into(),
                 // A real test node's kubelet serves on loopback and reports it as its
@@ -161,7 +185,7 @@ impl ControlPlane {
             dir.path(),
         )?;
 
-        let server = format!("https://127.0.0.1:{apiserver_port}");
+        let server = format!("https://{host}:{apiserver_port}");
         let kubeconfig_text = kubeconfig_yaml(&server, &certs);
         let kubeconfig = dir.path().join("kubeconfig");
         std::fs::write(&kubeconfig, &kubeconfig_text).map_err(Error::io("write the kubeconfig"))?;
@@ -217,6 +241,12 @@ impl ControlPlane {
             );
         }
 
+        let kube_proxy = if options.services {
+            Some(KubeProxy::start(&bins, dir.path(), &kubeconfig).await?)
+        } else {
+            None
+        };
+
         let started_in = started.elapsed();
         tracing::info!(dir = %dir.path().display(), ?started_in, version = bins.version(), "control plane ready");
         Ok(ControlPlane {
@@ -225,10 +255,12 @@ impl ControlPlane {
             kubeconfig,
             kubeconfig_yaml,
             feature_gates,
+            _kube_proxy: kube_proxy,
             controller_manager,
             scheduler,
             apiserver,
             etcd,
+            _api_server_address: api_server_address,
             started_in,
         })
     }
@@ -249,7 +281,8 @@ impl ControlPlane {
         .map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
-    /// The API server's address (host:port on loopback), e.g. as a [`TcpProxy`]'s upstream.
+    /// The API server's address (host:port on loopback, or on the address pods reach with
+    /// [`services`](ControlPlaneOptions::services)), e.g. as a [`TcpProxy`]'s upstream.
     ///
     /// [`TcpProxy`]: crate::TcpProxy
     pub fn api_server_address(&self) -> std::net::SocketAddr {
@@ -259,7 +292,7 @@ impl ControlPlane {
             .and_then(|c| c.server.clone())
             .expect("the harness writes a server");
         let authority = server.trim_start_matches("https://").trim_end_matches('/');
-        authority.parse().expect("a loopback address and port")
+        authority.parse().expect("an address and port")
     }
 
     /// Writes a kubeconfig for a process under test to `path`: the admin's credentials,

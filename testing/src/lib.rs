@@ -32,6 +32,7 @@ mod process;
 mod proxy;
 pub mod rbac;
 mod real_node;
+mod services;
 mod slow_lists;
 pub mod wire;
 

@@ -52,15 +52,22 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "akri.image" -}}
 {{- $root := index . 0 -}}
 {{- $image := index . 1 -}}
-{{- $name := printf "%s/%s" (trimSuffix "/" $image.registry) $image.repository -}}
-{{- if not $image.registry -}}
+{{- $registry := default $image.registry $root.Values.image.registry -}}
+{{- $name := printf "%s/%s" (trimSuffix "/" $registry) $image.repository -}}
+{{- if not $registry -}}
 {{- $name = $image.repository -}}
 {{- end -}}
 {{- if $image.digest -}}
 {{- printf "%s@%s" $name $image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" $name (default $root.Chart.AppVersion $image.tag) -}}
+{{- printf "%s:%s" $name (default $root.Chart.AppVersion (default $image.tag $root.Values.image.tag)) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* imagePullPolicy of a component's image: image.pullPolicy, else the component's own. Call
+with (list $ .Values.kubeletPlugin.image). */}}
+{{- define "akri.pullPolicy" -}}
+{{- default (index . 1).pullPolicy (index . 0).Values.image.pullPolicy -}}
 {{- end -}}
 
 {{/* RUST_LOG of a component. Call with (list $ .Values.kubeletPlugin). */}}

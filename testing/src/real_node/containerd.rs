@@ -24,6 +24,7 @@ impl Containerd {
         dir: &Path,
         cdi_dir: &Path,
         bridge: &str,
+        pod_subnet: &str,
     ) -> Result<Self, Error> {
         let socket = dir.join("containerd/containerd.sock");
         let cni_conf = dir.join("cni/net.d");
@@ -89,10 +90,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         std::fs::write(&config_path, config).map_err(Error::io("write containerd's config"))?;
 
         // The node's bridge (made by [`super::network`], carrying the node's own address),
-        // not a gateway, no masquerading: pods get an interface and an IP, as the kubelet and
-        // containerd require, and two test nodes on one machine never collide on a route or
-        // an iptables rule. Pods reach nothing through it; nothing in these tests needs them
-        // to.
+        // the pods' default gateway on a subnet of this node's own, no masquerading: two test nodes on
+        // one machine never collide on a route or an iptables rule, pods reach this machine
+        // (the API server through the `kubernetes` Service) and nothing beyond it
+        // ([`super::network::confine_pods`]).
         let network = serde_json::json!({
             "cniVersion": "1.0.0",
             "name": "akri-test",
@@ -100,12 +101,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 {
                     "type": "bridge",
                     "bridge": bridge,
-                    "isGateway": false,
+                    "isDefaultGateway": true,
                     "ipMasq": false,
                     "ipam": {
                         "type": "host-local",
                         "dataDir": dir.join("cni/ipam"),
-                        "ranges": [[{ "subnet": "10.244.0.0/24" }]],
+                        "ranges": [[{ "subnet": pod_subnet }]],
                     },
                 },
                 { "type": "loopback" },

@@ -38,6 +38,18 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub(crate) use network::{NodeNetwork, create_bridge};
+pub(crate) use teardown::{delete_link, sweep_dead_runs};
+
+/// The link and address of process `pid`'s API server when pods must reach it
+/// ([`crate::services`]): an address of the nodes' range that no node of the process takes.
+pub(crate) fn api_server_link(pid: u32) -> (String, NodeNetwork) {
+    (
+        teardown::bridge_name(pid, network::API_SERVER_SLOT),
+        NodeNetwork::of(pid, network::API_SERVER_SLOT),
+    )
+}
+
 const READY_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// A running containerd + kubelet, registered as Node `name`.
@@ -78,6 +90,12 @@ impl RealNode {
         teardown::sweep_dead_runs();
 
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        if n >= network::API_SERVER_SLOT {
+            return Err(Error::Other(format!(
+                "at most {} real nodes per test process (their addresses)",
+                network::API_SERVER_SLOT
+            )));
+        }
         let pid = std::process::id();
         let dir = tempfile::Builder::new()
             .prefix(&teardown::root_prefix(pid, n))
@@ -90,10 +108,12 @@ impl RealNode {
             .to_string_lossy()
             .into_owned();
         let bridge = teardown::bridge_name(pid, n);
-        let address = network::node_address(pid, n);
+        let network = NodeNetwork::of(pid, n);
+        let address = network.address;
 
         let cdi_dir = dir.path().join("cdi");
-        let containerd = Containerd::configure(&bins, dir.path(), &cdi_dir, &bridge)?;
+        let containerd =
+            Containerd::configure(&bins, dir.path(), &cdi_dir, &bridge, &network.subnet())?;
         let kubeconfig = dir.path().join("kubelet.kubeconfig");
         control_plane.write_node_kubeconfig(&kubeconfig, name)?;
         let kubelet = Kubelet::configure(&KubeletSettings {
@@ -111,8 +131,9 @@ impl RealNode {
         // Made last before the node exists, whose Drop removes them.
         teardown::create_cgroup_root(&cgroup_root)
             .map_err(Error::io(format!("create cgroup {cgroup_root}")))?;
-        network::create_bridge(&bridge, address)?;
-        let namespace = MountNamespace::create(dir.path(), &dir.path().join("device-plugins"))?;
+        network::create_bridge(&bridge, &network)?;
+        network::confine_pods()?;
+        let namespace = MountNamespace::create(dir.path(), &kubelet.root_dir)?;
         let mut node = RealNode {
             name: name.to_string(),
             bins,
@@ -142,11 +163,13 @@ impl RealNode {
     /// what is missing (the binaries, root, a tool). For callers with a fallback, as the
     /// demo's simulated nodes; tests call [`start`](Self::start) and fail.
     pub fn available(control_plane: &ControlPlane) -> Result<(), String> {
+        Self::available_with(control_plane.bins())
+    }
+
+    /// [`available`](Self::available) for a control plane of `bins`, before it starts.
+    pub fn available_with(bins: &crate::BinDir) -> Result<(), String> {
         NodeBins::from_env().map_err(|e| e.to_string())?;
-        control_plane
-            .bins()
-            .require("kubelet")
-            .map_err(|e| e.to_string())?;
+        bins.require("kubelet").map_err(|e| e.to_string())?;
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
         let root = status
             .lines()
@@ -156,7 +179,9 @@ impl RealNode {
         if !root {
             return Err("a real node needs root (cgroups, mounts, a bridge)".into());
         }
-        for tool in ["ip", "mount", "umount", "unshare", "nsenter", "setpriv"] {
+        for tool in [
+            "ip", "mount", "umount", "unshare", "nsenter", "setpriv", "nft", "tar",
+        ] {
             let found = std::env::var_os("PATH")
                 .is_some_and(|path| std::env::split_paths(&path).any(|d| d.join(tool).is_file()));
             if !found {
@@ -173,6 +198,43 @@ impl RealNode {
         self.ctr(&["images", "tag", "--force", &source, name])
             .await
             .map(drop)
+    }
+
+    /// Imports the OCI image layout `layout` (one directory, as `hack/images.sh` writes them)
+    /// into the node's containerd as `<base_name>:<tag>`, for each tag the layout's index
+    /// names: a chart's image, present on the node as if pulled from `base_name`'s registry.
+    pub async fn import_image_layout(&self, layout: &Path, base_name: &str) -> Result<(), Error> {
+        let name = layout
+            .file_name()
+            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let archive = self.dir.path().join(format!("image-{name}.tar"));
+        run(
+            "tar",
+            &[
+                "-C",
+                &layout.display().to_string(),
+                "-cf",
+                &archive.display().to_string(),
+                ".",
+            ],
+        )?;
+        let imported = self
+            .ctr(&[
+                "images",
+                "import",
+                "--base-name",
+                base_name,
+                &archive.display().to_string(),
+            ])
+            .await;
+        let _ = std::fs::remove_file(&archive);
+        imported.map(drop)
+    }
+
+    /// The kubelet's root directory (`/var/lib/kubelet` on the node: its pods' volumes are
+    /// under `pods/<uid>/volumes/`).
+    pub fn kubelet_root_dir(&self) -> &Path {
+        &self.kubelet.root_dir
     }
 
     /// The Node's name.

@@ -1,12 +1,16 @@
 //! The node's own mount namespace, shared by its containerd and kubelet (and so by the shims
 //! and containers they start).
 //!
-//! The kubelet's device-plugin directory is not under `--root-dir`: it is the constant
-//! `/var/lib/kubelet/device-plugins`, and the device manager empties it when it starts. Two
-//! kubelets on one machine would take each other's device plugins away. In the node's
-//! namespace that path is the node's own directory (a bind mount), so each node has its
-//! own, and the plugins under test (outside the namespace) use it at its real path,
-//! `<node dir>/device-plugins`.
+//! In that namespace the node has host directories of its own at their usual paths, bind
+//! mounts of directories in the node's directory ([`HOST_PATHS`]): the kubelet's root
+//! (`/var/lib/kubelet`, where plugins register and the pod-resources socket is), its
+//! device-plugin directory (a constant, `/var/lib/kubelet/device-plugins`, which the device
+//! manager empties when it starts: two kubelets on one machine would take each other's device
+//! plugins away), the CDI spec directory, and the host paths the chart's DaemonSets keep their
+//! sockets and state in. So a pod that mounts `/var/lib/kubelet/plugins_registry` from the
+//! host, as the chart's kubelet-plugin does with its default values, gets its own node's, and
+//! the plugins under test (outside the namespace) use the same directories at their real
+//! paths, `<node dir>/kubelet/...`.
 //!
 //! The namespace is persistent (bound to a file), so that containerd or the kubelet can be
 //! restarted into it while the other keeps running; its mounts are private, so nothing the
@@ -17,8 +21,19 @@ use super::run;
 use crate::Error;
 use std::path::{Path, PathBuf};
 
-/// Where the kubelet keeps device plugins, whatever its root directory.
-const KUBELET_DEVICE_PLUGINS: &str = "/var/lib/kubelet/device-plugins";
+/// The host paths each node has of its own: (path on the node, directory in the node's
+/// directory; `None`: the kubelet's root directory). In this order: a later one may be below
+/// an earlier one.
+const HOST_PATHS: [(&str, Option<&str>); 5] = [
+    ("/var/lib/kubelet", None),
+    ("/var/lib/kubelet/device-plugins", Some("device-plugins")),
+    ("/var/run/cdi", Some("cdi")),
+    ("/var/lib/akri", Some("host/akri")),
+    (
+        "/var/lib/akri-kubelet-plugin",
+        Some("host/akri-kubelet-plugin"),
+    ),
+];
 
 #[derive(Clone, Debug)]
 pub(super) struct MountNamespace {
@@ -26,9 +41,9 @@ pub(super) struct MountNamespace {
 }
 
 impl MountNamespace {
-    /// Creates the namespace of the node whose directory is `dir`, with `device_plugins`
-    /// mounted at the kubelet's device-plugin path.
-    pub fn create(dir: &Path, device_plugins: &Path) -> Result<Self, Error> {
+    /// Creates the namespace of the node whose directory is `dir` and whose kubelet's root
+    /// directory is `kubelet_root`, with the node's [`HOST_PATHS`] mounted.
+    pub fn create(dir: &Path, kubelet_root: &Path) -> Result<Self, Error> {
         // The file a persistent namespace is bound to must be on a private mount (else the
         // namespace would hold a reference to itself): the node's directory is made one.
         let dir_s = dir.display().to_string();
@@ -45,24 +60,16 @@ impl MountNamespace {
                 "true",
             ],
         )?;
-        // The mount point has to exist; on the machine it stays an empty directory.
-        std::fs::create_dir_all(KUBELET_DEVICE_PLUGINS)
-            .map_err(Error::io(format!("create {KUBELET_DEVICE_PLUGINS}")))?;
-        std::fs::create_dir_all(device_plugins)
-            .map_err(Error::io("create the node's device-plugin directory"))?;
         let namespace = MountNamespace { file };
-        let (program, args) = namespace.command(
-            Path::new("mount"),
-            &[
-                "--bind".into(),
-                device_plugins.display().to_string(),
-                KUBELET_DEVICE_PLUGINS.into(),
-            ],
-        );
-        run(
-            &program.display().to_string(),
-            &args.iter().map(String::as_str).collect::<Vec<_>>(),
-        )?;
+        for (path, source) in HOST_PATHS {
+            let source = source.map_or_else(|| kubelet_root.to_path_buf(), |s| dir.join(s));
+            std::fs::create_dir_all(&source)
+                .map_err(Error::io(format!("create {}", source.display())))?;
+            // The mount point has to exist, as the namespace sees it (below an earlier mount,
+            // in the node's directory; else on the machine, where it stays an empty directory).
+            namespace.run("mkdir", &["-p", path])?;
+            namespace.run("mount", &["--bind", &source.display().to_string(), path])?;
+        }
         Ok(namespace)
     }
 
@@ -76,5 +83,15 @@ impl MountNamespace {
         ];
         all.extend_from_slice(args);
         (PathBuf::from("nsenter"), all)
+    }
+
+    /// Runs a tool of the machine inside the namespace, to completion.
+    fn run(&self, tool: &str, args: &[&str]) -> Result<(), Error> {
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (program, args) = self.command(Path::new(tool), &args);
+        run(
+            &program.display().to_string(),
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+        )
     }
 }

@@ -160,7 +160,7 @@ pub(super) fn unmount_below(prefix: &str) {
 }
 
 /// Deletes a network link (the node's bridge), if it exists.
-pub(super) fn delete_link(name: &str) {
+pub(crate) fn delete_link(name: &str) {
     let _ = std::process::Command::new("ip")
         .args(["link", "delete", name])
         .stderr(std::process::Stdio::null())
@@ -189,7 +189,7 @@ fn pid_in(name: &str) -> Option<&str> {
 
 /// Removes what nodes of test processes that no longer run left behind: their pods'
 /// processes and cgroups, shims, mounts, bridges and directories.
-pub(super) fn sweep_dead_runs() {
+pub(crate) fn sweep_dead_runs() {
     let dead = |name: &str| pid_in(name).is_some_and(|pid| !Path::new("/proc").join(pid).exists());
     let tmp = std::env::temp_dir();
     let mut dead_roots = std::collections::BTreeSet::new();
