@@ -66,6 +66,22 @@ impl Images {
         })
     }
 
+    /// Makes every image, already loaded, present on `node` under another tag too: what a
+    /// rebuilt image looks like to the node.
+    pub async fn tag_as(&self, node: &RealNode, tag: &str) -> anyhow::Result<()> {
+        for layout in &self.layouts {
+            let name = layout
+                .file_name()
+                .expect("a layout directory")
+                .to_string_lossy();
+            let source = format!("{REGISTRY}/{name}:{}", self.tag);
+            let target = format!("{REGISTRY}/{name}:{tag}");
+            node.ctr(&["images", "tag", "--force", &source, &target])
+                .await?;
+        }
+        Ok(())
+    }
+
     /// Makes every image present on `node` as `<REGISTRY>/<name>:<tag>`.
     pub async fn load(&self, node: &RealNode) -> anyhow::Result<()> {
         for layout in &self.layouts {
@@ -83,33 +99,46 @@ impl Images {
 
 /// `helm install`, as the Quickstart says, waiting until every component's pods are ready.
 pub fn install(kubeconfig: &Path, images: &Images) -> anyhow::Result<()> {
+    let image_tag = format!("image.tag={}", images.tag);
+    let image_registry = format!("image.registry={REGISTRY}");
+    helm(
+        kubeconfig,
+        &[
+            "install",
+            RELEASE,
+            "charts/akri",
+            "--namespace",
+            NAMESPACE,
+            "--set",
+            &image_registry,
+            "--set",
+            &image_tag,
+            "--set",
+            "kubeletPlugin.debugEcho.enabled=true",
+            "--set",
+            "kubeletPlugin.debugEcho.shared=true",
+            "--wait",
+            "--timeout",
+            "3m",
+        ],
+    )
+}
+
+/// The Helm that `hack/helm.sh` builds.
+fn helm_binary() -> anyhow::Result<PathBuf> {
     let helm = repo().join("_output/tools/bin/helm");
     anyhow::ensure!(
         helm.is_file(),
         "Helm is missing at {}: hack/helm.sh builds it",
         helm.display()
     );
+    Ok(helm)
+}
+
+/// Runs Helm from the repository against the cluster of `kubeconfig`.
+pub fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let helm = helm_binary()?;
     let home = tempfile::tempdir()?;
-    let image_tag = format!("image.tag={}", images.tag);
-    let image_registry = format!("image.registry={REGISTRY}");
-    let args = [
-        "install",
-        RELEASE,
-        "charts/akri",
-        "--namespace",
-        NAMESPACE,
-        "--set",
-        &image_registry,
-        "--set",
-        &image_tag,
-        "--set",
-        "kubeletPlugin.debugEcho.enabled=true",
-        "--set",
-        "kubeletPlugin.debugEcho.shared=true",
-        "--wait",
-        "--timeout",
-        "3m",
-    ];
     let output = std::process::Command::new(&helm)
         .args(args)
         .current_dir(repo())
@@ -123,6 +152,37 @@ pub fn install(kubeconfig: &Path, images: &Images) -> anyhow::Result<()> {
         output.status.success(),
         "helm {} failed:\n{}{}",
         args.join(" "),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    Ok(())
+}
+
+/// Runs a shell script as a user's shell would, in the repository, against the cluster of
+/// `kubeconfig`, with this cluster's `kubectl` and our Helm first on `PATH`; stops at the
+/// first failing command.
+pub fn shell(kubeconfig: &Path, kubectl: &Path, script: &str) -> anyhow::Result<()> {
+    let helm = helm_binary()?;
+    let home = tempfile::tempdir()?;
+    let dirs = [kubectl, &helm].map(|b| b.parent().unwrap_or(Path::new(".")).display().to_string());
+    let path = format!(
+        "{}:{}:{}",
+        dirs[0],
+        dirs[1],
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let output = std::process::Command::new("sh")
+        .args(["-c", &format!("set -e\n{script}")])
+        .current_dir(repo())
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig)
+        .env("HELM_CACHE_HOME", home.path().join("cache"))
+        .env("HELM_CONFIG_HOME", home.path().join("config"))
+        .env("HELM_DATA_HOME", home.path().join("data"))
+        .output()?;
+    anyhow::ensure!(
+        output.status.success(),
+        "sh -c {script:?} failed:\n{}{}",
         String::from_utf8_lossy(&output.stdout),
         String::from_utf8_lossy(&output.stderr)
     );

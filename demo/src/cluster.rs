@@ -75,6 +75,8 @@ pub struct Cluster {
     pub nodes: Vec<Node>,
     pub kubectl: PathBuf,
     pub logs: PathBuf,
+    /// The images the chart runs (real nodes).
+    pub images: Option<Images>,
     /// The controller process (simulated nodes; on real ones it is the chart's Deployment).
     _controller: Option<Component>,
     _dir: tempfile::TempDir,
@@ -131,11 +133,15 @@ impl Cluster {
             nodes: Vec::new(),
             kubectl,
             logs,
+            images: None,
             _controller: None,
             _dir: dir,
         };
         match real {
-            Some(images) => cluster.install_chart(&images).await?,
+            Some(images) => {
+                cluster.install_chart(&images).await?;
+                cluster.images = Some(images);
+            }
             None => cluster.run_processes(binaries).await?,
         }
         Ok(cluster)
@@ -152,7 +158,7 @@ impl Cluster {
         )
         .await?;
         let mut real_nodes = Vec::new();
-        for (name, _) in NODES {
+        for (name, hidden) in NODES {
             let node = step(
                 &format!(
                     "{name}: containerd, kubelet, our images {REGISTRY}/*:{}",
@@ -163,6 +169,11 @@ impl Cluster {
                     let node = RealNode::start(&self.cp, name).await?;
                     node.tag_image("busybox", EXAMPLE_IMAGE).await?;
                     images.load(&node).await?;
+                    // What the node's debugEcho devices do not see: the chart keeps the
+                    // availability file on the node (docs/discovery-handlers.md).
+                    node.host_shell(&format!(
+                        "mkdir -p /var/lib/akri && printf '{hidden}' > /var/lib/akri/debug-echo-availability.txt"
+                    ))?;
                     anyhow::Ok(node)
                 },
             )
@@ -174,29 +185,13 @@ impl Cluster {
             async { chart::install(self.cp.kubeconfig(), images) },
         )
         .await
-        .map_err(|e| {
-            // What a person would look at next.
-            let pods = self.kubectl(&["get", "pods", "-A", "-o", "wide"]);
-            let events = self.kubectl(&["get", "events", "-A", "--sort-by=.lastTimestamp"]);
-            let text = |r: anyhow::Result<String>| r.unwrap_or_else(|e| format!("{e:#}"));
-            let mut logs = String::new();
-            for component in ["kubelet-plugin", "driver-controller", "broker-controller"] {
-                let selector = format!("app.kubernetes.io/component={component}");
-                let args = ["logs", "-n", NAMESPACE, "-l", &selector, "--prefix", "--tail=15"];
-                logs += &format!("$ kubectl {}\n{}\n", args.join(" "), text(self.kubectl(&args)));
-            }
-            e.context(format!(
-                "$ kubectl get pods -A -o wide\n{}\n$ kubectl get events -A\n{}\n{logs}",
-                text(pods),
-                text(events)
-            ))
-        })?;
+        .map_err(|e| e.context(self.diagnostics()))?;
         let pods = Api::<Pod>::namespaced(self.client.clone(), NAMESPACE);
         let plugins = pods
             .list(&ListParams::default().labels("app.kubernetes.io/component=kubelet-plugin"))
             .await?
             .items;
-        for (node, (name, hidden)) in real_nodes.into_iter().zip(NODES) {
+        for (node, (name, _)) in real_nodes.into_iter().zip(NODES) {
             let pod = plugins
                 .iter()
                 .find(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(name))
@@ -206,14 +201,6 @@ impl Cluster {
                 .as_ref()
                 .and_then(|s| s.pod_ip.clone())
                 .with_context(|| format!("the kubelet-plugin pod on {name} has no IP"))?;
-            // What the node's debugEcho devices do not see: its availability file is in the
-            // pod's /tmp, an emptyDir on the node (the image has no shell to write it with).
-            let uid = pod.metadata.uid.clone().unwrap_or_default();
-            let tmp = node
-                .kubelet_root_dir()
-                .join(format!("pods/{uid}/volumes/kubernetes.io~empty-dir/tmp"));
-            std::fs::write(tmp.join("debug-echo-availability.txt"), hidden)
-                .with_context(|| format!("write {name}'s debugEcho availability file"))?;
             let node = Node {
                 name: name.to_string(),
                 kubelet: Kubelet::Real(Box::new(node)),
@@ -338,6 +325,42 @@ impl Cluster {
         .await?;
         self._controller = Some(controller);
         Ok(())
+    }
+
+    /// What a person would look at next when something did not come up: pods, claims,
+    /// events and the components' logs.
+    pub fn diagnostics(&self) -> String {
+        let text = |r: anyhow::Result<String>| r.unwrap_or_else(|e| format!("{e:#}"));
+        let mut out = String::new();
+        let commands: [&[&str]; 2] = [
+            &["get", "pods,resourceclaims", "-A", "-o", "wide"],
+            &["get", "events", "-A", "--sort-by=.lastTimestamp"],
+        ];
+        for args in commands {
+            out += &format!(
+                "$ kubectl {}\n{}\n",
+                args.join(" "),
+                text(self.kubectl(args))
+            );
+        }
+        for component in ["kubelet-plugin", "driver-controller", "broker-controller"] {
+            let selector = format!("app.kubernetes.io/component={component}");
+            let args = [
+                "logs",
+                "-n",
+                NAMESPACE,
+                "-l",
+                &selector,
+                "--prefix",
+                "--tail=15",
+            ];
+            out += &format!(
+                "$ kubectl {}\n{}\n",
+                args.join(" "),
+                text(self.kubectl(&args))
+            );
+        }
+        out
     }
 
     /// Runs the kubectl built from the same Kubernetes source against this cluster.

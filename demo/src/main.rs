@@ -12,6 +12,7 @@ mod chart;
 mod cluster;
 mod docs;
 mod flow;
+mod lifecycle;
 mod progress;
 mod report;
 
@@ -106,6 +107,16 @@ async fn main() -> anyhow::Result<()> {
                 "{} documented kubectl commands failed",
                 doc_run.failed.len()
             ));
+        }
+        // What users do next with what they installed: upgrade it, then remove it.
+        if let Some(images) = &cluster.images
+            && problems.is_empty()
+        {
+            println!("\nUpgrading, then uninstalling as docs/operations.md says:");
+            let upgraded = lifecycle::upgrade(&cluster, images).await;
+            problems.extend(upgraded.map_err(|e| e.context(cluster.diagnostics()))?);
+            let uninstalled = lifecycle::uninstall(&cluster).await;
+            problems.extend(uninstalled.map_err(|e| e.context(cluster.diagnostics()))?);
         }
         if problems.is_empty() {
             println!("\ncheck: everything above is as the examples should make it");

@@ -376,6 +376,7 @@ async fn template_renders_every_option_of_the_full_values() {
     for flag in [
         "--cdi-dir=/etc/cdi",
         "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
+        "--debug-echo-availability-file=/var/lib/akri/debug-echo-availability.txt",
         "--debug-echo-shared",
         "--embed-handlers=udev",
         "--consumable-capacity=on",
@@ -607,6 +608,79 @@ async fn template_renders_every_option_of_the_full_values() {
     assert_eq!(
         find(&objects, "DiscoveryConfiguration", "akri-opcua")["spec"]["uniqueDevices"],
         false
+    );
+}
+
+/// One value names every image: a user with a private registry sets `image.registry` and
+/// `image.tag` (and maybe `image.pullPolicy`) once, not per component; a component's digest
+/// still pins it.
+#[tokio::test]
+async fn image_registry_and_tag_name_every_component_image() {
+    let helm = Helm::new();
+    let full = full_values();
+    let objects = helm
+        .template(
+            "akri",
+            "akri",
+            &[
+                "-f",
+                &full,
+                "--set",
+                "image.registry=localhost:5000/akri",
+                "--set",
+                "image.tag=9.9.9-abc1234",
+                "--set",
+                "image.pullPolicy=Never",
+            ],
+        )
+        .await;
+    let mut images = Vec::new();
+    for object in &objects {
+        let containers = &object["spec"]["template"]["spec"]["containers"];
+        for container in containers.as_array().into_iter().flatten() {
+            let image = container["image"].as_str().unwrap().to_string();
+            assert_eq!(container["imagePullPolicy"], "Never", "{image}");
+            images.push(image);
+        }
+    }
+    images.sort();
+    images.dedup();
+    // Every component of the full values: the kubelet-plugin, both controllers, the four
+    // discovery handlers.
+    assert_eq!(images.len(), 7, "{images:?}");
+    for image in &images {
+        // The full values pin the driver-controller by digest, which wins over any tag.
+        let name = match image.split_once('@') {
+            Some((name, digest)) => {
+                assert!(digest.starts_with("sha256:"), "{image}");
+                name
+            }
+            None => {
+                let (name, tag) = image.rsplit_once(':').unwrap();
+                assert_eq!(tag, "9.9.9-abc1234", "{image}");
+                name
+            }
+        };
+        assert!(name.starts_with("localhost:5000/akri/akri-"), "{image}");
+    }
+
+    let pinned = format!("sha256:{}", "a".repeat(64));
+    let objects = helm
+        .template(
+            "akri",
+            "akri",
+            &[
+                "--set",
+                "image.registry=localhost:5000/akri",
+                "--set",
+                &format!("driverController.image.digest={pinned}"),
+            ],
+        )
+        .await;
+    let controller = find(&objects, "Deployment", "akri-driver-controller");
+    assert_eq!(
+        controller["spec"]["template"]["spec"]["containers"][0]["image"],
+        format!("localhost:5000/akri/akri-driver-controller@{pinned}")
     );
 }
 

@@ -231,6 +231,28 @@ impl RealNode {
         imported.map(drop)
     }
 
+    /// Runs `script` with `sh -c` as the node's host sees it (its mount namespace: its own
+    /// `/var/lib/kubelet`, `/var/run/cdi`, ...), as an operator's shell on that node would;
+    /// its stdout, or an error with its stderr.
+    pub fn host_shell(&self, script: &str) -> Result<String, Error> {
+        let (program, args) = self
+            .namespace
+            .command(Path::new("sh"), &["-c".to_string(), script.to_string()]);
+        let output = std::process::Command::new(program)
+            .args(&args)
+            .output()
+            .map_err(Error::io("run nsenter"))?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+        } else {
+            Err(Error::Other(format!(
+                "on {}: sh -c {script:?}: {}",
+                self.name,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )))
+        }
+    }
+
     /// The kubelet's root directory (`/var/lib/kubelet` on the node: its pods' volumes are
     /// under `pods/<uid>/volumes/`).
     pub fn kubelet_root_dir(&self) -> &Path {

@@ -2,12 +2,12 @@
 //! and containers they start).
 //!
 //! In that namespace the node has host directories of its own at their usual paths, bind
-//! mounts of directories in the node's directory ([`HOST_PATHS`]): the kubelet's root
-//! (`/var/lib/kubelet`, where plugins register and the pod-resources socket is), its
-//! device-plugin directory (a constant, `/var/lib/kubelet/device-plugins`, which the device
-//! manager empties when it starts: two kubelets on one machine would take each other's device
-//! plugins away), the CDI spec directory, and the host paths the chart's DaemonSets keep their
-//! sockets and state in. So a pod that mounts `/var/lib/kubelet/plugins_registry` from the
+//! mounts of directories in the node's directory ([`HOST_PATHS`]): a `/var/lib` (where the
+//! chart's DaemonSets keep their sockets and state), the kubelet's root (`/var/lib/kubelet`,
+//! where plugins register and the pod-resources socket is), its device-plugin directory (a
+//! constant, `/var/lib/kubelet/device-plugins`, which the device manager empties when it
+//! starts: two kubelets on one machine would take each other's device plugins away) and the
+//! CDI spec directory. So a pod that mounts `/var/lib/kubelet/plugins_registry` from the
 //! host, as the chart's kubelet-plugin does with its default values, gets its own node's, and
 //! the plugins under test (outside the namespace) use the same directories at their real
 //! paths, `<node dir>/kubelet/...`.
@@ -23,16 +23,14 @@ use std::path::{Path, PathBuf};
 
 /// The host paths each node has of its own: (path on the node, directory in the node's
 /// directory; `None`: the kubelet's root directory). In this order: a later one may be below
-/// an earlier one.
-const HOST_PATHS: [(&str, Option<&str>); 5] = [
+/// an earlier one. A `/var/lib` of its own holds what daemons keep there (the chart's
+/// `/var/lib/akri` and `/var/lib/akri-kubelet-plugin`), as plain directories that an
+/// operator's `rm -rf` removes.
+const HOST_PATHS: [(&str, Option<&str>); 4] = [
+    ("/var/lib", Some("host/var-lib")),
     ("/var/lib/kubelet", None),
     ("/var/lib/kubelet/device-plugins", Some("device-plugins")),
     ("/var/run/cdi", Some("cdi")),
-    ("/var/lib/akri", Some("host/akri")),
-    (
-        "/var/lib/akri-kubelet-plugin",
-        Some("host/akri-kubelet-plugin"),
-    ),
 ];
 
 #[derive(Clone, Debug)]
