@@ -4,10 +4,13 @@
 #   hack/images.sh            build the static (musl) release binaries, pack and check the images
 #   hack/images.sh --check    only check the images already in _output/images
 #
-# Output: one OCI image layout per image in _output/images/<image> (tag: the crate version).
-# Push or convert one with skopeo, e.g.
-#   skopeo copy oci:_output/images/akri-driver-controller:0.1.0 docker://<registry>/akri-driver-controller:0.1.0
-#   skopeo copy oci:_output/images/akri-driver-controller:0.1.0 oci-archive:akri-driver-controller.tar
+# Output: one OCI image layout per image in _output/images/<image>, and the tag they carry in
+# _output/images/TAG (printed last). The tag names the build: the workspace version alone for
+# a release (the tree is exactly at git tag v<version>, nothing changed), else
+# <version>-g<commit> (e.g. 0.1.0-g1cd037c4a2b3), with -dirty.<hash of the changes> for a tree
+# with changes, so two different builds never share a tag. Push or convert one with skopeo:
+#   skopeo copy oci:_output/images/akri-driver-controller:$(cat _output/images/TAG) docker://<registry>/akri-driver-controller:$(cat _output/images/TAG)
+#   skopeo copy oci:_output/images/akri-driver-controller:$(cat _output/images/TAG) oci-archive:akri-driver-controller.tar
 #
 # Packing is umoci (a rootless unpack of an empty image, the files put in, one repack, the
 # config set) and the checks read the result back with other tools: skopeo (manifest and
@@ -39,6 +42,7 @@ COMPONENTS=(
   "akri-opcua-discovery-handler|0:0|akri-opcua-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
   "akri-onvif-discovery-handler|0:0|akri-onvif-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
   "akri-debug-echo-discovery-handler|0:0|akri-debug-echo-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
+  "akri-migrate|65532:65532|akri-migrate|nonroot: a command-line tool that reads files and talks to the API server"
 )
 
 check_only=false
@@ -79,6 +83,27 @@ if ! $check_only; then
   cargo build --release --target "$TARGET" "${packages[@]}"
 fi
 
+# The tag of this build (see the header).
+build_tag() {
+  local version=$1 commit changes
+  commit=$(git rev-parse --short=12 HEAD 2>/dev/null) || { echo "$version-unknown"; return; }
+  changes=$(git status --porcelain --untracked-files=normal)
+  if [ -z "$changes" ] && git describe --exact-match --tags --match "v$version" HEAD >/dev/null 2>&1; then
+    echo "$version"
+  elif [ -z "$changes" ]; then
+    echo "$version-g$commit"
+  else
+    echo "$version-g$commit-dirty.$({ git diff HEAD; git ls-files --others --exclude-standard -z | xargs -0r cat; } | sha256sum | cut -c1-12)"
+  fi
+}
+workspace_version=$(package_of akri-driver-controller | jq -r .version)
+commit=$(git rev-parse HEAD 2>/dev/null || echo unknown)
+if $check_only; then
+  tag=$(cat "$OUT/TAG")
+else
+  tag=$(build_tag "$workspace_version")
+fi
+
 epoch=${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct 2>/dev/null || echo 0)}
 created=$(date -u -d "@$epoch" +%Y-%m-%dT%H:%M:%SZ)
 work=$(mktemp -d "$OUT/.work.XXXXXX")
@@ -96,16 +121,15 @@ source_url=${source_url:-unknown}
 
 build_image() {
   local name=$1 user=$2 bins=$3 user_note=$4
-  local entry=${bins%% *} pkg version layout bundle rootfs bin
+  local entry=${bins%% *} pkg layout bundle rootfs bin
   pkg=$(package_of "$entry")
-  version=$(jq -r .version <<<"$pkg")
   layout=$work/$name
   bundle=$work/bundle-$name
   rootfs=$bundle/rootfs
 
   umoci init --layout "$layout"
-  umoci new --image "$layout:$version"
-  umoci unpack --rootless --image "$layout:$version" "$bundle" >/dev/null
+  umoci new --image "$layout:$tag"
+  umoci unpack --rootless --image "$layout:$tag" "$bundle" >/dev/null
   install -d -m 0755 "$rootfs/etc" "$rootfs/usr" "$rootfs/usr/local" "$rootfs/usr/local/bin"
   install -d -m 1777 "$rootfs/tmp"
   install -m 0644 images/rootfs/etc/passwd images/rootfs/etc/group "$rootfs/etc/"
@@ -113,13 +137,14 @@ build_image() {
     install -m 0755 "$target_dir/$TARGET/release/$bin" "$rootfs/usr/local/bin/"
   done
   find "$rootfs" -exec touch -h -d "@$epoch" {} +
-  umoci repack --image "$layout:$version" --history.created "$created" \
+  umoci repack --image "$layout:$tag" --history.created "$created" \
     --history.created_by "hack/images.sh: /etc/passwd, /etc/group, /tmp, /usr/local/bin/{${bins// /,}}" "$bundle"
-  umoci config --image "$layout:$version" --no-history --created "$created" \
+  umoci config --image "$layout:$tag" --no-history --created "$created" \
     --os linux --architecture amd64 \
     --config.entrypoint "/usr/local/bin/$entry" --config.user "$user" --config.env "$PATH_ENV" \
     --config.label "org.opencontainers.image.title=$name" \
-    --config.label "org.opencontainers.image.version=$version" \
+    --config.label "org.opencontainers.image.version=$tag" \
+    --config.label "org.opencontainers.image.revision=$commit" \
     --config.label "org.opencontainers.image.licenses=$(jq -r .license <<<"$pkg")" \
     --config.label "org.opencontainers.image.source=$source_url" \
     --config.label "sh.akri.image.user=$user_note"
@@ -135,6 +160,7 @@ if ! $check_only; then
     echo "== pack $name"
     build_image "$name" "$user" "$bins" "$note"
   done
+  echo "$tag" >"$OUT/TAG"
 fi
 
 # Checks: every failure is reported, then the script fails.
@@ -149,7 +175,7 @@ check_image() {
   local name=$1 user=$2 bins=$3
   local entry=${bins%% *} version ref manifest config layers compressed rootfs bin out
   version=$(package_of "$entry" | jq -r .version)
-  ref="oci:$OUT/$name:$version"
+  ref="oci:$OUT/$name:$tag"
   if ! manifest=$(skopeo inspect --raw "$ref" 2>&1) || ! config=$(skopeo inspect --config --raw "$ref" 2>&1); then
     fail "$name" "skopeo cannot read $ref: $manifest$config"
     return
@@ -172,7 +198,7 @@ check_image() {
   jq -e '.config.Env // [] | any(startswith("PATH=") and (split("=")[1] | split(":") | index("/usr/local/bin")))' <<<"$config" >/dev/null ||
     fail "$name" "PATH has no /usr/local/bin (the chart runs the binary by name)"
   local label want
-  for label in title="$name" version="$version" licenses=Apache-2.0 source=; do
+  for label in title="$name" version="$tag" revision="$commit" licenses=Apache-2.0 source=; do
     want=${label#*=}
     label=org.opencontainers.image.${label%%=*}
     got=$(jq -r --arg l "$label" '.config.Labels[$l] // ""' <<<"$config")
@@ -195,7 +221,7 @@ check_image() {
 
   # Contents: unpack with umoci, then look at the files and run the binaries.
   rootfs=$work/check-$name/rootfs
-  if ! out=$(umoci unpack --rootless --image "$OUT/$name:$version" "$work/check-$name" 2>&1); then
+  if ! out=$(umoci unpack --rootless --image "$OUT/$name:$tag" "$work/check-$name" 2>&1); then
     fail "$name" "umoci unpack failed: $out"
     return
   fi
@@ -227,7 +253,7 @@ check_image() {
 
   local unpacked
   unpacked=$(du -sb "$rootfs" | cut -f1)
-  rows+=("$(printf '%-24s %-7s %6s %21s %21s  %s' "$name" "$version" "$layers" \
+  rows+=("$(printf '%-36s %-40s %6s %21s %21s  %s' "$name" "$tag" "$layers" \
     "$(numfmt --to=iec-i --suffix=B "$compressed") ($compressed)" "$(numfmt --to=iec-i --suffix=B "$unpacked") ($unpacked)" \
     "$(jq -r '.manifests[0].digest' "$OUT/$name/index.json" | cut -c1-19)")")
 }
@@ -238,15 +264,15 @@ for c in "${COMPONENTS[@]}"; do
   check_image "$name" "$user" "$bins"
 done
 dockerfile_version=$(sed -n 's/^ARG VERSION=//p' images/Dockerfile | head -1)
-workspace_version=$(package_of akri-driver-controller | jq -r .version)
 [ "$dockerfile_version" = "$workspace_version" ] ||
   fail images/Dockerfile "ARG VERSION=$dockerfile_version, the workspace is $workspace_version"
 
-printf '%-24s %-7s %6s %21s %21s  %s\n' IMAGE TAG LAYERS "COMPRESSED (bytes)" "UNPACKED (bytes)" MANIFEST
+printf '%-36s %-40s %6s %21s %21s  %s\n' IMAGE TAG LAYERS "COMPRESSED (bytes)" "UNPACKED (bytes)" MANIFEST
 printf '%s\n' "${rows[@]}"
 if [ ${#failures[@]} -gt 0 ]; then
   echo "images: ${#failures[@]} check(s) failed:" >&2
   printf '  %s\n' "${failures[@]}" >&2
   exit 1
 fi
-echo "images: all checks passed ($OUT)"
+echo "images: all checks passed ($OUT, tag $tag)"
+echo "$tag"
