@@ -611,6 +611,31 @@ async fn template_renders_every_option_of_the_full_values() {
     );
 }
 
+/// `legacyDevicePlugin.slotReclaimGraceSeconds: 0` (reclaim a slot as soon as no container
+/// is behind it) reaches the plugin as 0, not as the default 300 (it did, through `| default`).
+#[tokio::test]
+async fn a_zero_slot_reclaim_grace_stays_zero() {
+    let helm = Helm::new();
+    for (value, want) in [("0", "0"), ("45", "45")] {
+        let objects = helm
+            .template(
+                "akri",
+                "akri",
+                &[
+                    "--set",
+                    "legacyDevicePlugin.enabled=true",
+                    "--set",
+                    &format!("legacyDevicePlugin.slotReclaimGraceSeconds={value}"),
+                ],
+            )
+            .await;
+        let daemon_set = find(&objects, "DaemonSet", "akri-kubelet-plugin");
+        let args = strings(&daemon_set["spec"]["template"]["spec"]["containers"][0]["args"]);
+        let flag = format!("--slot-reclaim-grace-seconds={want}");
+        assert!(args.contains(&flag), "{flag} missing: {args:?}");
+    }
+}
+
 /// One value names every image: a user with a private registry sets `image.registry` and
 /// `image.tag` (and maybe `image.pullPolicy`) once, not per component; a component's digest
 /// still pins it.
