@@ -12,6 +12,7 @@ use crate::discovery_errors::DiscoveryErrors;
 use crate::driver::AkriDriver;
 use crate::embedded::Embedded;
 use crate::instances::InstanceWriter;
+use crate::kubelet_registration::KubeletRegistration;
 use crate::legacy::{LegacyContext, LegacyOptions};
 use crate::metrics::{Metrics, Timed};
 use crate::node_devices::{ConfigDevices, NodeDevices};
@@ -75,6 +76,9 @@ pub struct AgentConfig {
     pub property_namespaces: Option<BTreeSet<String>>,
     /// Also serve `akri.sh/v0` Configurations as device plugins ([`crate::legacy`]).
     pub legacy: Option<LegacyOptions>,
+    /// How long a served DRA driver may wait for a kubelet to take it before the agent is
+    /// not ready with the reason ([`crate::kubelet_registration`]).
+    pub kubelet_registration_timeout: Duration,
 }
 
 impl AgentConfig {
@@ -106,6 +110,7 @@ impl AgentConfig {
             startup_wait: Duration::from_secs(10),
             property_namespaces: None,
             legacy: None,
+            kubelet_registration_timeout: Duration::from_secs(60),
         }
     }
 
@@ -200,6 +205,8 @@ struct ServedDriver {
     seeded: bool,
     /// Every device name this driver published on this node since it started.
     ever_published: BTreeSet<String>,
+    /// When it started serving: a kubelet should take it soon after.
+    served_at: tokio::time::Instant,
 }
 
 /// Starts the agent.
@@ -257,6 +264,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         node_uid,
         device_taints,
         next_taint_change: None,
+        registration: KubeletRegistration::new(config.kubelet_registration_timeout),
+        next_registration_check: None,
         devices: devices.clone(),
         drivers: BTreeMap::new(),
         streams: Streams::default(),
@@ -302,6 +311,9 @@ struct AgentState {
     device_taints: bool,
     /// When some vanished device's taint turns `NoExecute`.
     next_taint_change: Option<tokio::time::Instant>,
+    /// Whether a kubelet took each served driver, and when to look again.
+    registration: KubeletRegistration,
+    next_registration_check: Option<tokio::time::Instant>,
     devices: NodeDevices,
     drivers: BTreeMap<String, ServedDriver>,
     streams: Streams,
@@ -399,6 +411,9 @@ impl AgentState {
                 Some(driver) = claims_changed.recv() => {
                     dirty.insert(driver);
                 }
+                _ = sleep_until_some(self.next_registration_check) => {
+                    self.next_registration_check = None;
+                }
                 _ = sleep_until_some(self.next_taint_change) => {
                     self.next_taint_change = None;
                     dirty.extend(self.drivers.keys().cloned());
@@ -427,8 +442,19 @@ impl AgentState {
                     .not_ready("starting: waiting for the discovery handlers to report");
                 continue;
             }
-            if !watch_failing {
-                self.readiness.ready();
+            let registration = self.registration.check(
+                self.drivers.iter().map(|(driver, served)| {
+                    let status = served.plugin.registration_status();
+                    (driver.as_str(), status, served.served_at)
+                }),
+                tokio::time::Instant::now(),
+                &self.config.registry_dir,
+            );
+            self.next_registration_check = registration.next_check;
+            match registration.problem {
+                Some(problem) => self.readiness.not_ready(problem),
+                None if !watch_failing => self.readiness.ready(),
+                None => {}
             }
             if !dirty.is_empty() {
                 for driver in std::mem::take(&mut dirty) {
@@ -649,6 +675,7 @@ impl AgentState {
             ),
             seeded: false,
             ever_published: BTreeSet::new(),
+            served_at: tokio::time::Instant::now(),
         })
     }
 

@@ -7,6 +7,7 @@ pub mod discovery_errors;
 pub mod driver;
 pub mod embedded;
 pub mod instances;
+mod kubelet_registration;
 pub mod legacy;
 pub mod metrics;
 pub mod node_devices;

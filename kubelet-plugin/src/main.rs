@@ -65,6 +65,11 @@ struct Args {
     /// waits for every configuration's discovery handler to report.
     #[arg(long, default_value_t = 30)]
     startup_wait_seconds: u64,
+    /// Seconds a DRA driver may wait for the kubelet to take it (through the registration
+    /// socket in --registry-dir) before the plugin is not ready, saying so: a registry
+    /// directory no kubelet watches otherwise fails no call, and no pod gets a device.
+    #[arg(long, default_value_t = 60)]
+    kubelet_registration_timeout_seconds: u64,
     /// Namespaces whose Secrets and ConfigMaps discovery properties may name (comma
     /// separated); empty: any. Match the RoleBindings that grant the reads.
     #[arg(long, value_delimiter = ',')]
@@ -111,6 +116,9 @@ async fn main() -> anyhow::Result<()> {
         vanished_grace: args.vanished.grace(),
         device_taints: args.vanished.device_taints.forced(),
         startup_wait: Duration::from_secs(args.startup_wait_seconds),
+        kubelet_registration_timeout: Duration::from_secs(
+            args.kubelet_registration_timeout_seconds,
+        ),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
         legacy: args.legacy_device_plugins.then(|| LegacyOptions {

@@ -889,3 +889,47 @@ async fn first_available_subrequests_and_admin_access_claims_prepare() {
         "the monitor sees the held device: {env:?}"
     );
 }
+
+/// A plugin whose registry directory no kubelet watches (a wrong `kubeletPlugin.kubeletDir`)
+/// is not ready and says which directory, instead of serving on quietly; one pointed at the
+/// kubelet's is ready.
+#[tokio::test]
+async fn a_driver_no_kubelet_takes_makes_the_plugin_not_ready_naming_the_directory() {
+    let (cp, client, ns, config) = cluster().await;
+    let lost = start_node_with(&cp, &client, &ns, |c| {
+        c.registry_dir = c.state_dir.with_file_name("not-the-kubelets-registry");
+        c.kubelet_registration_timeout = Duration::from_secs(2);
+    })
+    .await;
+    let wired = start_node_with(&cp, &client, &ns, |c| {
+        c.kubelet_registration_timeout = Duration::from_secs(2);
+    })
+    .await;
+    echo_configuration(&client, &config).await;
+    let reason = eventually(
+        "the unwatched plugin says why it is not ready",
+        async || {
+            lost._agent
+                .readiness()
+                .reason()
+                .filter(|r| r.contains("no kubelet has taken"))
+        },
+    )
+    .await;
+    assert!(
+        reason.contains(DRIVER) && reason.contains("not-the-kubelets-registry"),
+        "{reason}"
+    );
+    wired
+        .peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    eventually("the wired plugin is ready", async || {
+        wired._agent.readiness().is_ready().then_some(())
+    })
+    .await;
+    // Past the timeout the wired one stays ready.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(wired._agent.readiness().reason(), None, "{}", wired.name);
+}

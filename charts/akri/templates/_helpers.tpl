@@ -52,7 +52,12 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- define "akri.image" -}}
 {{- $root := index . 0 -}}
 {{- $image := index . 1 -}}
-{{- $registry := default $image.registry $root.Values.image.registry -}}
+{{- /* image.registry replaces a component's registry; a component whose registry is empty
+names its whole image in repository, which stays as it is. */ -}}
+{{- $registry := $image.registry -}}
+{{- if and $image.registry $root.Values.image.registry -}}
+{{- $registry = $root.Values.image.registry -}}
+{{- end -}}
 {{- $name := printf "%s/%s" (trimSuffix "/" $registry) $image.repository -}}
 {{- if not $registry -}}
 {{- $name = $image.repository -}}
