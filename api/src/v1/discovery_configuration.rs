@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// Becomes a DeviceClass of the same name (with extended resource `akri.sh/<name>`), so pods
 /// ask for its devices with `deviceClassName: <name>` in a ResourceClaim, or with
-/// `resources.requests: {akri.sh/<name>: N}`.
+/// `resources.limits: {akri.sh/<name>: N}` (an extended resource is asked for with a limit).
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "akri.sh",
