@@ -468,3 +468,69 @@ async fn property_filter_v1() {
     moved["discoveryReference"]["name"] = json!("other");
     assert_update_rejected(&api, &name, moved, "discoveryReference is immutable").await;
 }
+
+/// Every manifest in `examples/` (the debugEcho walkthrough, the namespace, Akri's broker
+/// strategies, the USB camera, ONVIF and OPC UA configurations with their BrokerTemplates and
+/// Secret) is accepted by a real API server with our CRDs (a server-side dry run: schema, CEL,
+/// admission), so none of them can rot.
+#[tokio::test]
+async fn every_example_is_accepted_by_the_api_server() {
+    let cp = cluster().await;
+    let kubectl = cp.bins().require("kubectl").unwrap();
+    let kubectl_run = |args: &[&str]| {
+        let output = std::process::Command::new(&kubectl)
+            .arg("--kubeconfig")
+            .arg(cp.kubeconfig())
+            .args(args)
+            .output()
+            .expect("kubectl runs");
+        (
+            output.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            ),
+        )
+    };
+    let examples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    // The namespace the others use, for real; the pods' ServiceAccounts, which the
+    // controller-manager (not running here) would make.
+    let (ok, out) = kubectl_run(&[
+        "apply",
+        "-f",
+        &examples.join("akri-namespace.yaml").display().to_string(),
+    ]);
+    assert!(ok, "{out}");
+    for namespace in ["default", "akri"] {
+        let (ok, out) = kubectl_run(&["create", "serviceaccount", "default", "-n", namespace]);
+        assert!(ok || out.contains("AlreadyExists"), "{out}");
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![examples.clone()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "yaml") {
+                files.push(path);
+            }
+        }
+    }
+    files.sort();
+    assert!(files.len() >= 13, "the examples are found: {files:?}");
+    let mut refused = Vec::new();
+    for file in &files {
+        let (ok, out) = kubectl_run(&[
+            "apply",
+            "--dry-run=server",
+            "-f",
+            &file.display().to_string(),
+        ]);
+        if !ok {
+            refused.push(format!("{}: {out}", file.display()));
+        }
+    }
+    assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
+}

@@ -243,7 +243,7 @@ fn cdi_devices(dir: &std::path::Path) -> anyhow::Result<Vec<String>> {
     Ok(ids)
 }
 
-async fn instance_rows(api: &Api<Instance>) -> anyhow::Result<Vec<InstanceRow>> {
+pub async fn instance_rows(api: &Api<Instance>) -> anyhow::Result<Vec<InstanceRow>> {
     let mut rows: Vec<InstanceRow> = api
         .list(&ListParams::default())
         .await?
@@ -254,6 +254,7 @@ async fn instance_rows(api: &Api<Instance>) -> anyhow::Result<Vec<InstanceRow>> 
             nodes.sort();
             InstanceRow {
                 name: i.metadata.name.unwrap_or_default(),
+                uid: i.metadata.uid.unwrap_or_default(),
                 configuration: i.spec.configuration_name,
                 shared: i.spec.shared,
                 nodes,

@@ -42,17 +42,11 @@ async fn published(cluster: &Cluster) -> anyhow::Result<Published> {
             )
         })
         .collect();
-    let instances = Api::<Instance>::namespaced(cluster.client.clone(), NAMESPACE)
-        .list(&ListParams::default())
+    let api = Api::<Instance>::namespaced(cluster.client.clone(), NAMESPACE);
+    let instances = crate::flow::instance_rows(&api)
         .await?
-        .items
         .into_iter()
-        .map(|i| {
-            let mut nodes = i.spec.nodes.clone();
-            nodes.sort();
-            let uid = i.metadata.uid.unwrap_or_default();
-            (i.metadata.name.unwrap_or_default(), (uid, nodes))
-        })
+        .map(|i| (i.name, (i.uid, i.nodes)))
         .collect();
     Ok(Published { slices, instances })
 }

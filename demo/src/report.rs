@@ -4,6 +4,7 @@ use crate::cluster::NODES;
 
 pub struct InstanceRow {
     pub name: String,
+    pub uid: String,
     pub configuration: String,
     pub shared: bool,
     pub nodes: Vec<String>,
