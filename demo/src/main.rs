@@ -99,6 +99,16 @@ async fn main() -> anyhow::Result<()> {
         if args.real_nodes && !report.container {
             problems.push("real nodes were asked for, but no container printed its device".into());
         }
+        // The README shows a sample of this output on real nodes: each of its lines must be
+        // printed (simulated nodes print the CDI edits instead of the container's output).
+        if cluster.real {
+            let sample = docs::readme_sample()?;
+            for line in docs::missing_from(&sample, &report.render()) {
+                problems.push(format!(
+                    "README.md's \"Run it\" sample shows a line this run did not print: {line:?}"
+                ));
+            }
+        }
         if doc_run.ran == 0 {
             problems.push("no documented kubectl command was found to run".to_string());
         }

@@ -67,9 +67,20 @@ pub struct Report {
 
 impl Report {
     pub fn print(&self) {
-        println!("\nInstances (one per discovered device; kubelet-plugins write them):");
+        print!("{}", self.render());
+    }
+
+    /// What [`print`](Self::print) prints.
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "\nInstances (one per discovered device; kubelet-plugins write them):"
+        );
         for i in &self.instances {
-            println!(
+            let _ = writeln!(
+                out,
                 "  {:<16} configuration={} shared={} nodes=[{}] DEBUG_ECHO_DESCRIPTION={}",
                 i.name,
                 i.configuration,
@@ -78,16 +89,20 @@ impl Report {
                 i.description
             );
         }
-        println!("\nDeviceClasses (the driver-controller's, one per configuration and filter):");
+        let _ = writeln!(
+            out,
+            "\nDeviceClasses (the driver-controller's, one per configuration and filter):"
+        );
         for c in &self.classes {
-            println!("  {c}");
+            let _ = writeln!(out, "  {c}");
         }
-        println!("\nResourceSlices of {}:", crate::cluster::DRIVER);
+        let _ = writeln!(out, "\nResourceSlices of {}:", crate::cluster::DRIVER);
         for s in &self.slices {
-            println!("  {}  pool={}  nodes: {}", s.name, s.pool, s.nodes);
+            let _ = writeln!(out, "  {}  pool={}  nodes: {}", s.name, s.pool, s.nodes);
             for d in &s.devices {
                 let nodes = d.nodes.as_deref().map(|n| format!("  nodes: {n}"));
-                println!(
+                let _ = writeln!(
+                    out,
                     "    device {}  instance={}{}",
                     d.name,
                     d.instance,
@@ -96,41 +111,54 @@ impl Report {
             }
         }
         let (claim, a) = &self.claim;
-        println!(
+        let _ = writeln!(
+            out,
             "\nResourceClaim default/{claim}: allocated {}/{}/{} (Instance {})",
             a.driver, a.pool, a.device, a.instance
         );
         let (pod, node) = &self.pod;
-        println!("Pod default/{pod}: bound to {node}");
-        println!("CDI devices for its container: {}", self.cdi_ids.join(", "));
+        let _ = writeln!(out, "Pod default/{pod}: bound to {node}");
+        let _ = writeln!(
+            out,
+            "CDI devices for its container: {}",
+            self.cdi_ids.join(", ")
+        );
         if self.container {
-            println!("What the container printed (kubectl logs {pod}):");
+            let _ = writeln!(out, "What the container printed (kubectl logs {pod}):");
         } else {
-            println!("Environment the container gets from CDI:");
+            let _ = writeln!(out, "Environment the container gets from CDI:");
         }
         for e in &self.env {
-            println!("  {e}");
+            let _ = writeln!(out, "  {e}");
         }
-        println!(
+        let _ = writeln!(
+            out,
             "\nThe preparing node's kubelet-plugin: /readyz {}, /metrics:",
             if self.plugin_ready { "ok" } else { "NOT READY" }
         );
         for line in &self.plugin_metrics {
-            println!("  {line}");
+            let _ = writeln!(out, "  {line}");
         }
         if let Some(installed) = &self.installed {
-            println!("\nThe chart's pods (helm install akri charts/akri):");
+            let _ = writeln!(out, "\nThe chart's pods (helm install akri charts/akri):");
             for (pod, component, node, phase, ready) in &installed.pods {
                 let ready = if *ready { "ready" } else { "NOT READY" };
-                println!("  {pod:<44} {component:<18} {node:<7} {phase} {ready}");
+                let _ = writeln!(out, "  {pod:<44} {component:<18} {node:<7} {phase} {ready}");
             }
-            println!("Broker Jobs of examples/brokers/job-per-instance.yaml (one per Instance):");
+            let _ = writeln!(
+                out,
+                "Broker Jobs of examples/brokers/job-per-instance.yaml (one per Instance):"
+            );
             for (instance, description, output) in &installed.brokers {
-                println!("  {instance} ({description}): {}", output.trim());
+                let _ = writeln!(out, "  {instance} ({description}): {}", output.trim());
             }
         }
-        println!("\n$ kubectl get dc,pf,akrii,resourceslices,resourceclaims -A");
-        print!("{}", self.kubectl);
+        let _ = writeln!(
+            out,
+            "\n$ kubectl get dc,pf,akrii,resourceslices,resourceclaims -A"
+        );
+        out.push_str(&self.kubectl);
+        out
     }
 
     /// What is wrong with the report, against the examples and the demo's two nodes.
