@@ -415,6 +415,6 @@ impl Node {
 /// Whether real nodes can run here, with the images they run: `Err` says what is missing.
 fn real_nodes_available() -> Result<Images, String> {
     let bins = BinDir::from_env().map_err(|e| e.to_string())?;
-    RealNode::available_with(&bins)?;
+    RealNode::available(&bins)?;
     Images::built().map_err(|e| format!("{e:#}"))
 }

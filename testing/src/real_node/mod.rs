@@ -159,15 +159,11 @@ impl RealNode {
         Ok(node)
     }
 
-    /// Whether this machine can run a real node for `control_plane`'s version: `Err` says
-    /// what is missing (the binaries, root, a tool). For callers with a fallback, as the
+    /// Whether this machine can run a real node of the control-plane binaries `bins` (before
+    /// the control plane starts: it may need services): `Err` says what is missing (the
+    /// binaries, root, a tool). For callers with a fallback, as the
     /// demo's simulated nodes; tests call [`start`](Self::start) and fail.
-    pub fn available(control_plane: &ControlPlane) -> Result<(), String> {
-        Self::available_with(control_plane.bins())
-    }
-
-    /// [`available`](Self::available) for a control plane of `bins`, before it starts.
-    pub fn available_with(bins: &crate::BinDir) -> Result<(), String> {
+    pub fn available(bins: &crate::BinDir) -> Result<(), String> {
         NodeBins::from_env().map_err(|e| e.to_string())?;
         bins.require("kubelet").map_err(|e| e.to_string())?;
         let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -251,12 +247,6 @@ impl RealNode {
                 String::from_utf8_lossy(&output.stderr).trim()
             )))
         }
-    }
-
-    /// The kubelet's root directory (`/var/lib/kubelet` on the node: its pods' volumes are
-    /// under `pods/<uid>/volumes/`).
-    pub fn kubelet_root_dir(&self) -> &Path {
-        &self.kubelet.root_dir
     }
 
     /// The Node's name.
