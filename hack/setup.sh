@@ -18,6 +18,9 @@ command -v setpriv >/dev/null || missing+=(util-linux)
 command -v cc >/dev/null || missing+=(build-essential)
 command -v git >/dev/null || missing+=(git)
 command -v musl-gcc >/dev/null || missing+=(musl-tools)
+# The arm64 images: the cross C compiler and linker, and qemu-user to run what it built.
+command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
+command -v qemu-aarch64-static >/dev/null || missing+=(qemu-user-static)
 command -v umoci >/dev/null || missing+=(umoci)
 command -v skopeo >/dev/null || missing+=(skopeo)
 command -v jq >/dev/null || missing+=(jq)
@@ -51,5 +54,5 @@ fi
 command -v cargo >/dev/null || { echo "cargo not found: this machine kind ships Rust via rustup" >&2; exit 1; }
 command -v go >/dev/null || { echo "go not found: this machine kind ships Go" >&2; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
-# The static release binaries of the images (hack/images.sh).
-rustup target add x86_64-unknown-linux-musl >/dev/null
+# The static release binaries of the images (hack/images.sh), amd64 and arm64.
+rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null
