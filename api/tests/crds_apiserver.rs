@@ -534,3 +534,72 @@ async fn every_example_is_accepted_by_the_api_server() {
     }
     assert!(refused.is_empty(), "refused:\n{}", refused.join("\n"));
 }
+
+/// Short names that clusters we are installed on serve and a real kube-apiserver does not:
+/// OpenShift's own kinds (`oc api-resources` on OpenShift 4), where a clash is most likely to
+/// meet an edge user. kubectl resolves a clashing short name to one of the two, silently.
+const OPENSHIFT_SHORT_NAMES: &[(&str, &str)] = &[
+    ("dc", "deploymentconfigs.apps.openshift.io"),
+    ("bc", "buildconfigs.build.openshift.io"),
+    ("is", "imagestreams.image.openshift.io"),
+    ("istag", "imagestreamtags.image.openshift.io"),
+    ("isimage", "imagestreamimages.image.openshift.io"),
+    ("scc", "securitycontextconstraints.security.openshift.io"),
+    ("clusterquota", "clusterresourcequotas.quota.openshift.io"),
+];
+
+/// No short name of our v1 kinds means anything else: not a kind the real API server serves
+/// (every group it lists, with our CRDs installed), not an OpenShift kind. Akri's v0 kinds keep
+/// Akri's names (`akric`, `akrii`): they are the same resources.
+#[tokio::test]
+async fn no_short_name_of_ours_names_another_kind() {
+    let client = cluster().await.client().await.unwrap();
+    let mut served: Vec<(String, String)> = Vec::new(); // (short name, resource.group)
+    let mut lists = vec![client.list_core_api_resources("v1").await.unwrap()];
+    for group in client.list_api_groups().await.unwrap().groups {
+        for version in &group.versions {
+            lists.push(
+                client
+                    .list_api_group_resources(&version.group_version)
+                    .await
+                    .unwrap(),
+            );
+        }
+    }
+    for list in &lists {
+        let group = list.group_version.split('/').rev().nth(1).unwrap_or("");
+        for resource in &list.resources {
+            for short in resource.short_names.iter().flatten() {
+                served.push((short.clone(), format!("{}.{group}", resource.name)));
+            }
+        }
+    }
+    assert!(
+        served.iter().any(|(s, _)| s == "po"),
+        "the API server's discovery lists short names: {served:?}"
+    );
+    served.extend(
+        OPENSHIFT_SHORT_NAMES
+            .iter()
+            .map(|(s, r)| (s.to_string(), r.to_string())),
+    );
+
+    let mut clashes = Vec::new();
+    for crd in akri_api::crds::all() {
+        let ours = crd.metadata.name.clone().unwrap_or_default();
+        if crd.spec.versions.iter().all(|v| v.name == "v0") {
+            continue;
+        }
+        for short in crd.spec.names.short_names.iter().flatten() {
+            for (name, resource) in &served {
+                if name == short && *resource != ours {
+                    clashes.push(format!("{short}: {ours} and {resource}"));
+                }
+            }
+        }
+    }
+    assert!(
+        clashes.is_empty(),
+        "short names that name two kinds: {clashes:?}"
+    );
+}

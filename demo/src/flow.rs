@@ -148,7 +148,8 @@ pub async fn run(cluster: &Cluster) -> anyhow::Result<Report> {
         true => Some(installed(cluster, &instances).await?),
         false => None,
     };
-    let kubectl = cluster.kubectl(&["get", "dc,pf,akrii,resourceslices,resourceclaims", "-A"])?;
+    let kubectl =
+        cluster.kubectl(&["get", "akridc,pf,akrii,resourceslices,resourceclaims", "-A"])?;
     Ok(Report {
         instances,
         classes,

@@ -140,7 +140,7 @@ async fn main() -> anyhow::Result<()> {
     }
 
     println!(
-        "\nThe cluster keeps running. In another shell:\n  export KUBECONFIG={}\n  {kubectl} get dc,akrii,resourceslices -A{}\nLogs: {}\nCtrl-C stops it.",
+        "\nThe cluster keeps running. In another shell:\n  export KUBECONFIG={}\n  {kubectl} get akridc,akrii,resourceslices -A{}\nLogs: {}\nCtrl-C stops it.",
         cluster.cp.kubeconfig().display(),
         if cluster.real {
             format!("\n  {} logs lobby-broker", cluster.kubectl.display())

@@ -155,7 +155,7 @@ impl Report {
         }
         let _ = writeln!(
             out,
-            "\n$ kubectl get dc,pf,akrii,resourceslices,resourceclaims -A"
+            "\n$ kubectl get akridc,pf,akrii,resourceslices,resourceclaims -A"
         );
         out.push_str(&self.kubectl);
         out

@@ -1626,3 +1626,156 @@ fn namespace_of(words: &[&str]) -> String {
         .find(|w| w[0] == "--namespace" || w[0] == "-n")
         .map_or("default".to_string(), |w| w[1].to_string())
 }
+
+/// What docs/distributions.md tells a k0s, MicroK8s or OpenShift user to set does what it says
+/// there: every `--set` line renders (with release `akri` in namespace `akri`, as the docs'
+/// commands use), a kubelet directory moves every kubelet path of the kubelet-plugin and
+/// leaves none at the default, the SELinux type joins the chart's securityContext without
+/// dropping a field of it, and the ServiceAccount the OpenShift SCC command names is the
+/// kubelet-plugin's.
+#[tokio::test]
+async fn the_distribution_settings_render_what_the_docs_say() {
+    let helm = Helm::new();
+    let doc = std::fs::read_to_string(repo().join("docs/distributions.md")).unwrap();
+    let sets: Vec<&str> = doc
+        .split('`')
+        .filter_map(|code| code.strip_prefix("--set "))
+        .collect();
+    assert!(
+        sets.iter()
+            .any(|s| s.starts_with("kubeletPlugin.kubeletDir="))
+            && sets.iter().any(|s| s.contains("seLinuxOptions")),
+        "the docs' --set lines are found: {sets:?}"
+    );
+    let plugin_of = |objects: &[Value]| {
+        find(objects, "DaemonSet", "akri-kubelet-plugin")["spec"]["template"]["spec"].clone()
+    };
+    let default = plugin_of(&helm.template("akri", "akri", &[]).await);
+    let default_paths = host_paths(&default);
+    assert!(
+        default_paths
+            .iter()
+            .any(|p| p.starts_with("/var/lib/kubelet/")),
+        "{default_paths:?}"
+    );
+
+    for set in &sets {
+        let pod = plugin_of(&helm.template("akri", "akri", &["--set", set]).await);
+        let (key, value) = set.split_once('=').unwrap();
+        match key {
+            "kubeletPlugin.kubeletDir" => {
+                let paths = host_paths(&pod);
+                let moved: Vec<String> = default_paths
+                    .iter()
+                    .map(|p| match p.strip_prefix("/var/lib/kubelet") {
+                        Some(rest) => format!("{value}{rest}"),
+                        None => p.clone(),
+                    })
+                    .collect();
+                assert_eq!(
+                    paths, moved,
+                    "{set}: the kubelet's host paths move, the rest stay"
+                );
+                let args = strings(&pod["containers"][0]["args"]);
+                assert!(
+                    args.contains(&format!("--registry-dir={value}/plugins_registry"))
+                        && !args.iter().any(|a| a.contains("=/var/lib/kubelet/")),
+                    "{set}: {args:?}"
+                );
+            }
+            "kubeletPlugin.securityContext.seLinuxOptions.type" => {
+                let mut want = default["containers"][0]["securityContext"].clone();
+                want["seLinuxOptions"] = json!({ "type": value });
+                assert_eq!(pod["containers"][0]["securityContext"], want, "{set}");
+            }
+            _ => panic!("docs/distributions.md sets {set}, which this test does not know"),
+        }
+    }
+
+    let scc = doc
+        .lines()
+        .find(|l| l.contains("oc adm policy add-scc-to-user privileged"))
+        .expect("the OpenShift SCC command");
+    let account = scc
+        .split(" -z ")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    assert_eq!(
+        default["serviceAccountName"], account,
+        "the SCC command names the kubelet-plugin's ServiceAccount: {scc}"
+    );
+}
+
+/// Where a cluster enforces Pod Security `baseline` (Talos, hardened kubeadm), the real API
+/// server refuses the kubelet-plugin's pod in an unlabelled namespace, with the message
+/// docs/distributions.md quotes, and admits it in a namespace labelled as
+/// `examples/akri-namespace.yaml` labels `akri` (server-side dry runs of the DaemonSet's pod).
+#[tokio::test]
+async fn baseline_pod_security_refuses_the_plugin_and_the_example_namespace_admits_it() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let helm = Helm::new();
+    let example: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("examples/akri-namespace.yaml")).unwrap(),
+    )
+    .unwrap();
+    let doc = std::fs::read_to_string(repo().join("docs/distributions.md")).unwrap();
+    for (prefix, labels, refused_with) in [
+        (
+            "baseline",
+            json!({ "pod-security.kubernetes.io/enforce": "baseline" }),
+            Some("violates PodSecurity \"baseline"),
+        ),
+        ("labelled", example["metadata"]["labels"].clone(), None),
+    ] {
+        let ns = ControlPlane::unique_name(prefix);
+        Api::<Namespace>::all(client.clone())
+            .create(
+                &PostParams::default(),
+                &from_json(json!({ "metadata": { "name": ns, "labels": labels } })),
+            )
+            .await
+            .unwrap();
+        let objects = helm.template("akri", &ns, &[]).await;
+        let template = &find(&objects, "DaemonSet", "akri-kubelet-plugin")["spec"]["template"];
+        let account = template["spec"]["serviceAccountName"].as_str().unwrap();
+        Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+            .create(
+                &PostParams::default(),
+                &from_json(json!({ "metadata": { "name": account } })),
+            )
+            .await
+            .unwrap();
+        let pod: Pod = from_json(json!({
+            "metadata": { "name": "kubelet-plugin", "labels": template["metadata"]["labels"] },
+            "spec": template["spec"],
+        }));
+        let created = Api::<Pod>::namespaced(client.clone(), &ns)
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &pod,
+            )
+            .await;
+        match refused_with {
+            Some(message) => {
+                let error = created
+                    .expect_err("baseline refuses the kubelet-plugin")
+                    .to_string();
+                assert!(error.contains(message), "{error}");
+                assert!(
+                    doc.contains(message),
+                    "docs/distributions.md quotes the refusal ({message}): {error}"
+                );
+            }
+            None => {
+                created.unwrap_or_else(|e| panic!("{labels}: the pod is refused: {e}"));
+            }
+        }
+    }
+}

@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
     kind = "BrokerTemplate",
     namespaced,
     shortname = "bt",
+    category = "akri",
     status = "BrokerTemplateStatus",
     printcolumn(
         name = "Discovery",

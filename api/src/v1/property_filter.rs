@@ -18,6 +18,7 @@ use serde::{Deserialize, Serialize};
     version = "v1",
     kind = "PropertyFilter",
     shortname = "pf",
+    category = "akri",
     status = "PropertyFilterStatus",
     printcolumn(
         name = "Discovery",
