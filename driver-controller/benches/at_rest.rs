@@ -1,10 +1,15 @@
-//! Prints the API writes a node and the driver-controller make while nothing changes, and
-//! for one device change, counted by the kube-apiserver itself (`apiserver_request_total`):
+//! Prints the API requests (writes, and reads: GET, LIST, WATCH) a node and the
+//! driver-controller make while nothing changes, and for one device change, counted by the
+//! kube-apiserver itself (`apiserver_request_total`):
 //! `cargo bench -p akri-driver-controller --bench at_rest`.
 //!
 //! A node agent (the kubelet-plugin's, embedded) with 100 debugEcho devices on one simulated
-//! node; then the driver-controller binary beside it. Each phase is counted over [`WINDOW`]
-//! after a settling pause.
+//! node; then the driver-controller binary beside it. Then the scale figure: on a fresh API
+//! server, 20 and then 50 agents (simulated nodes) with 50 devices each, their requests at
+//! rest per node; it should not grow with the number of nodes and Instances. Each phase is
+//! counted over [`WINDOW`] after a settling pause, beside what the API server alone does over
+//! a window (its own requests, which are not ours). `AT_REST_SCALE=20,50` sets the agent counts
+//! (`AT_REST_SCALE=` skips the scale figure).
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
@@ -19,9 +24,10 @@ const DEVICES: usize = 100;
 const WINDOW: Duration = Duration::from_secs(70);
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// The writes the API server counted, by `group/resource[/subresource] VERB`. The API
-/// server's own Lease and Endpoints writes are left out: nothing of ours writes those here.
-async fn writes(
+/// The requests the API server counted, by `group/resource[/subresource] VERB`. Requests for
+/// Leases and Endpoints (the API server's own) and for no resource (`/metrics`, the bench's
+/// sampling) are left out: nothing of ours makes those here. A WATCH counts when it ends.
+async fn requests(
     client: &kube::Client,
 ) -> Result<BTreeMap<String, f64>, Box<dyn std::error::Error>> {
     let request = http::Request::get("/metrics").body(Vec::new())?;
@@ -44,18 +50,7 @@ async fn writes(
         };
         let verb = label("verb");
         let resource = label("resource");
-        if ![
-            "POST",
-            "PUT",
-            "PATCH",
-            "APPLY",
-            "DELETE",
-            "DELETECOLLECTION",
-        ]
-        .contains(&verb.as_str())
-            || resource == "leases"
-            || resource == "endpoints"
-        {
+        if resource.is_empty() || resource == "leases" || resource == "endpoints" {
             continue;
         }
         let mut key = format!("{}/{resource}", label("group"));
@@ -68,18 +63,38 @@ async fn writes(
     Ok(counts)
 }
 
-/// What was written between two [`writes`] samples: total and the non-zero entries.
-fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> (f64, String) {
-    let mut total = 0.0;
-    let mut parts = Vec::new();
+const WRITES: [&str; 6] = [
+    "POST",
+    "PUT",
+    "PATCH",
+    "APPLY",
+    "DELETE",
+    "DELETECOLLECTION",
+];
+
+/// What was requested between two [`requests`] samples.
+#[derive(Default)]
+struct Delta {
+    writes: f64,
+    reads: f64,
+    /// The non-zero entries.
+    parts: Vec<String>,
+}
+
+fn delta(before: &BTreeMap<String, f64>, after: &BTreeMap<String, f64>) -> Delta {
+    let mut d = Delta::default();
     for (key, value) in after {
         let n = value - before.get(key).copied().unwrap_or_default();
         if n > 0.0 {
-            total += n;
-            parts.push(format!("{key}: {n}"));
+            if WRITES.iter().any(|w| key.ends_with(&format!(" {w}"))) {
+                d.writes += n;
+            } else {
+                d.reads += n;
+            }
+            d.parts.push(format!("{key}: {n}"));
         }
     }
-    (total, parts.join(", "))
+    d
 }
 
 async fn node_devices(client: &kube::Client, node: &str) -> usize {
@@ -103,23 +118,102 @@ async fn wait_for(what: &str, check: impl AsyncFn() -> bool) {
     }
 }
 
-/// Counts the writes over [`WINDOW`], per minute.
-async fn at_rest(client: &kube::Client, who: &str) -> Result<(), Box<dyn std::error::Error>> {
+/// Counts the requests over [`WINDOW`] and prints them per minute (and per node, of
+/// `nodes`).
+async fn at_rest(
+    client: &kube::Client,
+    who: &str,
+    nodes: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
     tokio::time::sleep(SETTLE).await;
-    let before = writes(client).await?;
+    let before = requests(client).await?;
     tokio::time::sleep(WINDOW).await;
-    let (total, parts) = delta(&before, &writes(client).await?);
-    let per_minute = total * 60.0 / WINDOW.as_secs_f64();
-    eprintln!("{who} at rest: {per_minute:.1} API writes/min ({parts})");
+    let d = delta(&before, &requests(client).await?);
+    let per_minute = |n: f64| n * 60.0 / WINDOW.as_secs_f64();
+    let per_node = if nodes > 1 {
+        format!(
+            "; per node {:.2} writes/min, {:.2} reads/min",
+            per_minute(d.writes) / nodes as f64,
+            per_minute(d.reads) / nodes as f64
+        )
+    } else {
+        String::new()
+    };
+    eprintln!(
+        "{who} at rest: {:.1} API writes/min, {:.1} reads/min{per_node} ({})",
+        per_minute(d.writes),
+        per_minute(d.reads),
+        d.parts.join(", ")
+    );
+    Ok(())
+}
+
+/// A control plane with the CRDs and a namespace for the Instances.
+async fn control_plane() -> Result<(ControlPlane, kube::Client, String), Box<dyn std::error::Error>>
+{
+    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    let client = cp.client().await?;
+    cp.install_crds(&akri_api::crds::all()).await?;
+    let ns = cp.create_namespace("bench").await?;
+    Ok((cp, client, ns))
+}
+
+/// A configuration of the embedded debugEcho handler that finds `devices` devices per node.
+async fn echo_configuration(
+    client: &kube::Client,
+    devices: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let descriptions: Vec<String> = (0..devices).map(|i| format!("dev{i}")).collect();
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": "local" },
+                "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")) } },
+            }))?,
+        )
+        .await?;
+    Ok(())
+}
+
+/// The scale figure: `agents` nodes' agents at rest, `devices` devices each.
+async fn scale(agents: usize, devices: usize) -> Result<(), Box<dyn std::error::Error>> {
+    let (cp, client, ns) = control_plane().await?;
+    at_rest(&client, "the API server alone", 1).await?;
+    let dir = tempfile::tempdir()?;
+    let mut running = Vec::new();
+    for i in 0..agents {
+        let node = format!("scale-node-{i}");
+        cp.create_node(&node).await?;
+        let config = AgentConfig::embedded(&node, &ns, &dir.path().join(&node));
+        running.push(agent::start(client.clone(), config).await?);
+    }
+    echo_configuration(&client, devices).await?;
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    wait_for("every node's Instances", async || {
+        instances
+            .list(&ListParams::default())
+            .await
+            .is_ok_and(|l| l.items.len() == agents * devices)
+    })
+    .await;
+    at_rest(
+        &client,
+        &format!(
+            "{agents} kubelet-plugins, {devices} devices each ({} Instances)",
+            agents * devices
+        ),
+        agents,
+    )
+    .await?;
+    drop(running);
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
-    let client = cp.client().await?;
-    cp.install_crds(&akri_api::crds::all()).await?;
-    let ns = cp.create_namespace("bench").await?;
+    let (cp, client, ns) = control_plane().await?;
     let node = "bench-node";
     cp.create_node(node).await?;
     let dir = tempfile::tempdir()?;
@@ -133,33 +227,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _agent = agent::start(client.clone(), config).await?;
 
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
-    let descriptions: Vec<String> = (0..DEVICES).map(|i| format!("dev{i}")).collect();
-    configs
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({
-                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-                "metadata": { "name": "local" },
-                "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")) } },
-            }))?,
-        )
-        .await?;
+    echo_configuration(&client, DEVICES).await?;
     wait_for("node-local devices published", async || {
         node_devices(&client, node).await == DEVICES
     })
     .await;
-    at_rest(&client, &format!("kubelet-plugin, {DEVICES} devices")).await?;
+    at_rest(&client, &format!("kubelet-plugin, {DEVICES} devices"), 1).await?;
 
     // One device goes.
-    let before = writes(&client).await?;
+    let before = requests(&client).await?;
     std::fs::write(&availability, "dev0")?;
     wait_for("one device gone", async || {
         node_devices(&client, node).await == DEVICES - 1
     })
     .await;
     tokio::time::sleep(SETTLE).await;
-    let (total, parts) = delta(&before, &writes(&client).await?);
-    eprintln!("kubelet-plugin, one device gone: {total} API writes ({parts})");
+    let d = delta(&before, &requests(&client).await?);
+    eprintln!(
+        "kubelet-plugin, one device gone: {} API writes ({}; the bench's own LISTs of slices included)",
+        d.writes,
+        d.parts.join(", ")
+    );
 
     let port = akri_testing::free_port()?;
     let _controller = akri_testing::spawn_controller(
@@ -183,7 +271,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "kubelet-plugin and driver-controller, {} devices",
             DEVICES - 1
         ),
+        1,
     )
     .await?;
+    drop(_controller);
+    drop(_agent);
+    drop(cp);
+
+    let counts = std::env::var("AT_REST_SCALE").unwrap_or_else(|_| "20,50".to_string());
+    for agents in counts.split(',').filter(|c| !c.is_empty()) {
+        scale(agents.trim().parse()?, 50).await?;
+    }
     Ok(())
 }

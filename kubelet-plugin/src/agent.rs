@@ -1,10 +1,14 @@
 //! The node agent: discovery in, DRA out.
 //!
-//! One loop owns the node's state and reacts to three things: DiscoveryConfigurations
-//! changing, discovery handlers (un)registering, and handlers reporting devices. Per
-//! configuration whose handler is registered it runs one discovery stream; per handler (one
-//! DRA driver) it serves the kubelet plugin and publishes this node's pool, health and
-//! Instances whenever that driver's devices change.
+//! One loop owns the node's state and reacts to: DiscoveryConfigurations changing (a watch),
+//! discovery handlers (un)registering, handlers reporting devices, a driver's prepared claims
+//! changing, the time a vanished device's taint moves on or a kubelet should have taken a
+//! driver, and a resync every 30 s. Per configuration whose handler is registered it runs one
+//! discovery stream; per handler (one DRA driver) it serves the kubelet plugin and publishes
+//! this node's pool, health and Instances whenever that driver's devices change. A pass reads
+//! nothing from the API server that its watches do not already keep (the library's slice
+//! publisher and [`InstanceWriter`] keep what is stored), except the Secrets and ConfigMaps of
+//! discovery properties.
 
 use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
 use crate::discovery::{DiscoveryEvent, RegisteredHandler, Registry};
@@ -27,9 +31,7 @@ use dra_plugin::cdi::CdiRoot;
 use dra_plugin::vanished::VanishedDevices;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::Api;
-use kube::core::PartialObjectMeta;
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -353,19 +355,6 @@ impl AgentState {
                 Err(_) => WatchEvent::Failed,
             }),
         );
-        // The kubelet's DRA manager deletes a node's slices when it restarts, and anyone may
-        // delete them: republish as soon as one of this node's slices changes or goes.
-        let slices_api = Api::<PartialObjectMeta<ResourceSlice>>::all(self.client.clone());
-        let node_slices =
-            watcher::Config::default().fields(&format!("spec.nodeName={}", self.config.node_name));
-        // Only that something changed matters: metadata, not the devices (less to decode and
-        // to keep).
-        let mut slice_changes = Box::pin(watcher(slices_api, node_slices).default_backoff().map(
-            |event| match event {
-                Ok(_) => WatchEvent::Changed,
-                Err(_) => WatchEvent::Failed,
-            },
-        ));
         let (events_tx, mut events) = mpsc::channel::<StreamEvent>(64);
         // Drivers whose prepared claims changed: a vanished device may have lost its last holder.
         let (claims_tx, mut claims_changed) = mpsc::unbounded_channel::<String>();
@@ -418,10 +407,6 @@ impl AgentState {
                     self.next_taint_change = None;
                     dirty.extend(self.drivers.keys().cloned());
                 }
-                event = slice_changes.next() => match event {
-                    Some(WatchEvent::Failed) => continue,
-                    _ => dirty.extend(self.drivers.keys().cloned()),
-                },
             }
             let configs: Vec<DiscoveryConfiguration> =
                 store.state().iter().map(|c| (**c).clone()).collect();
@@ -647,9 +632,9 @@ impl AgentState {
             .checkpoint(checkpoint)
             .node_uid(&self.node_uid)
             .field_manager(akri_devices::node_field_manager(&self.config.node_name))
-            // The agent watches the node's slices itself: its pass also moves vanished
-            // devices' taints along, which a plain republish would not.
-            .repair_slices(false)
+            // Slices changed or deleted behind its back (the kubelet's DRA manager deletes a
+            // node's slices when it restarts) are written again as last published; a
+            // vanished device's taint moves on at its own time (`next_taint_change`).
             .start(self.client.clone(), timed)
             .await?;
         if let Some(set_aside) = plugin.service().set_aside() {

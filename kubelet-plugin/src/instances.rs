@@ -3,6 +3,9 @@
 //! overwrite each other. The DRA path leaves `deviceUsage` empty; the legacy path has its
 //! slots, which the node that creates them adds once (`""`, free) and the device plugins
 //! claim ([`akri_legacy_device_plugin::claims`]); applies never touch them.
+//!
+//! What is stored comes from a watch ([`Mine`]), not a read per pass: a node at rest makes no
+//! requests for its Instances beyond that watch, however many Instances the cluster has.
 
 use crate::node_devices::KnownDevice;
 use akri_api::v0::{Instance, InstanceSpec};
@@ -10,8 +13,11 @@ use akri_api::v1::{
     INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
     instance_source_selector,
 };
+use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Writes this node's Instances.
@@ -27,29 +33,156 @@ pub struct InstanceWriter {
     /// Instances this node stopped seeing, and since when: removed after `grace`, so a
     /// flapping device does not churn Instances (and brokers).
     vanished: BTreeMap<String, Instant>,
+    /// The stored Instances that name this node, kept by a watch.
+    mine: Arc<Mutex<Mine>>,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for InstanceWriter {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+/// The Instances (of one source, in one namespace) whose `nodes` name this node, as the API
+/// server has them: what a watch of them all said, kept only for this node's, and what this
+/// node's own writes returned (so the next pass does not wait for their events).
+#[derive(Default)]
+struct Mine {
+    /// `None` until the watch's first list is complete (a pass then lists for itself).
+    instances: Option<BTreeMap<String, Instance>>,
+    /// The watch's list in progress.
+    listing: BTreeMap<String, Instance>,
+}
+
+impl Mine {
+    fn note(&mut self, node: &str, event: watcher::Event<Instance>) {
+        let names_node = |i: &Instance| i.spec.nodes.iter().any(|n| n == node);
+        match event {
+            watcher::Event::Init => self.listing.clear(),
+            watcher::Event::InitApply(instance) => {
+                if names_node(&instance) {
+                    let name = instance.metadata.name.clone().unwrap_or_default();
+                    self.listing.insert(name, instance);
+                }
+            }
+            watcher::Event::InitDone => {
+                self.instances = Some(std::mem::take(&mut self.listing));
+            }
+            watcher::Event::Apply(instance) => self.stored(node, instance),
+            watcher::Event::Delete(instance) => {
+                if let (Some(mine), Some(name)) = (&mut self.instances, &instance.metadata.name) {
+                    mine.remove(name);
+                }
+            }
+        }
+    }
+
+    /// `instance` as it is stored now (from an event or a write's response).
+    fn stored(&mut self, node: &str, instance: Instance) {
+        let (Some(mine), Some(name)) = (&mut self.instances, instance.metadata.name.clone()) else {
+            return;
+        };
+        if instance.spec.nodes.iter().any(|n| n == node) {
+            mine.insert(name, instance);
+        } else {
+            mine.remove(&name);
+        }
+    }
+
+    fn deleted(&mut self, name: &str) {
+        if let Some(mine) = &mut self.instances {
+            mine.remove(name);
+        }
+    }
+}
+
+/// Keeps `mine` as the watch of `api`'s Instances labelled `selector` says.
+async fn watch_mine(api: Api<Instance>, selector: String, node: String, mine: Arc<Mutex<Mine>>) {
+    // The watcher retries failures itself, with backoff, and resumes where it was.
+    let events = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        if let Ok(event) = event {
+            mine.lock().expect("not poisoned").note(&node, event);
+        }
+    }
 }
 
 impl InstanceWriter {
+    /// The writer of the DRA path. Starts watching the namespace's Instances of that path.
     pub fn new(client: kube::Client, namespace: &str, node: &str, grace: Duration) -> Self {
-        InstanceWriter {
-            api: Api::namespaced(client, namespace),
-            node: node.to_string(),
-            field_manager: akri_devices::node_field_manager(node),
+        Self::of_source(
+            client,
+            namespace,
+            node,
             grace,
-            source: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
-            slots: false,
-            vanished: BTreeMap::new(),
-        }
+            INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+        )
     }
 
     /// The writer of the legacy path: Instances of v0 Configurations in `namespace` (theirs),
     /// with `deviceUsage` slots.
     pub fn legacy(client: kube::Client, namespace: &str, node: &str, grace: Duration) -> Self {
+        Self::of_source(
+            client,
+            namespace,
+            node,
+            grace,
+            INSTANCE_SOURCE_CONFIGURATION,
+        )
+    }
+
+    fn of_source(
+        client: kube::Client,
+        namespace: &str,
+        node: &str,
+        grace: Duration,
+        source: &'static str,
+    ) -> Self {
+        let api = Api::namespaced(client, namespace);
+        let mine = Arc::new(Mutex::new(Mine::default()));
+        let watch = tokio::spawn(watch_mine(
+            api.clone(),
+            instance_source_selector(source),
+            node.to_string(),
+            mine.clone(),
+        ));
         InstanceWriter {
-            source: INSTANCE_SOURCE_CONFIGURATION,
-            slots: true,
-            ..InstanceWriter::new(client, namespace, node, grace)
+            api,
+            node: node.to_string(),
+            field_manager: akri_devices::node_field_manager(node),
+            grace,
+            source,
+            slots: source == INSTANCE_SOURCE_CONFIGURATION,
+            vanished: BTreeMap::new(),
+            mine,
+            watch,
         }
+    }
+
+    /// The stored Instances that name this node: from the watch, or (before its first list is
+    /// complete) read now.
+    async fn stored_mine(&self) -> Result<BTreeMap<String, Instance>, kube::Error> {
+        if let Some(mine) = &self.mine.lock().expect("not poisoned").instances {
+            return Ok(mine.clone());
+        }
+        let listed = crate::api_call(
+            self.api
+                .list(&ListParams::default().labels(&instance_source_selector(self.source))),
+        )
+        .await?;
+        Ok(listed
+            .items
+            .into_iter()
+            .filter(|i| i.spec.nodes.contains(&self.node))
+            .map(|i| (i.metadata.name.clone().unwrap_or_default(), i))
+            .collect())
+    }
+
+    /// Remembers what a write of this node returned.
+    fn wrote(&self, instance: &Instance) {
+        (self.mine.lock().expect("not poisoned")).stored(&self.node, instance.clone());
     }
 
     /// Applies the Instances of `known` devices (with this node in `nodes`), and takes this
@@ -59,16 +192,7 @@ impl InstanceWriter {
         let params = PatchParams::apply(&self.field_manager).force();
         // What is stored: an Instance that already says what this node would apply is not
         // written again, so a node at rest makes no writes (it did one per Instance per pass).
-        let mine = crate::api_call(
-            self.api
-                .list(&ListParams::default().labels(&instance_source_selector(self.source))),
-        )
-        .await?;
-        let stored: BTreeMap<&str, &Instance> = mine
-            .items
-            .iter()
-            .map(|i| (i.metadata.name.as_deref().unwrap_or_default(), i))
-            .collect();
+        let stored = self.stored_mine().await?;
         let mut seen = BTreeSet::new();
         for (device, capacity, shared) in known {
             seen.insert(device.instance.clone());
@@ -100,7 +224,7 @@ impl InstanceWriter {
                     device_usage: Default::default(),
                 },
             };
-            if let Some(current) = stored.get(device.instance.as_str())
+            if let Some(current) = stored.get(&device.instance)
                 && says_already(current, &instance, &self.node)
             {
                 if self.slots {
@@ -114,6 +238,7 @@ impl InstanceWriter {
                 &Patch::Apply(&instance),
             ))
             .await?;
+            self.wrote(&applied);
             if self.slots {
                 self.add_missing_slots(&applied).await?;
             }
@@ -121,11 +246,11 @@ impl InstanceWriter {
 
         // Instances this node wrote before that it no longer sees.
         let now = Instant::now();
-        for instance in &mine.items {
-            let name = instance.metadata.name.clone().unwrap_or_default();
-            if seen.contains(&name) || !instance.spec.nodes.contains(&self.node) {
+        for (name, instance) in &stored {
+            if seen.contains(name) {
                 continue;
             }
+            let name = name.clone();
             let since = *self.vanished.entry(name.clone()).or_insert(now);
             if now.duration_since(since) < self.grace {
                 continue;
@@ -143,12 +268,15 @@ impl InstanceWriter {
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
                     Err(e) => return Err(e),
                 }
+                self.mine.lock().expect("not poisoned").deleted(&name);
             } else {
                 // Give up our entry of `nodes` (and our other fields) by applying nothing.
                 let empty = serde_json::json!({
                     "apiVersion": "akri.sh/v0", "kind": "Instance", "metadata": { "name": name },
                 });
-                crate::api_call(self.api.patch(&name, &params, &Patch::Apply(&empty))).await?;
+                let left: Instance =
+                    crate::api_call(self.api.patch(&name, &params, &Patch::Apply(&empty))).await?;
+                self.wrote(&left);
             }
         }
         Ok(())
@@ -181,7 +309,10 @@ impl InstanceWriter {
                 serde_json::from_value(serde_json::Value::Array(ops)).expect("valid JSON patch");
             let params = PatchParams::default();
             match crate::api_call(self.api.patch(&name, &params, &Patch::<()>::Json(patch))).await {
-                Ok(_) => return Ok(()),
+                Ok(patched) => {
+                    self.wrote(&patched);
+                    return Ok(());
+                }
                 Err(kube::Error::Api(status)) if status.code == 422 || status.code == 409 => {
                     instance = crate::api_call(self.api.get(&name)).await?;
                 }
@@ -253,6 +384,50 @@ mod tests {
                 device_usage: Default::default(),
             },
         }
+    }
+
+    fn named(name: &str, nodes: &[&str]) -> Instance {
+        let mut i = instance(nodes, None);
+        i.metadata.name = Some(name.into());
+        i
+    }
+
+    fn names(mine: &Mine) -> Vec<String> {
+        mine.instances
+            .iter()
+            .flatten()
+            .map(|(n, _)| n.clone())
+            .collect()
+    }
+
+    #[test]
+    fn the_watch_keeps_exactly_the_instances_that_name_this_node() {
+        use watcher::Event;
+        let mut mine = Mine::default();
+        mine.note("a", Event::Init);
+        mine.note("a", Event::InitApply(named("x", &["a", "b"])));
+        mine.note("a", Event::InitApply(named("y", &["b"])));
+        assert!(mine.instances.is_none(), "not complete before the list is");
+        mine.note("a", Event::InitDone);
+        assert_eq!(names(&mine), ["x"], "another node's Instance is not kept");
+        mine.note("a", Event::Apply(named("y", &["b", "a"])));
+        mine.note("a", Event::Apply(named("x", &["b"])));
+        assert_eq!(names(&mine), ["y"], "joined y, left x");
+        mine.note("a", Event::Delete(named("y", &["b", "a"])));
+        assert!(names(&mine).is_empty());
+        // A new list (the watch lost its place) replaces everything once complete.
+        mine.stored("a", named("z", &["a"]));
+        mine.note("a", Event::Init);
+        mine.note("a", Event::InitApply(named("w", &["a"])));
+        assert_eq!(
+            names(&mine),
+            ["z"],
+            "the old state serves until the list is complete"
+        );
+        mine.note("a", Event::InitDone);
+        assert_eq!(names(&mine), ["w"]);
+        mine.deleted("w");
+        assert!(names(&mine).is_empty());
     }
 
     #[test]

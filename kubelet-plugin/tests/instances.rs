@@ -176,3 +176,77 @@ async fn a_device_with_too_many_properties_is_published() {
         "brokers still get every property"
     );
 }
+
+/// The writer knows what is stored from a watch, not a read per pass: an Instance deleted or
+/// edited behind its back is written again by a later pass, once the watch has told it.
+#[tokio::test]
+async fn an_instance_deleted_or_edited_behind_its_back_is_written_again() {
+    let cp = ControlPlane::shared_api_server()
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("instances").await.unwrap();
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    let device = KnownDevice {
+        configuration: "echo".into(),
+        instance: akri_devices::instance_name("echo", "lobby", false, "node-a"),
+        device: DiscoveredDevice {
+            id: "lobby".into(),
+            ..DiscoveredDevice::default()
+        },
+    };
+    let mut writer = InstanceWriter::new(client.clone(), &ns, "node-a", Duration::ZERO);
+    let known = vec![(device.clone(), 1, false)];
+    writer.sync(&known).await.unwrap();
+    assert!(instances.get_opt(&device.instance).await.unwrap().is_some());
+
+    // Passes until the watch has told the writer (a bounded wait, not a timing assertion).
+    async fn passes_until<T>(
+        writer: &mut InstanceWriter,
+        known: &[(KnownDevice, i32, bool)],
+        what: &str,
+        mut done: impl AsyncFnMut() -> Option<T>,
+    ) -> T {
+        for _ in 0..80 {
+            writer.sync(known).await.unwrap();
+            if let Some(value) = done().await {
+                return value;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        panic!("{what}: not so after 20 s of passes");
+    }
+
+    instances
+        .delete(&device.instance, &Default::default())
+        .await
+        .unwrap();
+    passes_until(
+        &mut writer,
+        &known,
+        "the deleted Instance written again",
+        async || instances.get_opt(&device.instance).await.unwrap(),
+    )
+    .await;
+
+    let edit = serde_json::json!({ "spec": { "capacity": 5 } });
+    instances
+        .patch(
+            &device.instance,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&edit),
+        )
+        .await
+        .unwrap();
+    passes_until(
+        &mut writer,
+        &known,
+        "the edited Instance written back",
+        async || {
+            let capacity = instances.get(&device.instance).await.unwrap().spec.capacity;
+            (capacity == 1).then_some(())
+        },
+    )
+    .await;
+}
