@@ -28,8 +28,7 @@ pub const INSTANCE_ANNOTATION: &str = "akri.sh/instance";
 /// Annotation with a digest of what was applied: an object whose digest is unchanged is not
 /// applied again, so a completed Job or a scaled Deployment is left as it is.
 pub const DIGEST_ANNOTATION: &str = "akri.sh/broker-digest";
-/// The name, in a pod spec's `resourceClaims`, of the claim that binds it to its Instance.
-pub const POD_CLAIM_NAME: &str = "akri-device";
+pub use akri_api::v1::{POD_CLAIM_NAME, escape_variables};
 
 /// Why an object of a template cannot be rendered; shown in the template's status.
 #[derive(Debug, thiserror::Error, PartialEq)]
@@ -124,13 +123,6 @@ pub fn substitute(text: &str, values: &Values) -> Result<String, RenderError> {
     }
     out.push_str(rest);
     Ok(out)
-}
-
-/// The text that [`substitute`] turns back into `text`: every `$(AKRI_` escaped, for text
-/// written before these values existed (a migrated v0 broker spec), which must reach the
-/// kubelet as it was written.
-pub fn escape(text: &str) -> String {
-    text.replace("$(AKRI_", "$$(AKRI_")
 }
 
 /// Substitutes in every string of `value` (object keys are left as written).
@@ -438,7 +430,7 @@ mod tests {
             "plain",
             "$(AKRI_CONFIGURATION)$",
         ] {
-            assert_eq!(substitute(&escape(text), &values).unwrap(), text);
+            assert_eq!(substitute(&escape_variables(text), &values).unwrap(), text);
         }
     }
 

@@ -6,7 +6,7 @@
 //! - [`pod_resources`]: the kubelet's pod-resources API, to learn which devices running
 //!   containers hold.
 //!
-//! The Unix-socket plumbing is `dra_plugin::authority`'s, shared with the DRA side.
+//! The Unix-socket plumbing is `node_io::authority`'s, shared with the DRA side.
 
 pub mod plugin;
 pub mod pod_resources;

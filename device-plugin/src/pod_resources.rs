@@ -34,7 +34,7 @@ pub type DevicesInUse = BTreeMap<String, BTreeSet<String>>;
 /// Lists the pods the kubelet runs and returns the device ids their containers hold.
 pub async fn devices_in_use(socket: &Path) -> Result<DevicesInUse, Error> {
     let call = async {
-        let channel = dra_plugin::authority::connect(socket)
+        let channel = node_io::authority::connect(socket)
             .await
             .map_err(|source| Error::Connect {
                 path: socket.to_path_buf(),

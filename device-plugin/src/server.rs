@@ -143,15 +143,16 @@ impl Drop for Task {
 }
 
 fn serve<P: DevicePlugin>(socket: &Path, service: Service<P>) -> Result<Task, Error> {
-    let listener = dra_plugin::authority::bind(socket, dra_plugin::authority::OWNER_ONLY).map_err(
-        |source| Error::Socket {
-            path: socket.to_path_buf(),
-            source,
-        },
-    )?;
+    let listener =
+        node_io::authority::bind(socket, node_io::authority::OWNER_ONLY).map_err(|source| {
+            Error::Socket {
+                path: socket.to_path_buf(),
+                source,
+            }
+        })?;
     let router = tonic::transport::Server::builder()
         .add_service(api::device_plugin_server::DevicePluginServer::new(service));
-    Ok(Task(dra_plugin::authority::spawn(
+    Ok(Task(node_io::authority::spawn(
         listener,
         router,
         "device plugin server",
@@ -220,7 +221,7 @@ async fn register(
     options: api::DevicePluginOptions,
 ) -> Result<(), RegisterError> {
     let call = async {
-        let channel = dra_plugin::authority::connect(kubelet_socket)
+        let channel = node_io::authority::connect(kubelet_socket)
             .await
             .map_err(|source| RegisterError::Connect {
                 path: kubelet_socket.to_path_buf(),

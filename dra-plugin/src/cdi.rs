@@ -27,7 +27,7 @@
 //! are `pub(crate)`, it depends on clap, jsonschema, oci-spec, regex, serde_yaml and anyhow,
 //! and its name validators are private. Five small structs are less than that.
 
-use crate::checkpoint::write_replacing;
+use node_io::files::write_replacing;
 use serde::Serialize;
 use std::collections::BTreeSet;
 use std::fs::File;

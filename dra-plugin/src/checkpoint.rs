@@ -47,9 +47,9 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::fs::{File, Permissions};
-use std::io::{self, Write};
-use std::os::unix::fs::PermissionsExt;
+
+use std::io;
+
 use std::path::{Path, PathBuf};
 
 /// The only format this code reads and writes.
@@ -281,7 +281,7 @@ impl Checkpoint {
             std::fs::create_dir_all(dir).map_err(write)?;
         }
         // Only the plugin needs to read it.
-        write_atomically(&self.path, &bytes, 0o600).map_err(write)
+        node_io::files::write_atomically(&self.path, &bytes, 0o600).map_err(write)
     }
 
     /// The checkpoint file.
@@ -299,49 +299,10 @@ fn parent(path: &Path) -> Option<&Path> {
     path.parent().filter(|dir| !dir.as_os_str().is_empty())
 }
 
-/// Writes `contents` to `path` so that readers see the old file or the new one, never a
-/// partial one, also across a crash: a hidden `.<name>.<random>.tmp` file in the same
-/// directory, fsync, rename over `path`, fsync the directory. The directory must exist.
-pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-    replace_file(path, contents, mode, true)
-}
-
-/// Like [`write_atomically`], without the fsyncs: readers see the old file or the new one,
-/// but a crash may lose the new one. For files whose content is recorded durably elsewhere
-/// and written again from there: CDI specs, whose content the checkpoint records and a
-/// prepare after a reboot rewrites (and which usually live on a tmpfs, `/var/run/cdi`, that a
-/// reboot empties anyway). The `.tmp` suffix keeps CDI registries from reading the
-/// unfinished file.
-pub fn write_replacing(path: &Path, contents: &[u8], mode: u32) -> io::Result<()> {
-    replace_file(path, contents, mode, false)
-}
-
-fn replace_file(path: &Path, contents: &[u8], mode: u32, durable: bool) -> io::Result<()> {
-    let dir = parent(path).unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?;
-    let mut temp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", name.to_string_lossy()))
-        .suffix(".tmp")
-        .tempfile_in(dir)?;
-    // Set explicitly: the mode given at creation is subject to the umask.
-    temp.as_file()
-        .set_permissions(Permissions::from_mode(mode))?;
-    temp.write_all(contents)?;
-    if durable {
-        temp.as_file().sync_all()?;
-    }
-    temp.persist(path).map_err(|e| e.error)?;
-    if durable {
-        File::open(dir)?.sync_all()?;
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::PermissionsExt;
 
     fn claims() -> PreparedClaims {
         let claim = PreparedClaim {

@@ -24,7 +24,7 @@
 #![warn(missing_docs)]
 
 pub mod api_support;
-pub mod authority;
+pub use node_io::authority;
 pub mod builder;
 pub mod cdi;
 pub mod checkpoint;

@@ -482,7 +482,7 @@ fn heal_specs(prepared: &PreparedClaim) -> Result<bool, ClaimFailure> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(failed("creating the directory of", path))?;
         }
-        crate::checkpoint::write_replacing(path, recorded.as_bytes(), crate::cdi::SPEC_FILE_MODE)
+        node_io::files::write_replacing(path, recorded.as_bytes(), crate::cdi::SPEC_FILE_MODE)
             .map_err(failed("rewriting", path))?;
     }
     Ok(true)

@@ -9,7 +9,7 @@
 //! rest per node; it should not grow with the number of nodes and Instances. Each phase is
 //! counted over [`WINDOW`] after a settling pause, beside what the API server alone does over
 //! a window (its own requests, which are not ours). `AT_REST_SCALE=20,50` sets the agent counts
-//! (`AT_REST_SCALE=` skips the scale figure).
+//! (`AT_REST_SCALE=` skips the scale figure; `AT_REST_SCALE_ONLY=1` runs only it).
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
@@ -110,12 +110,49 @@ async fn node_devices(client: &kube::Client, node: &str) -> usize {
         .unwrap_or_default()
 }
 
-async fn wait_for(what: &str, check: impl AsyncFn() -> bool) {
+async fn wait_for(what: &str, check: impl AsyncFnMut() -> bool) {
+    wait_longer(what, Duration::from_secs(120), check).await
+}
+
+async fn wait_longer(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
     let start = Instant::now();
     while !check().await {
-        assert!(start.elapsed() < Duration::from_secs(120), "{what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(start.elapsed() < timeout, "{what}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
+}
+
+/// The watches open now, by `group/resource` (`apiserver_longrunning_requests`).
+async fn open_watches(
+    client: &kube::Client,
+) -> Result<BTreeMap<String, f64>, Box<dyn std::error::Error>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    let mut open = BTreeMap::new();
+    for line in text.lines() {
+        let Some(labels) = line.strip_prefix("apiserver_longrunning_requests{") else {
+            continue;
+        };
+        let Some((labels, value)) = labels.rsplit_once("} ") else {
+            continue;
+        };
+        let label = |name: &str| {
+            labels
+                .split(',')
+                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
+                .and_then(|v| v.strip_suffix('"'))
+                .unwrap_or_default()
+                .to_string()
+        };
+        if label("verb") != "WATCH" {
+            continue;
+        }
+        *open
+            .entry(format!("{}/{}", label("group"), label("resource")))
+            .or_default() += value.parse::<f64>()?;
+    }
+    Ok(open)
 }
 
 /// Counts the requests over [`WINDOW`] and prints them per minute (and per node, of
@@ -182,22 +219,75 @@ async fn scale(agents: usize, devices: usize) -> Result<(), Box<dyn std::error::
     let (cp, client, ns) = control_plane().await?;
     at_rest(&client, "the API server alone", 1).await?;
     let dir = tempfile::tempdir()?;
+    let before = open_watches(&client).await?;
     let mut running = Vec::new();
     for i in 0..agents {
         let node = format!("scale-node-{i}");
         cp.create_node(&node).await?;
         let config = AgentConfig::embedded(&node, &ns, &dir.path().join(&node));
-        running.push(agent::start(client.clone(), config).await?);
+        // A client (a connection) per node, as nodes have: one shared connection would run out
+        // of HTTP/2 streams for everyone's watches.
+        running.push(agent::start(cp.client().await?, config).await?);
     }
     echo_configuration(&client, devices).await?;
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
-    wait_for("every node's Instances", async || {
-        instances
-            .list(&ListParams::default())
-            .await
-            .is_ok_and(|l| l.items.len() == agents * devices)
-    })
+    // Every node's devices published, and an Instance for each: 6 hex digits name an Instance
+    // (Akri's scheme), so two nodes' devices may share one (the count says so).
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    wait_longer(
+        &format!("{agents} nodes' {} devices published", agents * devices),
+        Duration::from_secs(600),
+        async || {
+            let published = slices.list(&ListParams::default()).await.map(|l| {
+                (l.items.into_iter())
+                    .flat_map(|s| s.spec.devices.unwrap_or_default())
+                    .count()
+            });
+            published.is_ok_and(|n| n == agents * devices)
+        },
+    )
     .await;
+    let mut written = 0;
+    wait_longer(
+        "their Instances written",
+        Duration::from_secs(120),
+        async || {
+            let nodes = instances
+                .list(&ListParams::default())
+                .await
+                .map(|l| (l.items.iter()).map(|i| i.spec.nodes.len()).sum::<usize>());
+            let done = nodes.as_ref().is_ok_and(|n| *n == agents * devices);
+            if done {
+                written = instances
+                    .list(&ListParams::default())
+                    .await
+                    .map_or(0, |l| l.items.len());
+            }
+            done
+        },
+    )
+    .await;
+    eprintln!(
+        "{} Instances for {} devices ({} named alike on two nodes)",
+        written,
+        agents * devices,
+        agents * devices - written
+    );
+    let after = open_watches(&client).await?;
+    let watches: Vec<String> = (after.iter())
+        .map(|(resource, n)| {
+            (
+                resource,
+                n - before.get(resource).copied().unwrap_or_default(),
+            )
+        })
+        .filter(|(_, n)| *n > 0.0)
+        .map(|(resource, n)| format!("{resource}: {:.1}", n / agents as f64))
+        .collect();
+    eprintln!(
+        "{agents} kubelet-plugins hold their watches, per node: {}",
+        watches.join(", ")
+    );
     at_rest(
         &client,
         &format!(
@@ -213,6 +303,16 @@ async fn scale(agents: usize, devices: usize) -> Result<(), Box<dyn std::error::
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let counts = std::env::var("AT_REST_SCALE").unwrap_or_else(|_| "20,50".to_string());
+    let counts: Vec<usize> = (counts.split(',').filter(|c| !c.trim().is_empty()))
+        .map(|c| c.trim().parse())
+        .collect::<Result<_, _>>()?;
+    if std::env::var_os("AT_REST_SCALE_ONLY").is_some() {
+        for agents in counts {
+            scale(agents, 50).await?;
+        }
+        return Ok(());
+    }
     let (cp, client, ns) = control_plane().await?;
     let node = "bench-node";
     cp.create_node(node).await?;
@@ -278,9 +378,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(_agent);
     drop(cp);
 
-    let counts = std::env::var("AT_REST_SCALE").unwrap_or_else(|_| "20,50".to_string());
-    for agents in counts.split(',').filter(|c| !c.is_empty()) {
-        scale(agents.trim().parse()?, 50).await?;
+    for agents in counts {
+        scale(agents, 50).await?;
     }
     Ok(())
 }

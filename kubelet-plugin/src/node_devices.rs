@@ -95,7 +95,7 @@ impl StickyNames {
         }
         let written = serde_json::to_vec_pretty(&*renamed)
             .map_err(std::io::Error::other)
-            .and_then(|json| dra_plugin::checkpoint::write_atomically(&self.path, &json, 0o600));
+            .and_then(|json| node_io::files::write_atomically(&self.path, &json, 0o600));
         if let Err(error) = written {
             tracing::warn!(path = %self.path.display(), %error, "cannot keep Instance names; a restart may rename colliding devices");
         }

@@ -160,7 +160,7 @@ fn move_legacy_state(old: &Path, state_dir: &Path) -> std::io::Result<()> {
             continue;
         }
         let bytes = std::fs::read(&path)?;
-        dra_plugin::checkpoint::write_atomically(&target, &bytes, 0o600)?;
+        node_io::files::write_atomically(&target, &bytes, 0o600)?;
         std::fs::remove_file(&path)?;
         tracing::info!(from = %path.display(), to = %target.display(), "moved state out of the directory discovery handlers mount");
     }

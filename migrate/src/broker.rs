@@ -12,7 +12,7 @@
 //! Instance's claim. Text is copied verbatim; only `$(AKRI_` is escaped, so that the kubelet
 //! still sees what it saw under Akri.
 
-use akri_broker_controller::render::{POD_CLAIM_NAME, escape};
+use akri_api::v1::{POD_CLAIM_NAME, escape_variables};
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
 
@@ -180,7 +180,7 @@ pub fn add_env(container: &mut Map<String, Value>, properties: &BTreeMap<String,
     };
     for (name, value) in properties {
         if !env.iter().any(|e| e["name"] == name.as_str()) {
-            env.push(json!({ "name": name, "value": escape(value) }));
+            env.push(json!({ "name": name, "value": escape_variables(value) }));
         }
     }
 }
@@ -188,7 +188,7 @@ pub fn add_env(container: &mut Map<String, Value>, properties: &BTreeMap<String,
 /// `value` with `$(AKRI_` escaped in every string.
 fn escape_all(value: &Value) -> Value {
     match value {
-        Value::String(s) => Value::String(escape(s)),
+        Value::String(s) => Value::String(escape_variables(s)),
         Value::Array(items) => Value::Array(items.iter().map(escape_all).collect()),
         Value::Object(map) => Value::Object(
             map.iter()

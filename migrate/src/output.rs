@@ -45,5 +45,5 @@ pub fn file_name(dir: &Path, migrated: &Migrated) -> PathBuf {
 
 /// Writes `text` to `path` whole or not at all.
 pub fn write(path: &Path, text: &str) -> std::io::Result<()> {
-    dra_plugin::checkpoint::write_atomically(path, text.as_bytes(), 0o644)
+    node_io::files::write_atomically(path, text.as_bytes(), 0o644)
 }

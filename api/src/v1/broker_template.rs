@@ -120,3 +120,14 @@ pub struct BrokerTemplateStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
+
+/// The name, in a broker pod spec's `resourceClaims`, of the claim that binds it to its
+/// Instance (the broker-controller adds it; `akri-migrate` writes it).
+pub const POD_CLAIM_NAME: &str = "akri-device";
+
+/// The text that the broker-controller's substitution of `$(AKRI_...)` variables turns back
+/// into `text`: every `$(AKRI_` escaped as `$$(AKRI_`, for text written before these
+/// variables existed (a migrated v0 broker spec), which must reach the kubelet as written.
+pub fn escape_variables(text: &str) -> String {
+    text.replace("$(AKRI_", "$$(AKRI_")
+}

@@ -11,7 +11,7 @@ pub async fn discover(
     details: &str,
     properties: &[(&str, &[u8])],
 ) -> Result<tonic::Streaming<proto::DiscoverResponse>, tonic::Status> {
-    let channel = dra_plugin::authority::connect(socket)
+    let channel = node_io::authority::connect(socket)
         .await
         .map_err(|e| tonic::Status::unavailable(format!("{}: {e}", socket.display())))?;
     let request = proto::DiscoverRequest {

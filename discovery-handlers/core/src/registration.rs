@@ -138,7 +138,7 @@ pub async fn register(
     registration_socket: &Path,
     handler: &RegisteredHandler,
 ) -> Result<(), RegisterError> {
-    let channel = dra_plugin::authority::connect(registration_socket)
+    let channel = node_io::authority::connect(registration_socket)
         .await
         .map_err(|source| RegisterError::Connect {
             path: registration_socket.to_path_buf(),

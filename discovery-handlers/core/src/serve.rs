@@ -86,16 +86,18 @@ impl Served {
     /// Serves `handler` on `socket` (mode 0600, a stale socket file replaced). Needs a Tokio
     /// runtime.
     pub fn start<D: Discover>(handler: D, socket: &Path) -> Result<Self, Error> {
-        let listener = dra_plugin::authority::bind(socket, dra_plugin::authority::OWNER_ONLY)
-            .map_err(|source| Error::Socket {
-                path: socket.to_path_buf(),
-                source,
+        let listener =
+            node_io::authority::bind(socket, node_io::authority::OWNER_ONLY).map_err(|source| {
+                Error::Socket {
+                    path: socket.to_path_buf(),
+                    source,
+                }
             })?;
         let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service(
             Arc::new(handler),
         ));
         let router = tonic::transport::Server::builder().add_service(service);
-        let server = dra_plugin::authority::spawn(listener, router, "discovery handler server");
+        let server = node_io::authority::spawn(listener, router, "discovery handler server");
         Ok(Served {
             socket: socket.to_path_buf(),
             server,

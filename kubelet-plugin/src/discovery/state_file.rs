@@ -83,7 +83,7 @@ pub fn save(path: &Path, handlers: &[RegisteredHandler]) -> Result<(), Error> {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
     // Only the agent reads it (it lives in the state directory).
-    dra_plugin::checkpoint::write_atomically(path, &json, 0o600).map_err(io)
+    node_io::files::write_atomically(path, &json, 0o600).map_err(io)
 }
 
 #[cfg(test)]
