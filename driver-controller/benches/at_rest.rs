@@ -24,41 +24,55 @@ const DEVICES: usize = 100;
 const WINDOW: Duration = Duration::from_secs(70);
 const SETTLE: Duration = Duration::from_secs(5);
 
+/// The samples of the API server's metric `name`: each one's labels (a label's value, `""`
+/// when absent) and value.
+async fn samples(
+    client: &kube::Client,
+    name: &str,
+) -> Result<Vec<(BTreeMap<String, String>, f64)>, Box<dyn std::error::Error>> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    let prefix = format!("{name}{{");
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        let Some((labels, value)) = (line.strip_prefix(&prefix)).and_then(|l| l.rsplit_once("} "))
+        else {
+            continue;
+        };
+        let labels = (labels.split(','))
+            .filter_map(|l| l.split_once("=\""))
+            .map(|(k, v)| (k.to_string(), v.trim_end_matches('"').to_string()))
+            .collect();
+        samples.push((labels, value.parse::<f64>()?));
+    }
+    Ok(samples)
+}
+
+/// A label's value, `""` when absent.
+fn label<'a>(labels: &'a BTreeMap<String, String>, name: &str) -> &'a str {
+    labels.get(name).map_or("", String::as_str)
+}
+
 /// The requests the API server counted, by `group/resource[/subresource] VERB`. Requests for
 /// Leases and Endpoints (the API server's own) and for no resource (`/metrics`, the bench's
 /// sampling) are left out: nothing of ours makes those here. A WATCH counts when it ends.
 async fn requests(
     client: &kube::Client,
 ) -> Result<BTreeMap<String, f64>, Box<dyn std::error::Error>> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
     let mut counts = BTreeMap::new();
-    for line in text.lines() {
-        let Some(labels) = line.strip_prefix("apiserver_request_total{") else {
-            continue;
-        };
-        let Some((labels, value)) = labels.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or_default()
-                .to_string()
-        };
-        let verb = label("verb");
-        let resource = label("resource");
+    for (labels, value) in samples(client, "apiserver_request_total").await? {
+        let resource = label(&labels, "resource");
         if resource.is_empty() || resource == "leases" || resource == "endpoints" {
             continue;
         }
-        let mut key = format!("{}/{resource}", label("group"));
-        let subresource = label("subresource");
+        let mut key = format!("{}/{resource}", label(&labels, "group"));
+        let subresource = label(&labels, "subresource");
         if !subresource.is_empty() {
             key = format!("{key}/{subresource}");
         }
-        *counts.entry(format!("{key} {verb}")).or_default() += value.parse::<f64>()?;
+        *counts
+            .entry(format!("{key} {}", label(&labels, "verb")))
+            .or_default() += value;
     }
     Ok(counts)
 }
@@ -127,30 +141,12 @@ async fn wait_longer(what: &str, timeout: Duration, mut check: impl AsyncFnMut()
 async fn open_watches(
     client: &kube::Client,
 ) -> Result<BTreeMap<String, f64>, Box<dyn std::error::Error>> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
     let mut open = BTreeMap::new();
-    for line in text.lines() {
-        let Some(labels) = line.strip_prefix("apiserver_longrunning_requests{") else {
-            continue;
-        };
-        let Some((labels, value)) = labels.rsplit_once("} ") else {
-            continue;
-        };
-        let label = |name: &str| {
-            labels
-                .split(',')
-                .find_map(|l| l.strip_prefix(&format!("{name}=\"")))
-                .and_then(|v| v.strip_suffix('"'))
-                .unwrap_or_default()
-                .to_string()
-        };
-        if label("verb") != "WATCH" {
-            continue;
+    for (labels, value) in samples(client, "apiserver_longrunning_requests").await? {
+        if label(&labels, "verb") == "WATCH" {
+            let resource = format!("{}/{}", label(&labels, "group"), label(&labels, "resource"));
+            *open.entry(resource).or_default() += value;
         }
-        *open
-            .entry(format!("{}/{}", label("group"), label("resource")))
-            .or_default() += value.parse::<f64>()?;
     }
     Ok(open)
 }

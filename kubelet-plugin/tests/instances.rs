@@ -9,14 +9,19 @@ use akri_testing::ControlPlane;
 use kube::api::Api;
 use std::time::Duration;
 
-#[tokio::test]
-async fn shared_instances_follow_their_nodes() {
+/// A client of this binary's API server, with the CRDs, and a fresh namespace.
+async fn namespace(prefix: &str) -> (kube::Client, String) {
     let cp = ControlPlane::shared_api_server()
         .await
         .expect("control plane");
-    let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("instances").await.unwrap();
+    let ns = cp.create_namespace(prefix).await.unwrap();
+    (cp.client().await.unwrap(), ns)
+}
+
+#[tokio::test]
+async fn shared_instances_follow_their_nodes() {
+    let (client, ns) = namespace("instances").await;
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
 
     let camera = KnownDevice {
@@ -80,12 +85,7 @@ async fn shared_instances_follow_their_nodes() {
 /// name still writes its Instances (and two such nodes still own separate entries).
 #[tokio::test]
 async fn nodes_with_the_longest_names_write_instances() {
-    let cp = ControlPlane::shared_api_server()
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("long-names").await.unwrap();
+    let (client, ns) = namespace("long-names").await;
     let long = |last: char| format!("{}.{}{last}", "n".repeat(63), "m".repeat(188));
     let (node_a, node_b) = (long('a'), long('b'));
     assert_eq!(node_a.len(), 253);
@@ -115,12 +115,7 @@ async fn nodes_with_the_longest_names_write_instances() {
 /// attributes that fit), and its Instance names the properties left out.
 #[tokio::test]
 async fn a_device_with_too_many_properties_is_published() {
-    let cp = ControlPlane::shared_api_server()
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("many-props").await.unwrap();
+    let (client, ns) = namespace("many-props").await;
     let properties: std::collections::BTreeMap<String, String> = (0..40)
         .map(|i| (format!("PROP_{i:02}"), format!("v{i}")))
         .collect();
@@ -181,12 +176,7 @@ async fn a_device_with_too_many_properties_is_published() {
 /// edited behind its back is written again by a later pass, once the watch has told it.
 #[tokio::test]
 async fn an_instance_deleted_or_edited_behind_its_back_is_written_again() {
-    let cp = ControlPlane::shared_api_server()
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("instances").await.unwrap();
+    let (client, ns) = namespace("instances").await;
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
     let device = KnownDevice {
         configuration: "echo".into(),
