@@ -143,20 +143,19 @@ impl Drop for Task {
 }
 
 fn serve<P: DevicePlugin>(socket: &Path, service: Service<P>) -> Result<Task, Error> {
-    let listener =
-        node_io::authority::bind(socket, node_io::authority::OWNER_ONLY).map_err(|source| {
-            Error::Socket {
-                path: socket.to_path_buf(),
-                source,
-            }
-        })?;
     let router = tonic::transport::Server::builder()
         .add_service(api::device_plugin_server::DevicePluginServer::new(service));
-    Ok(Task(node_io::authority::spawn(
-        listener,
+    let served = node_io::authority::serve(
+        socket,
+        node_io::authority::OWNER_ONLY,
         router,
         "device plugin server",
-    )))
+    );
+    let server = served.map_err(|source| Error::Socket {
+        path: socket.to_path_buf(),
+        source,
+    })?;
+    Ok(Task(server))
 }
 
 /// The identity of a socket file (its inode), to notice one being replaced.

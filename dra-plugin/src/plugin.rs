@@ -60,13 +60,13 @@ impl KubeletPlugin {
             path: socket.clone(),
             source,
         };
-        let listener =
-            crate::authority::bind(&socket, crate::authority::OWNER_ONLY).map_err(socket_error)?;
         let router = tonic::transport::Server::builder()
             .add_service(service.v1())
             .add_service(service.v1beta1())
             .add_service(health.service());
-        let server = crate::authority::spawn(listener, router, "DRA service");
+        let server =
+            crate::authority::serve(&socket, crate::authority::OWNER_ONLY, router, "DRA service")
+                .map_err(socket_error)?;
 
         let info = PluginInfo {
             driver_name: config.driver_name.clone(),

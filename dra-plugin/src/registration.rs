@@ -62,13 +62,17 @@ impl Registration {
             path: socket.clone(),
             source,
         };
-        let listener =
-            crate::authority::bind(&socket, crate::authority::OWNER_ONLY).map_err(socket_error)?;
         let (tx, status) = watch::channel(RegistrationStatus::Pending);
         let service =
             api::registration_server::RegistrationServer::new(Registrar { info, status: tx });
         let router = tonic::transport::Server::builder().add_service(service);
-        let server = crate::authority::spawn(listener, router, "registration server");
+        let server = crate::authority::serve(
+            &socket,
+            crate::authority::OWNER_ONLY,
+            router,
+            "registration server",
+        )
+        .map_err(socket_error)?;
         Ok(Registration {
             socket,
             status,

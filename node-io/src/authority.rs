@@ -91,6 +91,17 @@ pub fn spawn(
     })
 }
 
+/// [`bind`]s `socket` with `mode` and [`spawn`]s `router` on it: a gRPC server on a Unix
+/// socket, in one call.
+pub fn serve(
+    socket: &std::path::Path,
+    mode: u32,
+    router: tonic::transport::server::Router,
+    what: &'static str,
+) -> io::Result<tokio::task::JoinHandle<()>> {
+    Ok(spawn(bind(socket, mode)?, router, what))
+}
+
 /// Connections accepted on `listener`, with `:authority` rewritten to `localhost`, ready for
 /// `tonic::transport::Server::serve_with_incoming`.
 ///

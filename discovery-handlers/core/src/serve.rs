@@ -86,18 +86,20 @@ impl Served {
     /// Serves `handler` on `socket` (mode 0600, a stale socket file replaced). Needs a Tokio
     /// runtime.
     pub fn start<D: Discover>(handler: D, socket: &Path) -> Result<Self, Error> {
-        let listener =
-            node_io::authority::bind(socket, node_io::authority::OWNER_ONLY).map_err(|source| {
-                Error::Socket {
-                    path: socket.to_path_buf(),
-                    source,
-                }
-            })?;
         let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service(
             Arc::new(handler),
         ));
         let router = tonic::transport::Server::builder().add_service(service);
-        let server = node_io::authority::spawn(listener, router, "discovery handler server");
+        let served = node_io::authority::serve(
+            socket,
+            node_io::authority::OWNER_ONLY,
+            router,
+            "discovery handler server",
+        );
+        let server = served.map_err(|source| Error::Socket {
+            path: socket.to_path_buf(),
+            source,
+        })?;
         Ok(Served {
             socket: socket.to_path_buf(),
             server,
