@@ -4,6 +4,7 @@ pub mod discovery;
 
 pub mod agent;
 pub mod discovery_errors;
+pub mod dra_sink;
 pub mod driver;
 pub mod embedded;
 pub mod instances;
@@ -11,7 +12,9 @@ mod kubelet_registration;
 pub mod legacy;
 pub mod metrics;
 pub mod node_devices;
+pub mod node_discovery;
 pub mod node_events;
+mod node_loop;
 pub mod properties;
 pub mod startup;
 pub mod state_dir;

@@ -74,6 +74,11 @@ struct Args {
     /// separated); empty: any. Match the RoleBindings that grant the reads.
     #[arg(long, value_delimiter = ',')]
     property_namespaces: Vec<String>,
+    /// Serve DRA (`resource.k8s.io/v1`): DiscoveryConfigurations published as ResourceSlices,
+    /// a kubelet plugin per discovery handler. `--dra=false` with --legacy-device-plugins runs
+    /// the device plugins alone.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    dra: bool,
     /// Also serve Akri v0 Configurations (`akri.sh/v0`) as device plugins, for clusters
     /// without DRA: Instance- and Configuration-level resources sharing `deviceUsage` slots.
     #[arg(long)]
@@ -94,6 +99,10 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    anyhow::ensure!(
+        args.dra || args.legacy_device_plugins,
+        "nothing to serve: --dra=false needs --legacy-device-plugins"
+    );
     akri_runtime::init_logging(args.process.log_json);
     let client = kube::Client::try_default().await?;
     let debug_echo = args.debug_echo_socket.map(|socket| DebugEchoConfig {
@@ -121,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
+        dra: args.dra,
         legacy: args.legacy_device_plugins.then(|| LegacyOptions {
             device_plugin_dir: args.device_plugin_dir,
             pod_resources_socket: Some(args.pod_resources_socket),

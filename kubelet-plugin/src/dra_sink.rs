@@ -1,0 +1,447 @@
+//! The DRA sink of the node's discovery: per discovery handler one served DRA driver (the
+//! kubelet plugin), this node's pool of its devices, their health, and their Instances.
+
+use crate::discovery::Handlers;
+use crate::driver::AkriDriver;
+use crate::instances::InstanceWriter;
+use crate::kubelet_registration::KubeletRegistration;
+use crate::metrics::{Metrics, Timed};
+use crate::node_devices::NodeDevices;
+use dra_plugin::cdi::CdiRoot;
+use dra_plugin::vanished::VanishedDevices;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// What the sink is configured with (from [`crate::agent::AgentConfig`]).
+#[derive(Clone, Debug)]
+pub struct DraOptions {
+    pub node_name: String,
+    pub node_uid: String,
+    pub instance_namespace: String,
+    pub registry_dir: PathBuf,
+    pub plugins_dir: PathBuf,
+    pub cdi_dir: PathBuf,
+    pub state_dir: PathBuf,
+    pub instance_grace: Duration,
+    pub vanished_grace: Duration,
+    /// Whether the API server keeps device taints.
+    pub device_taints: bool,
+    pub kubelet_registration_timeout: Duration,
+}
+
+/// One served DRA driver (one discovery handler).
+struct ServedDriver {
+    plugin: dra_plugin::Plugin<Timed<AkriDriver>>,
+    /// Devices kept (tainted) while prepared claims hold them after they vanished.
+    vanished: VanishedDevices,
+    /// Whether `vanished` has read what a previous process published.
+    seeded: bool,
+    /// Health: every device name published since it started, and which of them are gone now.
+    health: Health,
+    /// When it started serving: a kubelet should take it soon after.
+    served_at: Instant,
+}
+
+impl ServedDriver {
+    /// Whether a change of its prepared claims can change what it publishes: only a release of
+    /// a vanished device does (so a prepare or an unprepare of a present device costs no pass).
+    fn waits_on_claims(&self) -> bool {
+        self.vanished.any_vanished() || !self.health.gone.is_empty()
+    }
+}
+
+pub struct DraSink {
+    client: kube::Client,
+    options: DraOptions,
+    devices: NodeDevices,
+    metrics: Metrics,
+    drivers: BTreeMap<String, ServedDriver>,
+    instances: InstanceWriter,
+    registration: KubeletRegistration,
+    next_registration_check: Option<Instant>,
+    /// When some vanished device's taint moves on.
+    next_taint_change: Option<Instant>,
+    /// Drivers to publish on the next pass.
+    dirty: BTreeSet<String>,
+    claims_tx: mpsc::UnboundedSender<String>,
+    claims_rx: mpsc::UnboundedReceiver<String>,
+}
+
+impl DraSink {
+    pub fn new(
+        client: kube::Client,
+        options: DraOptions,
+        devices: NodeDevices,
+        metrics: Metrics,
+    ) -> Self {
+        let instances = InstanceWriter::new(
+            client.clone(),
+            &options.instance_namespace,
+            &options.node_name,
+            options.instance_grace,
+        );
+        let (claims_tx, claims_rx) = mpsc::unbounded_channel();
+        DraSink {
+            registration: KubeletRegistration::new(options.kubelet_registration_timeout),
+            client,
+            options,
+            devices,
+            metrics,
+            drivers: BTreeMap::new(),
+            instances,
+            next_registration_check: None,
+            next_taint_change: None,
+            dirty: BTreeSet::new(),
+            claims_tx,
+            claims_rx,
+        }
+    }
+
+    /// The devices it publishes (what prepare looks devices up in).
+    pub fn devices(&self) -> &NodeDevices {
+        &self.devices
+    }
+
+    /// Publishes `driver` on the next pass.
+    pub fn changed(&mut self, driver: String) {
+        self.dirty.insert(driver);
+    }
+
+    /// Publishes every driver on the next pass.
+    pub fn resync(&mut self) {
+        self.dirty.extend(self.drivers.keys().cloned());
+    }
+
+    /// Waits for what the sink itself reacts to: a driver's prepared claims changing while it
+    /// keeps a vanished device, a taint moving on, the time to see whether a kubelet took a
+    /// driver.
+    pub async fn wake(&mut self) {
+        tokio::select! {
+            Some(driver) = self.claims_rx.recv() => {
+                if self.drivers.get(&driver).is_some_and(ServedDriver::waits_on_claims) {
+                    self.dirty.insert(driver);
+                }
+            }
+            _ = sleep_until_some(self.next_registration_check) => {
+                self.next_registration_check = None;
+            }
+            _ = sleep_until_some(self.next_taint_change) => {
+                self.next_taint_change = None;
+                self.resync();
+            }
+        }
+    }
+
+    /// Serves a kubelet plugin per registered handler (before the start-up gate opens too:
+    /// the kubelet may prepare claims of the devices published before).
+    pub async fn serve(&mut self, handlers: &Handlers) {
+        for handler in handlers.values() {
+            let driver = akri_devices::driver_name(&handler.name);
+            if self.drivers.contains_key(&driver) {
+                continue;
+            }
+            match self.serve_driver(&handler.name, &driver).await {
+                Ok(served) => {
+                    tokio::spawn(forward_claim_changes(
+                        served.plugin.service().prepared_changes(),
+                        driver.clone(),
+                        self.claims_tx.clone(),
+                    ));
+                    self.drivers.insert(driver.clone(), served);
+                    self.dirty.insert(driver);
+                }
+                Err(error) => tracing::error!(%driver, %error, "cannot serve the DRA driver"),
+            }
+        }
+    }
+
+    /// Why the node is not ready, if a kubelet refused a driver or took none in time.
+    pub fn registration_problem(&mut self) -> Option<String> {
+        let registration = self.registration.check(
+            self.drivers.iter().map(|(driver, served)| {
+                let status = served.plugin.registration_status();
+                (driver.as_str(), status, served.served_at)
+            }),
+            Instant::now(),
+            &self.options.registry_dir,
+        );
+        self.next_registration_check = registration.next_check;
+        registration.problem
+    }
+
+    /// Publishes the changed drivers' pools and health, and the Instances.
+    pub async fn publish(&mut self) {
+        if !self.dirty.is_empty() {
+            for driver in std::mem::take(&mut self.dirty) {
+                self.publish_driver(&driver).await;
+            }
+            self.sync_instances().await;
+        }
+        if self.instances.pending() {
+            self.resync();
+        }
+    }
+
+    async fn serve_driver(
+        &self,
+        handler: &str,
+        driver: &str,
+    ) -> Result<ServedDriver, crate::agent::Error> {
+        let options = &self.options;
+        let cdi = CdiRoot::new(&options.cdi_dir, akri_devices::DRIVER_DOMAIN)?;
+        let akri_driver = AkriDriver {
+            driver: driver.to_string(),
+            cdi_class: handler.to_ascii_lowercase(),
+            client: self.client.clone(),
+            cdi,
+            devices: self.devices.clone(),
+        };
+        let checkpoint = options.state_dir.join(format!("{driver}-checkpoint.json"));
+        let timed = Timed {
+            inner: akri_driver,
+            driver: driver.to_string(),
+            metrics: self.metrics.clone(),
+        };
+        let plugin = dra_plugin::Plugin::builder(driver, &options.node_name)
+            .registry_dir(&options.registry_dir)
+            .plugin_dir(options.plugins_dir.join(driver))
+            .checkpoint(checkpoint)
+            .node_uid(&options.node_uid)
+            .field_manager(akri_devices::node_field_manager(&options.node_name))
+            // Slices changed or deleted behind its back (the kubelet's DRA manager deletes a
+            // node's slices when it restarts) are written again as last published; a
+            // vanished device's taint moves on at its own time (`next_taint_change`).
+            .start(self.client.clone(), timed)
+            .await?;
+        if let Some(set_aside) = plugin.service().set_aside() {
+            let note = format!(
+                "The prepared-claims checkpoint of {driver} was unusable ({}); it was moved to {} and the plugin started without it. Claims are prepared again as the kubelet asks.",
+                set_aside.reason,
+                set_aside.moved_to.display()
+            );
+            self.warn("CheckpointSetAside", note);
+        }
+        Ok(ServedDriver {
+            plugin,
+            vanished: VanishedDevices::new(
+                akri_devices::NOT_DISCOVERED_TAINT,
+                options.vanished_grace,
+                options.device_taints,
+            ),
+            seeded: false,
+            health: Health::default(),
+            served_at: Instant::now(),
+        })
+    }
+
+    fn warn(&self, reason: &'static str, note: String) {
+        tokio::spawn(crate::node_events::warn(
+            self.client.clone(),
+            self.options.node_name.clone(),
+            self.options.node_uid.clone(),
+            reason,
+            note,
+        ));
+    }
+
+    /// Publishes a driver's node-local pool and its devices' health.
+    async fn publish_driver(&mut self, driver: &str) {
+        let local = self.devices.local_dra_devices(driver);
+        let pool = self.options.node_name.clone();
+        let Some(served) = self.drivers.get_mut(driver) else {
+            return;
+        };
+        let reported: Vec<_> = local.iter().map(|(d, _)| d.clone()).collect();
+        if !served.seeded {
+            // What a previous process published: its vanished devices and their graces.
+            match tokio::time::timeout(crate::API_CALL_TIMEOUT, served.plugin.pools().stored(&pool))
+                .await
+            {
+                Ok(Ok(stored)) => {
+                    served
+                        .vanished
+                        .seed(dra_plugin::slices::current_devices(&stored));
+                    served.seeded = true;
+                }
+                _ => {
+                    tracing::warn!(%driver, "reading the published pool failed; retrying on the next change or resync");
+                    return;
+                }
+            }
+        }
+        let held = crate::vanished::held_devices(&served.plugin.service().prepared().await, &pool);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        let plan = served.vanished.plan(reported, &held, now);
+        if let Some(at) = plan.next_change {
+            let at = Instant::now() + now.duration_until(at).unsigned_abs();
+            self.next_taint_change = Some(self.next_taint_change.map_or(at, |t| t.min(at)));
+        }
+        for device in &plan.newly_vanished {
+            let (client, options) = (&self.client, &self.options);
+            crate::vanished::announce(
+                client,
+                &options.node_name,
+                &options.node_uid,
+                driver,
+                device,
+                options.device_taints,
+            );
+        }
+        let devices = plan.devices.len();
+        let published =
+            tokio::time::timeout(crate::API_CALL_TIMEOUT, served.plugin.publish(plan.devices))
+                .await
+                .unwrap_or_else(|_| Err(dra_plugin::slices::Error::TimedOut));
+        match published {
+            Ok(published) => {
+                self.metrics.set_devices_published(driver, devices);
+                if published.written + published.deleted > 0 {
+                    tracing::info!(%driver, devices, generation = published.generation, "published node pool");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(%driver, %error, "publishing the node pool failed; retrying on the next change or resync")
+            }
+        }
+
+        let now: BTreeSet<String> = local.iter().map(|(d, _)| d.name.clone()).collect();
+        let change = served.health.update(now, &held);
+        let health = served.plugin.health();
+        for name in &change.forget {
+            health.remove(&pool, name);
+        }
+        for name in &change.healthy {
+            health.set(&pool, name, true, "");
+        }
+        for name in &change.unhealthy {
+            health.set(
+                &pool,
+                name,
+                false,
+                "its discovery handler no longer reports it",
+            );
+        }
+    }
+
+    /// Writes the Instances of every driver's devices on this node.
+    async fn sync_instances(&mut self) {
+        let mut known = Vec::new();
+        for driver in self.drivers.keys() {
+            let configs = self.devices.configurations(driver);
+            for device in self.devices.known(driver) {
+                let config = configs
+                    .iter()
+                    .find(|c| c.configuration == device.configuration);
+                let (capacity, shared) = config.map_or((1, false), |c| (c.capacity, c.shared));
+                known.push((device, capacity, shared));
+            }
+        }
+        if let Err(error) = self.instances.sync(&known).await {
+            tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
+        }
+    }
+}
+
+/// A driver's devices' health: published devices are healthy; a device published before and
+/// gone now is unhealthy (pods that still hold it learn it from the kubelet) until it
+/// returns, and forgotten once nothing holds it (nobody asks about it any more).
+#[derive(Debug, Default)]
+struct Health {
+    ever_published: BTreeSet<String>,
+    /// Published before, gone now, still held.
+    gone: BTreeSet<String>,
+}
+
+/// What to tell the kubelet about a driver's devices.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct HealthChange {
+    healthy: BTreeSet<String>,
+    unhealthy: BTreeSet<String>,
+    forget: BTreeSet<String>,
+}
+
+impl Health {
+    /// `now`: the devices published now; `held`: those prepared claims hold.
+    fn update(&mut self, now: BTreeSet<String>, held: &BTreeSet<String>) -> HealthChange {
+        let forget: BTreeSet<String> = (self.ever_published.iter())
+            .filter(|name| !now.contains(*name) && !held.contains(*name))
+            .cloned()
+            .collect();
+        self.ever_published.retain(|name| !forget.contains(name));
+        self.gone = self.ever_published.difference(&now).cloned().collect();
+        self.ever_published.extend(now.iter().cloned());
+        HealthChange {
+            healthy: now,
+            unhealthy: self.gone.clone(),
+            forget,
+        }
+    }
+}
+
+/// Sleeps until `at`, or forever when there is nothing to wait for.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Sends `driver` on `to` after each change of its prepared claims, until either side goes.
+async fn forward_claim_changes(
+    mut changes: tokio::sync::watch::Receiver<()>,
+    driver: String,
+    to: mpsc::UnboundedSender<String>,
+) {
+    while changes.changed().await.is_ok() {
+        if to.send(driver.clone()).is_err() {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(names: &[&str]) -> BTreeSet<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_gone_device_is_unhealthy_while_held_and_forgotten_once_released() {
+        let mut health = Health::default();
+        let first = health.update(set(&["a", "b"]), &set(&[]));
+        assert_eq!(first.healthy, set(&["a", "b"]));
+        assert!(first.unhealthy.is_empty() && first.forget.is_empty());
+
+        // b goes while a claim holds it: unhealthy, and the claims now matter.
+        let gone = health.update(set(&["a"]), &set(&["b"]));
+        assert_eq!((gone.healthy, gone.unhealthy), (set(&["a"]), set(&["b"])));
+        assert!(gone.forget.is_empty());
+        assert_eq!(health.gone, set(&["b"]));
+
+        // Released: forgotten, nothing left to wait for.
+        let released = health.update(set(&["a"]), &set(&[]));
+        assert_eq!(released.forget, set(&["b"]));
+        assert!(released.unhealthy.is_empty() && health.gone.is_empty());
+
+        // A device that comes back is healthy again, not gone.
+        health.update(set(&["a"]), &set(&["a"]));
+        let back = health.update(set(&["a", "b"]), &set(&[]));
+        assert_eq!(back.healthy, set(&["a", "b"]));
+        assert!(back.unhealthy.is_empty());
+    }
+
+    #[test]
+    fn a_device_gone_and_unheld_is_forgotten_at_once() {
+        let mut health = Health::default();
+        health.update(set(&["a", "b"]), &set(&[]));
+        let change = health.update(set(&["a"]), &set(&[]));
+        assert_eq!(change.forget, set(&["b"]));
+        assert!(change.unhealthy.is_empty());
+        assert!(health.gone.is_empty());
+    }
+}

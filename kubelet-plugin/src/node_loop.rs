@@ -1,0 +1,200 @@
+//! The node agent's one loop. In: the configurations (a watch of v1 DiscoveryConfigurations
+//! when the DRA sink runs, of v0 Configurations when the legacy sink does), the discovery
+//! handlers (un)registering, the streams' reports, the DRA sink's own wake-ups and a resync
+//! every 30 s. Out: [`NodeDiscovery`] brought in line with the configurations, then each
+//! sink's writes, once its start-up gate is open. A pass reads nothing from the API server
+//! that the watches do not already keep (the library's slice publisher and the Instance
+//! writers keep what is stored), except the Secrets and ConfigMaps of discovery properties.
+
+use crate::discovery::Registry;
+use crate::discovery::debug_echo::DebugEcho;
+use crate::dra_sink::DraSink;
+use crate::legacy::LegacySink;
+use crate::metrics::Metrics;
+use crate::node_discovery::{NodeDiscovery, Sink, Wanted};
+use crate::streams::StreamEvent;
+use akri_api::v0::Configuration;
+use akri_api::v1::DiscoveryConfiguration;
+use akri_discovery_handler::Served;
+use akri_runtime::http::Readiness;
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use kube::Resource;
+use kube::api::Api;
+use kube::runtime::reflector::Store;
+use kube::runtime::{WatchStreamExt, watcher};
+use std::collections::BTreeSet;
+use std::fmt::Debug;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The agent's state, owned by its one task.
+pub(crate) struct NodeLoop {
+    pub client: kube::Client,
+    pub node_name: String,
+    pub discovery: NodeDiscovery,
+    pub dra: Option<DraSink>,
+    pub legacy: Option<LegacySink>,
+    pub startup_wait: Duration,
+    pub metrics: Metrics,
+    pub readiness: Readiness,
+}
+
+/// What a configuration watch said, as far as the loop cares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WatchEvent {
+    Changed,
+    /// The first list is complete.
+    Listed,
+    Failed,
+}
+
+/// A store of every `K` kept by a watch, and the watch's events; with `enabled` false, an
+/// empty store and no events.
+fn watch_all<K>(client: &kube::Client, enabled: bool) -> (Store<K>, BoxStream<'static, WatchEvent>)
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (store, writer) = kube::runtime::reflector::store();
+    if !enabled {
+        return (store, futures::stream::pending().boxed());
+    }
+    // Every watch event, deletions included, triggers a pass over the store; the end of the
+    // first list tells the start-up gate that the store is complete.
+    let events = kube::runtime::reflector(
+        writer,
+        watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff(),
+    )
+    .map(|event| match event {
+        Ok(watcher::Event::InitDone) => WatchEvent::Listed,
+        Ok(_) => WatchEvent::Changed,
+        Err(_) => WatchEvent::Failed,
+    });
+    (store, events.boxed())
+}
+
+impl NodeLoop {
+    pub async fn run(
+        mut self,
+        registry: Registry,
+        mut events: mpsc::Receiver<StreamEvent>,
+        _embedded: (Option<DebugEcho>, Vec<Served>),
+    ) {
+        let mut handlers = registry.subscribe();
+        let (v1, mut v1_changes) =
+            watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
+        let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
+        let mut resync = tokio::time::interval(Duration::from_secs(30));
+        let startup_deadline = tokio::time::sleep(self.startup_wait);
+        tokio::pin!(startup_deadline);
+        // A finished sleep is ready again at once: poll it only until it has fired.
+        let mut waited = false;
+        let mut failing = BTreeSet::new();
+        loop {
+            tokio::select! {
+                // A failing watch retries by itself, with backoff; a pass now would only fail
+                // its writes too (the resync retries them), so the outage costs no work.
+                Some(event) = v1_changes.next() => if !self.on_watch(Sink::Dra, event, &mut failing) {
+                    continue;
+                },
+                Some(event) = v0_changes.next() => if !self.on_watch(Sink::Legacy, event, &mut failing) {
+                    continue;
+                },
+                _ = &mut startup_deadline, if !waited => waited = true,
+                changed = handlers.changed() => if changed.is_err() { return },
+                Some(event) = events.recv() => {
+                    self.on_stream_event(event);
+                    // Take every report already waiting before publishing.
+                    while let Ok(event) = events.try_recv() {
+                        self.on_stream_event(event);
+                    }
+                }
+                _ = resync.tick() => if let Some(dra) = &mut self.dra { dra.resync() },
+                _ = wake(self.dra.as_mut()) => {}
+            }
+            let wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
+                .chain(v0.state().iter().filter_map(|c| Wanted::of_v0(c)))
+                .collect();
+            let registered = handlers.borrow().clone();
+            for (sink, group) in self.discovery.sync(&wanted, &registered).await {
+                self.changed(sink, group);
+            }
+            let mut starting = false;
+            let mut problem = None;
+            if let Some(dra) = &mut self.dra {
+                dra.serve(&registered).await;
+                let errors = &mut self.discovery.errors;
+                errors.report(&self.client, &self.node_name).await;
+                self.metrics.set_discovery_errors(errors.failing());
+                // Keep what the previous process published until discovery has answered.
+                if self.discovery.open(Sink::Dra, &wanted, &registered) {
+                    problem = dra.registration_problem();
+                    dra.publish().await;
+                } else {
+                    starting = true;
+                }
+            }
+            if let Some(legacy) = &mut self.legacy {
+                if self.discovery.open(Sink::Legacy, &wanted, &registered) {
+                    let devices = self.discovery.devices(Sink::Legacy);
+                    legacy.publish(&v0.state(), &devices).await;
+                } else {
+                    starting = true;
+                }
+            }
+            match problem {
+                _ if starting => self
+                    .readiness
+                    .not_ready("starting: waiting for the discovery handlers to report"),
+                Some(problem) => self.readiness.not_ready(problem),
+                None if failing.is_empty() => self.readiness.ready(),
+                None => {}
+            }
+        }
+    }
+
+    /// Takes a watch event of `sink`'s configurations; returns whether a pass should follow.
+    fn on_watch(&mut self, sink: Sink, event: WatchEvent, failing: &mut BTreeSet<Sink>) -> bool {
+        match event {
+            WatchEvent::Failed => {
+                failing.insert(sink);
+                self.readiness.not_ready(match sink {
+                    Sink::Dra => "cannot watch DiscoveryConfigurations (the API server is unreachable or refuses)",
+                    Sink::Legacy => "cannot watch Configurations (the API server is unreachable or refuses)",
+                });
+                return false;
+            }
+            WatchEvent::Listed => self.discovery.listed(sink),
+            WatchEvent::Changed => {}
+        }
+        failing.remove(&sink);
+        true
+    }
+
+    fn on_stream_event(&mut self, event: StreamEvent) {
+        if let Some((sink, group)) = self.discovery.on_event(event) {
+            self.changed(sink, group);
+        }
+    }
+
+    /// A group of `sink` changed. The legacy sink looks at every namespace on every pass.
+    fn changed(&mut self, sink: Sink, group: String) {
+        if let (Sink::Dra, Some(dra)) = (sink, &mut self.dra) {
+            dra.changed(group);
+        }
+    }
+}
+
+/// The DRA sink's next wake-up, or never.
+async fn wake(dra: Option<&mut DraSink>) {
+    match dra {
+        Some(dra) => dra.wake().await,
+        None => std::future::pending().await,
+    }
+}
