@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds Helm from the Go module proxy (no prebuilt download) into <repo>/_output/tools/bin,
-# for the chart tests (testing/tests/chart.rs) and for working on charts/akri by hand.
+# for the chart tests (testing/tests/cluster/chart.rs) and for working on charts/akri by hand.
 #
 #   hack/helm.sh                         # the pinned version below
 #   HELM_VERSION=v4.3.0 hack/helm.sh     # another release of the v4 module

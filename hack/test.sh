@@ -25,9 +25,9 @@ hack/demo.sh --check --real-nodes
 echo "== Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
 hack/k8s-bins.sh 1.34.4 >/dev/null
 echo "== cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"
-AKRI_K8S_VERSION=1.34.4 cargo test -p akri-driver-controller --test allocation --test replicas
-AKRI_K8S_VERSION=1.34.4 cargo test -p dra-plugin --test slices_apiserver
+AKRI_K8S_VERSION=1.34.4 cargo test -p akri-driver-controller --test controller
+AKRI_K8S_VERSION=1.34.4 cargo test -p dra-plugin --test library slices_apiserver::
 echo "== the real node (containerd + kubelet) on Kubernetes 1.34: devices reach containers through CDI and Allocate"
-AKRI_K8S_VERSION=1.34.4 cargo test -p akri-kubelet-plugin --test real_node
+AKRI_K8S_VERSION=1.34.4 cargo test -p akri-kubelet-plugin --test node_agent real_node::
 echo "== the Helm chart on Kubernetes 1.34, the oldest release it supports (kubeVersion)"
-AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test chart
+AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test cluster chart::

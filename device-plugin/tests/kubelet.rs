@@ -44,9 +44,7 @@ impl DevicePlugin for Widgets {
     }
 }
 
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(30), check).await
-}
+use akri_testing::eventually;
 
 async fn capacity(peer: &KubeletPeer) -> (i64, i64) {
     let body = peer.device_capacity().await.unwrap();

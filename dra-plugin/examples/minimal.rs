@@ -15,11 +15,11 @@
 //! It runs as root on the node (or in a pod with `/var/lib/kubelet/plugins`,
 //! `/var/lib/kubelet/plugins_registry` and `/var/run/cdi` mounted from the host), with a
 //! kubeconfig or in-cluster credentials allowed to read ResourceClaims and the Node and to
-//! write ResourceSlices. `tests/kubelet_plugin.rs` runs this driver against the kubelet's own
+//! write ResourceSlices. `tests/library/kubelet_plugin.rs` runs this driver against the kubelet's own
 //! DRA manager.
 
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
-use dra_plugin::{Claim, ClaimRef, Driver, Plugin, PreparedClaim, PreparedDevice};
+use dra_plugin::{Claim, ClaimRef, Driver, Plugin, Prepared, PreparedClaim};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 /// The CDI class of the gadgets: CDI ids are `example.com/gadget=<claim uid>-<device>`.
@@ -37,7 +37,7 @@ pub struct GadgetDriver {
 impl Driver for GadgetDriver {
     type Error = dra_plugin::cdi::Error;
 
-    async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, Self::Error> {
+    async fn prepare(&self, claim: &Claim) -> Result<Prepared, Self::Error> {
         // `claim.results` are this driver's allocation results, checked by the library.
         let devices: Vec<CdiDevice> = claim
             .results
@@ -51,27 +51,9 @@ impl Driver for GadgetDriver {
                 ..CdiDevice::default()
             })
             .collect();
-        let uid = &claim.reference.uid;
-        let spec = self.cdi.write_claim_spec(CDI_CLASS, uid, &devices)?;
-        Ok(PreparedClaim {
-            uid: uid.clone(),
-            namespace: claim.reference.namespace.clone(),
-            name: claim.reference.name.clone(),
-            devices: claim
-                .results
-                .iter()
-                .zip(&spec.qualified_ids)
-                .map(|(result, id)| PreparedDevice {
-                    request_names: vec![result.request.clone()],
-                    pool_name: result.pool.clone(),
-                    device_name: result.device.clone(),
-                    cdi_device_ids: vec![id.clone()],
-                    share_id: result.share_id.clone(),
-                })
-                .collect(),
-            cdi_spec_files: vec![spec.path],
-            cdi_spec_contents: Default::default(),
-        })
+        // One CDI device per result, in their order: the library records the rest.
+        let spec = (self.cdi).write_claim_spec(CDI_CLASS, &claim.reference.uid, &devices)?;
+        Ok(Prepared::one_spec(spec))
     }
 
     async fn unprepare(

@@ -3,12 +3,12 @@
 //! the checkpoint) and returns a [`Plugin`] that also publishes the node's devices.
 //!
 //! ```no_run
-//! # use dra_plugin::{Plugin, Driver, Claim, ClaimRef, PreparedClaim};
+//! # use dra_plugin::{Plugin, Driver, Claim, ClaimRef, Prepared, PreparedClaim};
 //! # struct MyDriver;
 //! # #[tonic::async_trait]
 //! # impl Driver for MyDriver {
 //! #     type Error = std::io::Error;
-//! #     async fn prepare(&self, _: &Claim) -> Result<PreparedClaim, std::io::Error> { todo!() }
+//! #     async fn prepare(&self, _: &Claim) -> Result<Prepared, std::io::Error> { todo!() }
 //! #     async fn unprepare(&self, _: &ClaimRef, _: Option<&PreparedClaim>) -> Result<(), std::io::Error> { Ok(()) }
 //! # }
 //! # async fn run(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {

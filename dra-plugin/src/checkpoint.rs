@@ -71,8 +71,8 @@ pub struct PreparedClaim {
     pub cdi_spec_files: Vec<PathBuf>,
     /// The content of each of those files as prepare wrote it, so that preparing the claim
     /// again can rewrite a spec that is gone (a reboot wiped the CDI directory) or changed.
-    /// Filled in by [`crate::service::DraService`]; a driver leaves it empty. Absent in
-    /// checkpoints written before it existed (same version: an empty map is not written).
+    /// Read back by [`crate::service::DraService`] right after the driver wrote them. Absent
+    /// in checkpoints written before it existed (same version: an empty map is not written).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cdi_spec_contents: BTreeMap<PathBuf, String>,
 }

@@ -47,6 +47,60 @@ pub struct Claim {
     pub config: Vec<DeviceAllocationConfiguration>,
 }
 
+/// What only the driver knows of a claim it prepared; the library makes the
+/// [`PreparedClaim`](crate::PreparedClaim) record (the kubelet's answer, the checkpoint) from
+/// it and the claim.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Prepared {
+    /// The CDI device ids the containers get for each of the claim's results, in
+    /// [`Claim::results`] order.
+    pub cdi_ids: Vec<Vec<String>>,
+    /// The CDI spec files written for the claim: unprepare gets them back, and a prepare after
+    /// a reboot that wiped them writes them again from what they held.
+    pub cdi_spec_files: Vec<std::path::PathBuf>,
+}
+
+impl Prepared {
+    /// One spec with one CDI device per result, in the results' order (as
+    /// [`CdiRoot::write_claim_spec`](crate::cdi::CdiRoot::write_claim_spec) wrote it).
+    pub fn one_spec(spec: crate::cdi::ClaimSpec) -> Prepared {
+        Prepared {
+            cdi_ids: spec.qualified_ids.into_iter().map(|id| vec![id]).collect(),
+            cdi_spec_files: vec![spec.path],
+        }
+    }
+}
+
+impl Claim {
+    /// The record of this claim prepared as `prepared` says, or (a driver's mistake) how many
+    /// results it had and how many lists of CDI ids came back.
+    pub(crate) fn record(
+        &self,
+        prepared: Prepared,
+    ) -> Result<crate::PreparedClaim, (usize, usize)> {
+        if prepared.cdi_ids.len() != self.results.len() {
+            return Err((self.results.len(), prepared.cdi_ids.len()));
+        }
+        let devices = (self.results.iter().zip(prepared.cdi_ids))
+            .map(|(result, cdi_device_ids)| crate::PreparedDevice {
+                request_names: vec![result.request.clone()],
+                pool_name: result.pool.clone(),
+                device_name: result.device.clone(),
+                cdi_device_ids,
+                share_id: result.share_id.clone(),
+            })
+            .collect();
+        Ok(crate::PreparedClaim {
+            uid: self.reference.uid.clone(),
+            namespace: self.reference.namespace.clone(),
+            name: self.reference.name.clone(),
+            devices,
+            cdi_spec_files: prepared.cdi_spec_files,
+            cdi_spec_contents: Default::default(),
+        })
+    }
+}
+
 /// Why a claim is not prepared before the driver is even asked. The text is what the kubelet
 /// shows in the pod's events.
 #[derive(Debug, thiserror::Error)]
@@ -234,6 +288,57 @@ pub fn selects_node(selector: &NodeSelector, node: &str) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn the_record_pairs_each_result_with_its_cdi_ids_and_refuses_a_miscount() {
+        let result = |request: &str, device: &str| DeviceRequestAllocationResult {
+            request: request.into(),
+            driver: "d".into(),
+            pool: "node-a".into(),
+            device: device.into(),
+            share_id: (device == "shared").then(|| "s1".into()),
+            ..Default::default()
+        };
+        let claim = Claim {
+            reference: reference(),
+            object: ResourceClaim::default(),
+            results: vec![result("a", "dev-0"), result("b/sub", "shared")],
+            config: Vec::new(),
+        };
+        let answer = |ids: &[&str]| Prepared {
+            cdi_ids: ids.iter().map(|id| vec![id.to_string()]).collect(),
+            cdi_spec_files: vec!["/cdi/spec.json".into()],
+        };
+        let record = claim.record(answer(&["v/k=0", "v/k=1"])).unwrap();
+        assert_eq!((record.uid.as_str(), record.name.as_str()), ("u1", "c"));
+        assert_eq!(
+            record.cdi_spec_files,
+            vec![std::path::PathBuf::from("/cdi/spec.json")]
+        );
+        let devices: Vec<_> = (record.devices.iter())
+            .map(|d| {
+                (
+                    d.request_names.join(","),
+                    d.device_name.as_str(),
+                    d.cdi_device_ids.join(","),
+                    d.share_id.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            devices,
+            [
+                ("a".to_string(), "dev-0", "v/k=0".to_string(), None),
+                (
+                    "b/sub".to_string(),
+                    "shared",
+                    "v/k=1".to_string(),
+                    Some("s1")
+                ),
+            ]
+        );
+        assert_eq!(claim.record(answer(&["v/k=0"])), Err((2, 1)));
+    }
 
     fn selector(value: serde_json::Value) -> NodeSelector {
         serde_json::from_value(value).unwrap()

@@ -118,3 +118,109 @@ fn uid_refused(status: &kube::core::Status) -> bool {
             .as_ref()
             .is_some_and(|d| d.causes.iter().any(|c| c.field == "metadata.uid"))
 }
+
+/// How long one apply may take before it is given up and retried.
+const APPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+/// The longest wait between retries of a failing apply.
+const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
+/// How many applies run at once.
+const CONCURRENT_APPLIES: usize = 8;
+
+/// Writes claims' device status off the kubelet's path: [`write`](Writer::write) returns at
+/// once, and a task of its own applies what was asked, only the latest per claim (an
+/// unprepare's empty status replaces a prepare's still waiting), retrying a failure with
+/// backoff (1 s doubling to 30 s) until the claim takes it or is gone. A prepare then waits for
+/// no API call of its own, and an outage loses no status. The task ends when the last clone of
+/// the writer is dropped and nothing is left to write.
+#[derive(Clone, Debug)]
+pub struct Writer {
+    requests: tokio::sync::mpsc::UnboundedSender<(crate::ClaimRef, Vec<DeviceStatus>)>,
+}
+
+impl Writer {
+    /// Starts the writer of `driver`'s entries (also its field manager).
+    pub fn start(client: kube::Client, driver: &str) -> Writer {
+        let (requests, received) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(write_all(client, driver.to_string(), received));
+        Writer { requests }
+    }
+
+    /// Makes `devices` the driver's entries of `claim`'s status, soon.
+    pub fn write(&self, claim: &crate::ClaimRef, devices: Vec<DeviceStatus>) {
+        // The task only ends once every sender is gone.
+        let _ = self.requests.send((claim.clone(), devices));
+    }
+}
+
+/// The writer's task: what is asked, by claim UID, applied until it sticks.
+async fn write_all(
+    client: kube::Client,
+    driver: String,
+    mut received: tokio::sync::mpsc::UnboundedReceiver<(crate::ClaimRef, Vec<DeviceStatus>)>,
+) {
+    use futures::StreamExt;
+    let mut pending: std::collections::BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)> =
+        Default::default();
+    let mut backoff = std::time::Duration::from_secs(1);
+    let mut open = true;
+    loop {
+        if pending.is_empty() {
+            match received.recv().await {
+                Some((claim, devices)) => pending.insert(claim.uid.clone(), (claim, devices)),
+                None => return,
+            };
+        }
+        while let Ok((claim, devices)) = received.try_recv() {
+            pending.insert(claim.uid.clone(), (claim, devices));
+        }
+        let batch = std::mem::take(&mut pending);
+        let failed: Vec<_> = futures::stream::iter(batch.into_values())
+            .map(|(claim, devices)| {
+                let (client, driver) = (&client, driver.as_str());
+                async move {
+                    let target = Claim {
+                        namespace: &claim.namespace,
+                        name: &claim.name,
+                        uid: &claim.uid,
+                    };
+                    let apply = apply(client, target, driver, &devices);
+                    let error = match tokio::time::timeout(APPLY_TIMEOUT, apply).await {
+                        Ok(Ok(())) => return None,
+                        Ok(Err(error)) => error.to_string(),
+                        Err(_) => format!("no answer within {APPLY_TIMEOUT:?}"),
+                    };
+                    tracing::warn!(%claim, driver, %error, "could not write the claim's device status; retrying");
+                    Some((claim, devices))
+                }
+            })
+            .buffer_unordered(CONCURRENT_APPLIES)
+            .filter_map(std::future::ready)
+            .collect()
+            .await;
+        if failed.is_empty() {
+            backoff = std::time::Duration::from_secs(1);
+            continue;
+        }
+        // Retried after the backoff, unless asked something newer for the claim meanwhile.
+        for (claim, devices) in failed {
+            pending.entry(claim.uid.clone()).or_insert((claim, devices));
+        }
+        let sleep = tokio::time::sleep(backoff);
+        tokio::pin!(sleep);
+        while open {
+            tokio::select! {
+                _ = &mut sleep => break,
+                request = received.recv() => match request {
+                    Some((claim, devices)) => {
+                        pending.insert(claim.uid.clone(), (claim, devices));
+                    }
+                    None => open = false,
+                },
+            }
+        }
+        if !open {
+            sleep.await;
+        }
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}

@@ -40,5 +40,5 @@ pub mod vanished;
 
 pub use builder::{Builder, KUBELET_DIR, Plugin};
 pub use checkpoint::{PreparedClaim, PreparedDevice};
-pub use claim::{Claim, ClaimError, ClaimRef};
+pub use claim::{Claim, ClaimError, ClaimRef, Prepared};
 pub use service::{ClaimFailure, Driver};

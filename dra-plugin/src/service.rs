@@ -42,9 +42,10 @@ pub trait Driver: Send + Sync + 'static {
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// Prepares a claim that is not prepared yet: writes what the container runtime needs
-    /// (CDI specs) and says which devices, with which CDI ids, the containers get. The claim
-    /// was read and checked by the library ([`Claim`]). An error fails this claim only.
-    async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, Self::Error>;
+    /// (CDI specs) and says which CDI ids the containers get for each of the claim's results
+    /// and which spec files it wrote; the library records the rest. The claim was read and
+    /// checked by the library ([`Claim`]). An error fails this claim only.
+    async fn prepare(&self, claim: &Claim) -> Result<crate::claim::Prepared, Self::Error>;
 
     /// Undoes [`prepare`](Self::prepare). `prepared` is `None` when the checkpoint does not
     /// know the claim (never prepared, or the plugin died between writing files and
@@ -85,6 +86,14 @@ pub enum ClaimFailure {
     /// The driver refused or failed.
     #[error("{0}")]
     Driver(Box<dyn std::error::Error + Send + Sync>),
+    /// The driver's answer did not have one list of CDI ids per allocated device.
+    #[error("the driver answered {answered} lists of CDI ids for the claim's {results} devices")]
+    Answer {
+        /// The claim's results of this driver.
+        results: usize,
+        /// The lists of CDI ids the driver gave.
+        answered: usize,
+    },
     /// A CDI spec the driver wrote, or the checkpoint recorded, could not be read or rewritten.
     #[error("{what} the CDI spec {}: {source}", path.display())]
     Spec {
@@ -156,7 +165,7 @@ struct State {
 }
 
 /// What preparing one claim came to.
-enum Prepared {
+enum Outcome {
     /// Recorded before: answered from the checkpoint (specs healed if needed).
     Recorded(Vec<PreparedDevice>),
     /// Prepared by the driver now: to be recorded before anyone hears of it.
@@ -220,6 +229,7 @@ impl<D: Driver> DraService<D> {
     }
 
     /// Prepares claims, at most [`MAX_CONCURRENT_CLAIMS`] at once; the answer per claim UID.
+    #[tracing::instrument(name = "prepare_claims", skip_all, fields(driver = %self.on.driver, claims = claims.len()))]
     pub async fn prepare_claims(
         &self,
         claims: Vec<ClaimRef>,
@@ -235,10 +245,10 @@ impl<D: Driver> DraService<D> {
         let mut fresh = Vec::new();
         for (claim, result) in results {
             match result {
-                Ok(Prepared::Recorded(devices)) => {
+                Ok(Outcome::Recorded(devices)) => {
                     answers.insert(claim.uid, Ok(devices));
                 }
-                Ok(Prepared::Fresh(prepared)) => fresh.push((claim, prepared)),
+                Ok(Outcome::Fresh(prepared)) => fresh.push((claim, prepared)),
                 Err(error) => {
                     answers.insert(claim.uid, Err(error));
                 }
@@ -312,11 +322,12 @@ impl<D: Driver> DraService<D> {
         (refused, results, locks)
     }
 
-    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Prepared, ClaimFailure> {
+    #[tracing::instrument(name = "prepare_claim", skip_all, fields(claim = %claim, uid = %claim.uid))]
+    async fn prepare_claim(&self, claim: &ClaimRef) -> Result<Outcome, ClaimFailure> {
         let recorded = self.state.lock().await.claims.get(&claim.uid).cloned();
         if let Some(recorded) = recorded {
             if heal_specs(&recorded)? {
-                return Ok(Prepared::Recorded(recorded.devices));
+                return Ok(Outcome::Recorded(recorded.devices));
             }
             // Recorded without spec content (an older checkpoint) and a spec is gone: only
             // the driver can write it again.
@@ -329,12 +340,15 @@ impl<D: Driver> DraService<D> {
             &self.on.node,
         )
         .await?;
-        let mut prepared = self
-            .driver
-            .prepare(&checked)
-            .await
-            .map_err(ClaimFailure::driver)?;
-        prepared.cdi_spec_contents = BTreeMap::new();
+        let answer = (self.driver.prepare(&checked).await).map_err(ClaimFailure::driver)?;
+        let mut prepared = match checked.record(answer) {
+            Ok(prepared) => prepared,
+            Err((results, answered)) => {
+                // Its files are not known for sure: cleaned up by the driver's convention.
+                let _ = self.driver.unprepare(claim, None).await;
+                return Err(ClaimFailure::Answer { results, answered });
+            }
+        };
         for path in &prepared.cdi_spec_files {
             match std::fs::read_to_string(path) {
                 Ok(content) => {
@@ -350,10 +364,11 @@ impl<D: Driver> DraService<D> {
                 }
             }
         }
-        Ok(Prepared::Fresh(prepared))
+        Ok(Outcome::Fresh(prepared))
     }
 
     /// Unprepares claims, at most [`MAX_CONCURRENT_CLAIMS`] at once; the answer per claim UID.
+    #[tracing::instrument(name = "unprepare_claims", skip_all, fields(driver = %self.on.driver, claims = claims.len()))]
     pub async fn unprepare_claims(
         &self,
         claims: Vec<ClaimRef>,

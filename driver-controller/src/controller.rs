@@ -4,7 +4,10 @@
 //!
 //! Reconciliation is triggered by the configuration itself, its DeviceClass, its Instances,
 //! the slices that hold its devices and the filters that name it, all read from reflector
-//! stores, so a pass costs no reads beyond the writes it needs. Nothing acts before every
+//! stores. The one read of a pass is a GET of each DeviceClass it would apply (the
+//! configuration's and its filters'): a class of that name may be someone else's, without our
+//! label, which the watch of our classes does not see; at rest that is one GET per class every
+//! 5 minutes (`RESYNC`). Nothing acts before every
 //! store has been listed once: a pass on a half-filled store would take the Instances not
 //! listed yet for gone and unpublish their devices (or a configuration for gone and delete its
 //! filters' DeviceClasses).

@@ -9,7 +9,7 @@
 //! write to the Instance, and on two nodes 4 wanted slots meet 3.
 
 #[allow(dead_code)]
-#[path = "../tests/legacy/cluster.rs"]
+#[path = "../tests/node_agent/legacy/cluster.rs"]
 mod cluster;
 
 use akri_testing::ControlPlane;

@@ -195,9 +195,9 @@ impl DraSink {
         let akri_driver = AkriDriver {
             driver: driver.to_string(),
             cdi_class: handler.to_ascii_lowercase(),
-            client: self.client.clone(),
             cdi,
             devices: self.devices.clone(),
+            status: dra_plugin::device_status::Writer::start(self.client.clone(), driver),
         };
         let checkpoint = options.state_dir.join(format!("{driver}-checkpoint.json"));
         let timed = Timed {

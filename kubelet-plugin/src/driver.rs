@@ -7,9 +7,9 @@
 
 use crate::node_devices::{KnownDevice, NodeDevices};
 use dra_plugin::cdi::{self, CdiDevice, CdiRoot, DeviceNode, Mount};
-use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
+use dra_plugin::checkpoint::PreparedClaim;
 use dra_plugin::device_status::{self, DeviceStatus};
-use dra_plugin::{Claim, ClaimRef, Driver};
+use dra_plugin::{Claim, ClaimRef, Driver, Prepared};
 
 /// Why an Akri device was not prepared or unprepared (the kubelet shows it in the pod's
 /// events). Claims that are not allocated here never reach the driver: the library checks
@@ -33,16 +33,17 @@ pub struct AkriDriver {
     pub driver: String,
     /// The CDI class: the handler name, lower-cased (`akri.sh/<class>=<device>`).
     pub cdi_class: String,
-    pub client: kube::Client,
     pub cdi: CdiRoot,
     pub devices: NodeDevices,
+    /// Writes the claims' `status.devices` off the kubelet's path.
+    pub status: device_status::Writer,
 }
 
 #[tonic::async_trait]
 impl Driver for AkriDriver {
     type Error = PrepareError;
 
-    async fn prepare(&self, checked: &Claim) -> Result<PreparedClaim, PrepareError> {
+    async fn prepare(&self, checked: &Claim) -> Result<Prepared, PrepareError> {
         let claim = &checked.reference;
         let results = &checked.results;
 
@@ -102,29 +103,22 @@ impl Driver for AkriDriver {
                 })
             })
             .collect();
-        write_status(&self.client, &self.driver, claim, &statuses).await;
-        Ok(PreparedClaim {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-            devices: results
-                .iter()
-                .map(|result| {
-                    let index = cdi_devices
-                        .iter()
-                        .position(|d| d.name == result.device)
-                        .expect("every result has its CDI device");
-                    PreparedDevice {
-                        request_names: vec![result.request.clone()],
-                        pool_name: result.pool.clone(),
-                        device_name: result.device.clone(),
-                        cdi_device_ids: vec![spec.qualified_ids[index].clone()],
-                        share_id: result.share_id.clone(),
-                    }
-                })
-                .collect(),
+        // Written by the status writer's task: the container waits for no API call.
+        self.status.write(claim, statuses);
+        // Each result's CDI id: its device's (two results can share a device).
+        let cdi_ids = results
+            .iter()
+            .map(|result| {
+                let index = cdi_devices
+                    .iter()
+                    .position(|d| d.name == result.device)
+                    .expect("every result has its CDI device");
+                vec![spec.qualified_ids[index].clone()]
+            })
+            .collect();
+        Ok(Prepared {
+            cdi_ids,
             cdi_spec_files: vec![spec.path],
-            cdi_spec_contents: Default::default(),
         })
     }
 
@@ -141,45 +135,11 @@ impl Driver for AkriDriver {
         for file in files {
             cdi::remove_claim_spec(&file)?;
         }
-        // In the background: unprepare must not wait for the API server (the kubelet
-        // unprepares through outages), and the claim is usually being deallocated, which
-        // drops its device status anyway.
-        let (client, driver, claim) = (self.client.clone(), self.driver.clone(), claim.clone());
-        tokio::spawn(async move { write_status(&client, &driver, &claim, &[]).await });
+        // Unprepare must not wait for the API server either (the kubelet unprepares through
+        // outages), and the claim is usually being deallocated, which drops its status anyway.
+        self.status.write(claim, Vec::new());
         Ok(())
     }
-}
-
-/// How long a prepare waits for the claim's device status to be written: the claim was just
-/// read, so the API server answers; if it stops, the container must not wait for a status.
-const STATUS_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-
-/// Makes `devices` the driver's entries in the claim's `status.devices`. For workloads and
-/// operators only: a failure is logged and never fails the kubelet's call (the container gets
-/// its device from the CDI spec either way).
-async fn write_status(
-    client: &kube::Client,
-    driver: &str,
-    claim: &ClaimRef,
-    devices: &[DeviceStatus],
-) {
-    let target = device_status::Claim {
-        namespace: &claim.namespace,
-        name: &claim.name,
-        uid: &claim.uid,
-    };
-    let apply = device_status::apply(client, target, driver, devices);
-    let error = match tokio::time::timeout(STATUS_TIMEOUT, apply).await {
-        Ok(Ok(())) => return,
-        Ok(Err(error)) => error.to_string(),
-        Err(_) => format!("no answer within {STATUS_TIMEOUT:?}"),
-    };
-    tracing::warn!(
-        claim = %format!("{}/{}", claim.namespace, claim.name),
-        driver,
-        %error,
-        "could not write the claim's device status"
-    );
 }
 
 /// What a claim's `status.devices` entry says about an Akri device: its configuration,

@@ -168,10 +168,7 @@ pub struct Timed<D> {
 impl<D: dra_plugin::Driver> dra_plugin::Driver for Timed<D> {
     type Error = D::Error;
 
-    async fn prepare(
-        &self,
-        claim: &dra_plugin::Claim,
-    ) -> Result<dra_plugin::PreparedClaim, D::Error> {
+    async fn prepare(&self, claim: &dra_plugin::Claim) -> Result<dra_plugin::Prepared, D::Error> {
         let started = std::time::Instant::now();
         let result = self.inner.prepare(claim).await;
         self.metrics

@@ -1,5 +1,6 @@
 //! Resolving a DiscoveryConfiguration's discoveryProperties: literal values, and keys of
-//! Secrets and ConfigMaps, read when discovery starts.
+//! Secrets and ConfigMaps, read (a GET each) on every pass of the node agent's loop, so that
+//! an edited Secret restarts the discovery with its new value.
 
 use akri_api::v1::{DiscoveryProperty, KeyReference};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};

@@ -68,7 +68,7 @@ impl AgentCluster {
     /// Waits (up to 60 s) for this node's entry in `configuration`'s discovery errors, and
     /// returns its message.
     pub async fn error_appears(&self, configuration: &str) -> String {
-        crate::eventually(
+        crate::eventually_within(
             &format!("an error of {configuration} in its status"),
             Duration::from_secs(60),
             async || self.discovery_error(configuration).await,
@@ -78,7 +78,7 @@ impl AgentCluster {
 
     /// Waits (up to 90 s) until `configuration`'s status has no error for this node.
     pub async fn error_clears(&self, configuration: &str) {
-        crate::eventually(
+        crate::eventually_within(
             &format!("the error of {configuration} cleared"),
             Duration::from_secs(90),
             async || {

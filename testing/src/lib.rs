@@ -21,6 +21,8 @@
 
 mod bins;
 mod certs;
+#[cfg(feature = "components")]
+pub mod components;
 mod control_plane;
 pub mod discovery;
 pub mod docs;
@@ -122,22 +124,40 @@ pub async fn node_event(
         })
 }
 
-/// Polls `check` every 250 ms until it returns `Some`, panicking with `what` after `timeout`:
-/// for tests waiting on a controller, the scheduler or the kubelet to converge.
-pub async fn eventually<T, F: AsyncFn() -> Option<T>>(
+/// How long [`eventually`] waits: long enough for a loaded CI machine's controllers, scheduler
+/// and kubelet, short enough that a test that cannot pass fails in reasonable time.
+pub const EVENTUALLY: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// Polls `check` every 250 ms until it returns `Some`, panicking with `what` after
+/// [`EVENTUALLY`]: for tests waiting on a controller, the scheduler or the kubelet to converge.
+pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
+    eventually_within(what, EVENTUALLY, check).await
+}
+
+/// [`eventually`] with another timeout: for a wait whose length is what the test is about.
+pub async fn eventually_within<T, F: AsyncFn() -> Option<T>>(
     what: &str,
     timeout: std::time::Duration,
     check: F,
+) -> T {
+    poll(timeout, check, || {
+        format!("timed out after {timeout:?} waiting for {what}")
+    })
+    .await
+}
+
+/// Polls `check` every 250 ms until it returns `Some`; panics with `failure()` after `timeout`.
+pub(crate) async fn poll<T, F: AsyncFn() -> Option<T>>(
+    timeout: std::time::Duration,
+    check: F,
+    failure: impl Fn() -> String,
 ) -> T {
     let start = std::time::Instant::now();
     loop {
         if let Some(value) = check().await {
             return value;
         }
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
+        assert!(start.elapsed() < timeout, "{}", failure());
         tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
 }

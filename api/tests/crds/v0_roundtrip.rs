@@ -7,7 +7,7 @@
 //! second test checks, so they must round-trip exactly.
 //!
 //! The same check runs on other YAML files, such as Akri's own examples, with
-//! `AKRI_V0_EXAMPLES=<dir>[:<dir>...] cargo test -p akri-api --test v0_roundtrip -- --ignored`.
+//! `AKRI_V0_EXAMPLES=<dir>[:<dir>...] cargo test -p akri-api --test crds v0_roundtrip -- --ignored`.
 
 use std::path::{Path, PathBuf};
 

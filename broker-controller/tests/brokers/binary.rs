@@ -9,9 +9,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(60), check).await
-}
+use akri_testing::eventually;
 
 #[tokio::test]
 async fn the_binary_leads_serves_its_endpoints_and_hands_over_on_sigterm() {

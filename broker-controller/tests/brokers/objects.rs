@@ -9,13 +9,10 @@ use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-use std::time::Duration;
 
-mod support;
+use crate::support;
 
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(60), check).await
-}
+use akri_testing::eventually;
 
 use akri_testing::from_json;
 

@@ -14,16 +14,13 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
-use std::time::Duration;
 
-mod support;
+use crate::support;
 use support::SimNode;
 
 const DRIVER: &str = "debugecho.akri.sh";
 
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(90), check).await
-}
+use akri_testing::eventually;
 
 /// Two nodes whose debugEcho handlers register as shared, each hiding the descriptions in
 /// `offline[i]` (so a device is seen by one node or by both), and both controllers.
@@ -58,10 +55,8 @@ impl Cluster {
         let apps = cp.create_namespace("apps").await.unwrap();
         let mut nodes = Vec::new();
         for hidden in offline {
-            let node = support::start_node(&cp, &client, &akri, |config, _, dir| {
-                let echo = config.debug_echo_mut();
-                echo.availability_file = dir.join("availability");
-                std::fs::write(&echo.availability_file, hidden).unwrap();
+            let node = support::start_node(&cp, &client, &akri, |config, _| {
+                std::fs::write(&config.debug_echo_mut().availability_file, hidden).unwrap();
             })
             .await;
             nodes.push(node);
@@ -277,7 +272,7 @@ async fn each_broker_is_scheduled_with_its_own_device() {
     let kept_uid = c.pods().get(&kept).await.unwrap().uid();
     let gone = format!("{}-{cam_b}-pod", c.nodes[1].name);
     let gone_uid = c.pods().get(&gone).await.unwrap().uid();
-    std::fs::write(c.nodes[1].dir.path().join("availability"), "cam-a\ncam-b\n").unwrap();
+    std::fs::write(&c.nodes[1].availability, "cam-a\ncam-b\n").unwrap();
     eventually("cam-b's broker being deleted", async || {
         let pod = c.pods().get_opt(&gone).await.ok()?;
         pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
@@ -307,7 +302,7 @@ async fn each_broker_is_scheduled_with_its_own_device() {
     assert_eq!(c.pods().get(&kept).await.unwrap().uid(), kept_uid);
 
     // Plugged in again: a new broker, scheduled with the camera again.
-    std::fs::write(c.nodes[1].dir.path().join("availability"), "cam-a\n").unwrap();
+    std::fs::write(&c.nodes[1].availability, "cam-a\n").unwrap();
     eventually("cam-b's broker made again", async || {
         let pod = c.pods().get_opt(&gone).await.ok()??;
         (pod.uid() != gone_uid && pod.metadata.deletion_timestamp.is_none()).then_some(())

@@ -29,7 +29,7 @@ async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
     )
     .unwrap();
     let socket = dir.path().join("debugEcho.sock");
-    let registered = akri_testing::eventually(
+    let registered = akri_testing::eventually_within(
         "the handler registered",
         Duration::from_secs(15),
         async || registry.handlers().get("debugEcho").cloned(),

@@ -20,11 +20,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// The README's minimal driver, as `cargo run --example minimal` builds it.
-#[allow(dead_code)]
-#[path = "../examples/minimal.rs"]
-mod minimal;
-use minimal::{CDI_VENDOR, GadgetDriver, gadgets};
+use crate::minimal::{CDI_VENDOR, GadgetDriver, gadgets};
 
 async fn wait_until<F: AsyncFn() -> bool>(what: &str, check: F) {
     let start = Instant::now();

@@ -7,8 +7,9 @@
 //! it. What is under test is the service around it (the kubelet-facing contract); reading
 //! claims from a real API server, and the kubelet's own DRA manager, are the other suites'.
 
+use dra_plugin::Prepared;
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
-use dra_plugin::checkpoint::{PreparedClaim, PreparedDevice};
+use dra_plugin::checkpoint::PreparedClaim;
 use dra_plugin::service::{
     Claim, ClaimRef, ClaimSource, DraService, Driver, DriverOnNode, MAX_CONCURRENT_CLAIMS,
 };
@@ -92,7 +93,7 @@ fn service(driver: SpecDriver, checkpoint: &Path) -> DraService<SpecDriver> {
 impl Driver for SpecDriver {
     type Error = dra_plugin::cdi::Error;
 
-    async fn prepare(&self, claim: &Claim) -> Result<PreparedClaim, Self::Error> {
+    async fn prepare(&self, claim: &Claim) -> Result<Prepared, Self::Error> {
         let claim = &claim.reference;
         self.work(&claim.uid, "prepare").await;
         self.prepares.fetch_add(1, Ordering::SeqCst);
@@ -102,20 +103,7 @@ impl Driver for SpecDriver {
             ..CdiDevice::default()
         };
         let spec = self.cdi.write_claim_spec("gadget", &claim.uid, &[device])?;
-        Ok(PreparedClaim {
-            uid: claim.uid.clone(),
-            namespace: claim.namespace.clone(),
-            name: claim.name.clone(),
-            devices: vec![PreparedDevice {
-                request_names: vec!["r".into()],
-                pool_name: "node".into(),
-                device_name: "dev".into(),
-                cdi_device_ids: spec.qualified_ids,
-                share_id: None,
-            }],
-            cdi_spec_files: vec![spec.path],
-            cdi_spec_contents: Default::default(),
-        })
+        Ok(Prepared::one_spec(spec))
     }
 
     async fn unprepare(
@@ -203,6 +191,57 @@ async fn answered<T>(
         .expect("the call answers (a hang is a failure, not a stuck test)")
         .unwrap()
         .into_inner()
+}
+
+/// The spans a test's thread saw opened, each as `name field=value ...`.
+#[derive(Clone, Default)]
+struct Spans(std::sync::Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct Fields(String);
+        impl tracing::field::Visit for Fields {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                self.0.push_str(&format!(" {}={value:?}", field.name()));
+            }
+        }
+        let mut fields = Fields(attrs.metadata().name().to_string());
+        attrs.record(&mut fields);
+        self.0.lock().unwrap().push(fields.0);
+    }
+}
+
+/// The README's promise: a `tracing` span per call (driver, number of claims) and per claim
+/// prepared, so a driver's own logs in `prepare` say which claim they are about.
+#[tokio::test]
+async fn each_call_and_each_claim_prepared_has_a_span() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let spans = Spans::default();
+    // The test's runtime has one thread: the server's tasks run on it too.
+    let _default =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    let dir = tempfile::tempdir().unwrap();
+    let served = serve(dir.path(), Duration::ZERO).await;
+    prepare(
+        &served,
+        vec![claim("r", "a", "uid-a"), claim("r", "b", "uid-b")],
+    )
+    .await;
+    unprepare(&served, vec![claim("r", "a", "uid-a")]).await;
+    let spans = spans.0.lock().unwrap().clone();
+    for expected in [
+        format!("prepare_claims driver={DRIVER} claims=2"),
+        "prepare_claim claim=r/a uid=uid-a".to_string(),
+        "prepare_claim claim=r/b uid=uid-b".to_string(),
+        format!("unprepare_claims driver={DRIVER} claims=1"),
+    ] {
+        assert!(spans.contains(&expected), "{expected:?} not in {spans:#?}");
+    }
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 //! `AKRI_K8S_VERSION` selects; where the API server lacks consumable capacity, per-device
 //! node selection or extended resources, the same scenarios exercise the fallbacks.
 
-mod support;
+use crate::support;
 
 use akri_api::v0::Instance;
 use akri_api::v1::{CONDITION_READY, PropertyFilter};

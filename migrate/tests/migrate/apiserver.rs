@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::process::Output;
 
-mod common;
+use crate::common;
 use common::{listing, repo, stderr};
 
 async fn cluster() -> &'static ControlPlane {

@@ -22,14 +22,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-#[path = "../../broker-controller/tests/support/mod.rs"]
-mod support;
+use akri_testing::components::{self as support, SimNode};
 
 const CONFIGURATION: &str = "echo";
 
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(90), check).await
-}
+use akri_testing::eventually;
 
 /// Per Instance: its broker objects (`<kind>/<name>`, names with the node) and, per broker
 /// Pod, the environment its container gets from the device and the configuration.
@@ -67,7 +64,8 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
     let apps = cp.create_namespace("apps").await.unwrap();
     let mut nodes = Vec::new();
     for _ in 0..2 {
-        let node = support::start_node(&cp, &client, &akri, |config, peer, _| {
+        let node = SimNode::start(&cp, &client, &akri, |config, peer| {
+            config.debug_echo_mut().shared = true;
             config.legacy = Some(LegacyOptions {
                 device_plugin_dir: peer.device_plugin_dir(),
                 pod_resources_socket: Some(peer.pod_resources_socket()),
@@ -75,6 +73,8 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
                 reclaim_interval: Duration::from_secs(1),
             });
         })
+        .await
+        .registered()
         .await;
         nodes.push(node);
     }

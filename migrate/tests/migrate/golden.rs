@@ -1,6 +1,6 @@
 //! The migration of Akri's own example Configurations (`api/tests/fixtures/v0/`) and of every
 //! shape of our own (`tests/fixtures/v0/`), through the binary: its stdout and stderr against
-//! golden files reviewed by eye (`UPDATE_GOLDEN=1 cargo test -p akri-migrate --test golden`
+//! golden files reviewed by eye (`UPDATE_GOLDEN=1 cargo test -p akri-migrate --test migrate golden`
 //! writes them), the same bytes on a second run, BrokerTemplates that the broker-controller
 //! renders, and the shipped `examples/brokers/` being exactly what migration makes.
 
@@ -8,7 +8,7 @@ use akri_broker_controller::render::{self, Owner, Values};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-mod common;
+use crate::common;
 use common::repo;
 
 fn migrate(args: &[&str]) -> std::process::Output {

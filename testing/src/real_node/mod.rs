@@ -297,27 +297,23 @@ impl RealNode {
         crate::process::log_tail(&self.dir.path().join(format!("{component}.log")), lines)
     }
 
-    /// [`crate::eventually`], failing with the last lines of the kubelet's and containerd's
-    /// logs: what a test on the real node wants to see when a pod never got where it waited.
+    /// [`crate::eventually_within`], failing with the last lines of the kubelet's and
+    /// containerd's logs: what a test on the real node wants to see when a pod never got where
+    /// it waited.
     pub async fn eventually<T, F: AsyncFn() -> Option<T>>(
         &self,
         what: &str,
         timeout: Duration,
         check: F,
     ) -> T {
-        let start = Instant::now();
-        loop {
-            if let Some(value) = check().await {
-                return value;
-            }
-            assert!(
-                start.elapsed() < timeout,
+        crate::poll(timeout, check, || {
+            format!(
                 "timed out after {timeout:?} waiting for {what}\n--- kubelet:\n{}\n--- containerd:\n{}",
                 self.log_tail("kubelet", 25),
                 self.log_tail("containerd", 15),
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            )
+        })
+        .await
     }
 
     /// Kills the kubelet (SIGKILL: as a crash or a node's kubelet restart looks to pods and

@@ -49,7 +49,7 @@ async fn a_camera_credential_is_used_and_never_logged() {
         .map(String::from),
     )
     .unwrap();
-    let registered = akri_testing::eventually(
+    let registered = akri_testing::eventually_within(
         "the handler registered",
         Duration::from_secs(15),
         async || registry.handlers().get("onvif").cloned(),

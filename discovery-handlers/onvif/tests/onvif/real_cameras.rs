@@ -227,7 +227,7 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
 async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     use akri_kubelet_plugin::agent::{self, AgentConfig};
     use akri_testing::discovery::AgentCluster;
-    use akri_testing::eventually;
+    use akri_testing::eventually_within;
 
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = AgentCluster::start(&akri_api::crds::all()).await.unwrap();
@@ -268,7 +268,7 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
             })
             .then_some(())
     };
-    eventually(
+    eventually_within(
         "the camera's Instance",
         Duration::from_secs(60),
         async || found(cameras).await,
@@ -289,7 +289,7 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     let _handler = cluster
         .kill_and_restart_handler(cameras, "onvif", handler, start_handler)
         .await;
-    eventually("the Instance back", Duration::from_secs(30), async || {
+    eventually_within("the Instance back", Duration::from_secs(30), async || {
         found(cameras).await
     })
     .await;
@@ -300,7 +300,7 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
         .apply_configuration(garbage, "onvif", &details(&[&gate], ""))
         .await;
     cluster.error_clears(garbage).await;
-    eventually(
+    eventually_within(
         "the fixed configuration's Instance",
         Duration::from_secs(30),
         async || found(garbage).await,

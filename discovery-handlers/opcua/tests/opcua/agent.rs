@@ -5,7 +5,7 @@
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_testing::discovery::AgentCluster;
-use akri_testing::eventually;
+use akri_testing::eventually_within;
 use akri_testing::peers::Peer;
 use std::path::Path;
 use std::time::Duration;
@@ -79,7 +79,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
             })
             .then_some(())
     };
-    eventually("the server's Instance", Duration::from_secs(90), found).await;
+    eventually_within("the server's Instance", Duration::from_secs(90), found).await;
     cluster.error_clears(plant).await;
     assert!(
         error_of(garbage).await.is_some(),
@@ -92,7 +92,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
             start_handler(&handlers_dir, &pki)
         })
         .await;
-    eventually("the Instance back", Duration::from_secs(30), found).await;
+    eventually_within("the Instance back", Duration::from_secs(30), found).await;
 
     // The garbage details put right: that configuration finds the server too, and its error
     // clears.
@@ -102,7 +102,7 @@ async fn bad_details_an_unreachable_server_and_a_killed_handler_show_in_the_stat
     cluster.error_clears(garbage).await;
     let found_by_fixed =
         async || (!cluster.instance_properties(garbage).await.is_empty()).then_some(());
-    eventually(
+    eventually_within(
         "the fixed configuration's Instance",
         Duration::from_secs(30),
         found_by_fixed,

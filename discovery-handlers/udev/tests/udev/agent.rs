@@ -39,12 +39,13 @@ async fn a_killed_handler_shows_in_the_status_and_its_return_clears_it() {
             .any(|p| p.get("UDEV_DEVNODE").map(String::as_str) == Some("/dev/null"))
             .then_some(())
     };
-    akri_testing::eventually("the null device's Instance", Duration::from_secs(30), found).await;
+    akri_testing::eventually_within("the null device's Instance", Duration::from_secs(30), found)
+        .await;
     let error_of = async || cluster.discovery_error(&name).await;
     assert_eq!(error_of().await, None);
 
     let _handler = cluster
         .kill_and_restart_handler(&name, "udev", handler, || start_handler(&handlers_dir))
         .await;
-    akri_testing::eventually("the Instance back", Duration::from_secs(30), found).await;
+    akri_testing::eventually_within("the Instance back", Duration::from_secs(30), found).await;
 }

@@ -19,7 +19,7 @@ async fn registers_as_a_node_local_handler_and_finds_devices() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let registered = akri_testing::eventually(
+    let registered = akri_testing::eventually_within(
         "the handler registered",
         Duration::from_secs(15),
         async || registry.handlers().get("udev").cloned(),

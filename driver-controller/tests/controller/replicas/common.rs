@@ -1,7 +1,7 @@
 //! Helpers the tests of this binary share (besides `tests/support`, which `allocation` shares
 //! too).
 
-use crate::support::from_json;
+use super::support::from_json;
 use akri_api::v1::DiscoveryConfiguration;
 use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::metrics::Metrics;

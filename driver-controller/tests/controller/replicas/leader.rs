@@ -1,7 +1,7 @@
 //! Leader election: takeover when the leader dies or is cut off, and one name twice.
 
-use crate::common::{configuration, unique_node};
-use crate::support::{self, eventually};
+use super::common::{configuration, unique_node};
+use super::support::{self, eventually};
 use akri_api::v1::{CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration};
 use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::http::{self, Readiness};

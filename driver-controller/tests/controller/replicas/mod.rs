@@ -2,8 +2,7 @@
 //! waits and takes over when the first dies; objects are garbage-collected with their
 //! configuration; status and the HTTP endpoints say what is going on.
 
-#[path = "../support/mod.rs"]
-mod support;
+use crate::support;
 
 mod common;
 mod leader;

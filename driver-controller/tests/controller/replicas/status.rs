@@ -1,8 +1,8 @@
 //! What goes away with a deleted Node, and what a configuration's or filter's status says
 //! when its DeviceClass cannot be written: a foreign class of the same name, CEL too long.
 
-use crate::common::{configuration, controller_for, devices_per_instance, seen_by, unique_node};
-use crate::support::{self, eventually, from_json};
+use super::common::{configuration, controller_for, devices_per_instance, seen_by, unique_node};
+use super::support::{self, eventually, from_json};
 use akri_api::v1::{CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration};
 use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::metrics::Metrics;
@@ -69,7 +69,7 @@ async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
     nodes.delete(&a, &DeleteParams::default()).await.unwrap();
     let gone = Duration::from_secs(30);
     let (condition, errors) =
-        akri_testing::eventually(&format!("{a} forgotten"), gone, async || {
+        akri_testing::eventually_within(&format!("{a} forgotten"), gone, async || {
             let (condition, errors) = degraded("discovery fails on 1 node").await?;
             let left = instances.get(&both).await.ok()?.spec.nodes;
             let only_a_gone = instances.get_opt(&only_a).await.ok()?.is_none();
@@ -84,7 +84,7 @@ async fn a_deleted_node_leaves_no_instance_entry_or_discovery_error_behind() {
     assert_eq!(errors[0].node, b);
 
     nodes.delete(&b, &DeleteParams::default()).await.unwrap();
-    akri_testing::eventually(&format!("{b} forgotten"), gone, async || {
+    akri_testing::eventually_within(&format!("{b} forgotten"), gone, async || {
         let status = configs.get(&name).await.ok()?.status?;
         let healthy = status
             .conditions
@@ -339,7 +339,7 @@ async fn a_filter_too_long_for_the_api_server_fails_alone() {
     };
     let wait = Duration::from_secs(30);
     for name in [&before, &after, &elsewhere] {
-        let ready = akri_testing::eventually(&format!("{name} ready"), wait, async || {
+        let ready = akri_testing::eventually_within(&format!("{name} ready"), wait, async || {
             condition(name).await.filter(|c| c.status == "True")
         })
         .await;
@@ -347,7 +347,7 @@ async fn a_filter_too_long_for_the_api_server_fails_alone() {
     }
     let configs = Api::<DiscoveryConfiguration>::all(client.clone());
     for config in [&mine, &other] {
-        akri_testing::eventually(&format!("{config} published"), wait, async || {
+        akri_testing::eventually_within(&format!("{config} published"), wait, async || {
             let status = configs.get(config).await.ok()?.status?;
             let ready = status
                 .conditions
@@ -357,10 +357,11 @@ async fn a_filter_too_long_for_the_api_server_fails_alone() {
         })
         .await;
     }
-    let refused = akri_testing::eventually("the huge filter's condition", wait, async || {
-        condition(&huge).await
-    })
-    .await;
+    let refused =
+        akri_testing::eventually_within("the huge filter's condition", wait, async || {
+            condition(&huge).await
+        })
+        .await;
     assert_eq!(
         (refused.status.as_str(), refused.reason.as_str()),
         ("False", "InvalidFilter"),

@@ -1,7 +1,7 @@
 //! A restarted controller acts only once its stores are complete.
 
-use crate::common::{configuration, devices_per_instance, unique_node};
-use crate::support::{self, eventually, from_json};
+use super::common::{configuration, devices_per_instance, unique_node};
+use super::support::{self, eventually, from_json};
 use akri_api::v1::DiscoveryConfiguration;
 use akri_driver_controller::controller::ControllerConfig;
 use akri_driver_controller::metrics::Metrics;

@@ -20,9 +20,7 @@ use std::time::Duration;
 pub const DRIVER: &str = "debugecho.akri.sh";
 pub const TIMEOUT: Duration = Duration::from_secs(90);
 
-pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, TIMEOUT, check).await
-}
+pub use akri_testing::eventually;
 
 pub use akri_testing::from_json;
 

@@ -3,8 +3,8 @@
 //! device plugins; shared by the legacy tests and the legacy benchmark.
 
 use akri_api::v0::{Configuration, Instance};
-use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::legacy::LegacyOptions;
+pub use akri_testing::components::SimNode;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
@@ -12,16 +12,7 @@ use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(30), check).await
-}
-
-pub struct SimNode {
-    pub name: String,
-    pub peer: KubeletPeer,
-    pub agent: agent::Agent,
-    pub _dir: tempfile::TempDir,
-}
+pub use akri_testing::eventually;
 
 pub struct Cluster {
     pub cp: ControlPlane,
@@ -56,30 +47,18 @@ pub async fn start_node(
     client: &kube::Client,
     reclaim_grace: Duration,
 ) -> SimNode {
-    let name = ControlPlane::unique_name("node");
-    cp.create_node(&name).await.unwrap();
-    let peer = KubeletPeer::start(cp, &name).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = AgentConfig::embedded(&name, "unused-by-the-legacy-path", dir.path())
-        .kubelet_dirs(peer.registry_dir(), peer.plugins_dir(), peer.cdi_dir());
-    config.debug_echo_mut().shared = true;
-    config.consumable_capacity = Some(false);
-    config.startup_wait = Duration::from_secs(5);
-    config.legacy = Some(LegacyOptions {
-        device_plugin_dir: peer.device_plugin_dir(),
-        pod_resources_socket: Some(peer.pod_resources_socket()),
-        reclaim_grace,
-        reclaim_interval: Duration::from_millis(200),
-    });
-    let agent = agent::start(client.clone(), config)
-        .await
-        .expect("agent starts");
-    SimNode {
-        name,
-        peer,
-        agent,
-        _dir: dir,
-    }
+    SimNode::start(cp, client, "unused-by-the-legacy-path", |config, peer| {
+        config.debug_echo_mut().shared = true;
+        config.consumable_capacity = Some(false);
+        config.startup_wait = Duration::from_secs(5);
+        config.legacy = Some(LegacyOptions {
+            device_plugin_dir: peer.device_plugin_dir(),
+            pod_resources_socket: Some(peer.pod_resources_socket()),
+            reclaim_grace,
+            reclaim_interval: Duration::from_millis(200),
+        });
+    })
+    .await
 }
 
 impl Cluster {

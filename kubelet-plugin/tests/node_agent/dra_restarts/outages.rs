@@ -1,6 +1,6 @@
 //! The API server gone, refusing, or silently dead.
 
-use crate::support::{
+use super::support::{
     cpu_seconds, echo_config, eventually, node_with_peer, pool_size, publication,
     spawn_plugin_through, through_proxy,
 };
@@ -176,7 +176,7 @@ async fn a_silently_dead_connection_does_not_stall_the_node() {
     std::fs::write(dir.path().join("availability.txt"), "OFFLINE").unwrap();
     // The first attempt waits out its deadline (20 s) on a dead connection; the resync (30 s)
     // retries on a new one. Without deadlines it waits for the client's read timeout (295 s).
-    akri_testing::eventually(
+    akri_testing::eventually_within(
         "the change published despite the dead connections",
         Duration::from_secs(90),
         async || (!published().await.contains(&device)).then_some(()),

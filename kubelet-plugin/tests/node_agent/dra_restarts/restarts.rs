@@ -1,6 +1,6 @@
 //! Restarts, reboots, checkpoints, the per-node lock and the state directory.
 
-use crate::support::{
+use super::support::{
     DRIVER, Publication, echo_config, eventually, from_json, node_on, node_with_peer, pool_size,
     publication, spawn_plugin, spawn_plugin_with,
 };

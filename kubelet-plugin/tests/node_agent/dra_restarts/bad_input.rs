@@ -1,7 +1,7 @@
 //! Claims the plugin must refuse or keep apart: malformed claims, colliding names, two
 //! requests on one device.
 
-use crate::support::{DRIVER, allocated_claim, cdi_env, driver_seeing, from_json};
+use super::support::{DRIVER, allocated_claim, cdi_env, driver_seeing, from_json};
 use akri_kubelet_plugin::discovery::DiscoveredDevice;
 use akri_kubelet_plugin::driver::AkriDriver;
 use akri_kubelet_plugin::node_devices::{ConfigDevices, NodeDevices};
@@ -39,9 +39,9 @@ async fn malformed_claims_fail_alone() {
         AkriDriver {
             driver: DRIVER.into(),
             cdi_class: "debugecho".into(),
-            client: client.clone(),
             cdi: CdiRoot::new(dir.path().join("cdi"), "akri.sh").unwrap(),
             devices,
+            status: dra_plugin::device_status::Writer::start(client.clone(), DRIVER),
         },
         client.clone(),
         DriverOnNode {

@@ -267,23 +267,31 @@ async fn a_claimed_device_reaches_the_container_through_cdi_shows_in_the_claim_a
     // Each claim's status shows its device: the driver's entry, with Instance and properties.
     let claims = Api::<ResourceClaim>::namespaced(c.client.clone(), &c.ns);
     let pod = c.pods().get("broker").await.unwrap();
-    let mut shown = std::collections::BTreeMap::new();
-    for status in pod
-        .status
-        .unwrap()
-        .resource_claim_statuses
+    let claim_names: Vec<String> = (pod.status.unwrap().resource_claim_statuses)
         .unwrap_or_default()
-    {
-        let claim = claims
-            .get(&status.resource_claim_name.unwrap())
-            .await
-            .unwrap();
-        for entry in claim.status.unwrap().devices.unwrap_or_default() {
-            let data = entry.data.expect("the entry has data").0;
-            assert_eq!(data["instance"], entry.device, "{data}");
-            shown.insert(entry.driver, data["properties"].clone());
-        }
-    }
+        .into_iter()
+        .filter_map(|status| status.resource_claim_name)
+        .collect();
+    // Written off the kubelet's path, right after prepare.
+    let shown = c
+        .node
+        .eventually(
+            "both drivers' entries in the claims' status",
+            Duration::from_secs(30),
+            async || {
+                let mut shown = std::collections::BTreeMap::new();
+                for name in &claim_names {
+                    let claim = claims.get(name).await.ok()?;
+                    for entry in claim.status?.devices.unwrap_or_default() {
+                        let data = entry.data.expect("the entry has data").0;
+                        assert_eq!(data["instance"], entry.device, "{data}");
+                        shown.insert(entry.driver, data["properties"].clone());
+                    }
+                }
+                (shown.len() == 2).then_some(shown)
+            },
+        )
+        .await;
     assert_eq!(
         shown["debugecho.akri.sh"]["DEBUG_ECHO_DESCRIPTION"], "lobby",
         "{shown:?}"

@@ -95,13 +95,22 @@ async fn child_with_a_running_pod() {
     std::future::pending::<()>().await;
 }
 
+/// Test `name` of this module as the test binary names it, for `--exact` (a child that ran
+/// no test would exit 0 and pass).
+fn test_of_this_module(name: &str) -> String {
+    let module = module_path!()
+        .split_once("::")
+        .map_or("", |(_, module)| module);
+    format!("{module}::{name}")
+}
+
 #[tokio::test]
 async fn a_killed_runs_node_is_swept_by_the_next_start() {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
-            "child_with_a_running_pod",
+            &test_of_this_module("child_with_a_running_pod"),
             "--ignored",
             "--nocapture",
         ])
@@ -235,23 +244,33 @@ async fn child_on_a_nearly_full_disk() {
 async fn a_nearly_full_disk_neither_marks_the_node_nor_refuses_pods() {
     let work = tempfile::tempdir().unwrap();
     let disk = NearlyFullDisk::create(work.path(), 30 << 10, 250);
-    let status = tokio::task::spawn_blocking(move || {
-        let status = std::process::Command::new(std::env::current_exe().unwrap())
+    let output = tokio::task::spawn_blocking(move || {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
             .args([
                 "--exact",
-                "child_on_a_nearly_full_disk",
+                &test_of_this_module("child_on_a_nearly_full_disk"),
                 "--ignored",
                 "--nocapture",
             ])
             .env("TMPDIR", &disk.mount)
-            .status()
+            .stderr(std::process::Stdio::inherit())
+            .output()
             .unwrap();
         drop(disk);
-        status
+        output
     })
     .await
     .unwrap();
-    assert!(status.success(), "the child failed: {status}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "the child failed: {}",
+        output.status
+    );
+    assert!(
+        stdout.contains("test result: ok. 1 passed"),
+        "the child ran no test:\n{stdout}"
+    );
 }
 
 /// A loop-mounted ext4 filesystem on a sparse file, filled with one preallocated (not

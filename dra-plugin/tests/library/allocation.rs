@@ -1,12 +1,13 @@
 //! The whole DRA path on real Kubernetes: a ResourceSlice with one device on a simulated
 //! node, a pod with a ResourceClaimTemplate, the real scheduler allocating the device and
 //! binding the pod, then the kubelet's own DRA manager (kubelet peer) preparing the pod
-//! against a trivial DRA plugin and handing back CDI ids that the reference CDI library
-//! resolves.
+//! through the example driver (`examples/minimal.rs`) and handing back CDI ids that the
+//! reference CDI library resolves.
 
-mod support;
-
-use akri_testing::{ControlPlane, KubeletPeer};
+use crate::minimal::{CDI_CLASS, CDI_VENDOR, GadgetDriver};
+use akri_testing::{ControlPlane, KubeletPeer, eventually};
+use dra_plugin::Plugin;
+use dra_plugin::cdi::CdiRoot;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
@@ -14,7 +15,6 @@ use k8s_openapi::api::resource::v1::{
 use kube::api::{Api, PostParams};
 use serde_json::json;
 use std::time::Duration;
-use support::TestDraPlugin;
 
 use akri_testing::from_json;
 
@@ -93,13 +93,12 @@ async fn scheduler_allocates_and_kubelet_prepares() {
     .unwrap();
 
     // The real scheduler allocates the device and binds the pod to the node that has it.
-    let pod = support::wait_for(Duration::from_secs(60), "pod bound", || async {
+    let pod = eventually("pod bound", async || {
         let pod = pods.get("consumer").await.ok()?;
         pod.spec.as_ref()?.node_name.as_ref()?;
         Some(pod)
     })
-    .await
-    .unwrap_or_else(|e| panic!("{e}\nscheduler log:\n{}", cp.log_tail("kube-scheduler", 30)));
+    .await;
     assert_eq!(
         pod.spec.as_ref().unwrap().node_name.as_deref(),
         Some(node.as_str())
@@ -149,11 +148,19 @@ async fn scheduler_allocates_and_kubelet_prepares() {
         .unwrap();
     assert_eq!(reserved[0].name, "consumer");
 
-    // The kubelet's DRA manager prepares the pod through our trivial plugin.
+    // The kubelet's DRA manager prepares the pod through the example driver.
     let peer = KubeletPeer::start(cp, &node)
         .await
         .expect("kubelet peer starts");
-    let plugin = TestDraPlugin::start(&peer, &driver, client.clone())
+    let plugin = Plugin::builder(&driver, &node)
+        .registry_dir(peer.registry_dir())
+        .plugin_dir(peer.plugins_dir().join(&driver))
+        .start(
+            client.clone(),
+            GadgetDriver {
+                cdi: CdiRoot::new(peer.cdi_dir(), CDI_VENDOR).unwrap(),
+            },
+        )
         .await
         .unwrap();
     peer.wait_for_driver(&driver, Duration::from_secs(30))
@@ -161,7 +168,7 @@ async fn scheduler_allocates_and_kubelet_prepares() {
         .unwrap();
     assert_eq!(
         plugin.registration_status(),
-        Some(dra_plugin::registration::RegistrationStatus::Registered),
+        dra_plugin::registration::RegistrationStatus::Registered,
         "the kubelet reported the registration back"
     );
 
@@ -169,7 +176,8 @@ async fn scheduler_allocates_and_kubelet_prepares() {
         .prepare(&ns, "consumer")
         .await
         .expect("prepare succeeds");
-    let expected_id = format!("{}=dev-0", support::cdi_kind(&driver));
+    let uid = claim.metadata.uid.clone().unwrap();
+    let expected_id = format!("{CDI_VENDOR}/{CDI_CLASS}={uid}-dev-0");
     assert_eq!(containers.get("app"), Some(&vec![expected_id.clone()]));
     // Preparing again (kubelet restarts do this) gives the same answer.
     assert_eq!(peer.prepare(&ns, "consumer").await.unwrap(), containers);
@@ -181,19 +189,20 @@ async fn scheduler_allocates_and_kubelet_prepares() {
         .expect("CDI ids resolve");
     let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
     assert!(
-        env.contains(&"AKRI_TEST_DEVICE=dev-0".to_string()),
+        env.contains(&"GADGET_DEV-0=dev-0".to_string()),
         "env was {env:?}"
     );
     let unknown = peer
-        .cdi_inject(&[format!("{}=nope", support::cdi_kind(&driver))])
+        .cdi_inject(&[format!("{CDI_VENDOR}/{CDI_CLASS}={uid}-nope")])
         .await;
     assert!(unknown.is_err(), "an unknown CDI device must not resolve");
 
     peer.unprepare(&ns, "consumer")
         .await
         .expect("unprepare succeeds");
-    assert_eq!(
-        plugin.unprepared(),
-        vec![claim.metadata.uid.clone().unwrap()]
+    assert!(plugin.service().prepared().await.is_empty(), "forgotten");
+    assert!(
+        peer.cdi_inject(&[expected_id]).await.is_err(),
+        "the claim's CDI spec is gone"
     );
 }

@@ -11,13 +11,10 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::path::Path;
-use std::time::Duration;
 
 pub(crate) const DRIVER: &str = "debugecho.akri.sh";
 
-pub(crate) async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(60), check).await
-}
+pub(crate) use akri_testing::eventually;
 
 pub(crate) use akri_testing::from_json;
 
@@ -213,9 +210,9 @@ pub(crate) fn driver_seeing(
         AkriDriver {
             driver: DRIVER.into(),
             cdi_class: "debugecho".into(),
-            client: client.clone(),
             cdi: CdiRoot::new(dir.join("cdi"), "akri.sh").unwrap(),
             devices,
+            status: dra_plugin::device_status::Writer::start(client.clone(), DRIVER),
         },
         client.clone(),
         DriverOnNode {

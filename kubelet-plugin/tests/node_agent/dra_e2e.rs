@@ -2,28 +2,18 @@
 //! agent with the embedded debugEcho handler next to its own kubelet peer; the real scheduler
 //! places a pod on a node with the device and the kubelet's DRA manager prepares it.
 
-use akri_kubelet_plugin::agent::{self, AgentConfig};
+use akri_kubelet_plugin::agent::AgentConfig;
+use akri_testing::components::SimNode;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use std::path::PathBuf;
 use std::time::Duration;
 
 const DRIVER: &str = "debugecho.akri.sh";
 
-async fn eventually<T, F: AsyncFn() -> Option<T>>(what: &str, check: F) -> T {
-    akri_testing::eventually(what, Duration::from_secs(60), check).await
-}
-
-struct SimNode {
-    name: String,
-    peer: KubeletPeer,
-    availability: PathBuf,
-    _agent: agent::Agent,
-    _dir: tempfile::TempDir,
-}
+use akri_testing::eventually;
 
 async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -> SimNode {
     start_node_with(cp, client, namespace, |_| {}).await
@@ -36,32 +26,7 @@ async fn start_node_with(
     namespace: &str,
     adjust: impl FnOnce(&mut AgentConfig),
 ) -> SimNode {
-    let name = ControlPlane::unique_name("node");
-    cp.create_node(&name).await.unwrap();
-    let peer = KubeletPeer::start(cp, &name).await.unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let mut config = AgentConfig::embedded(&name, namespace, dir.path()).kubelet_dirs(
-        peer.registry_dir(),
-        peer.plugins_dir(),
-        peer.cdi_dir(),
-    );
-    adjust(&mut config);
-    let availability = config
-        .debug_echo
-        .as_ref()
-        .unwrap()
-        .availability_file
-        .clone();
-    let agent = agent::start(client.clone(), config)
-        .await
-        .expect("agent starts");
-    SimNode {
-        name,
-        peer,
-        availability,
-        _agent: agent,
-        _dir: dir,
-    }
+    SimNode::start(cp, client, namespace, |config, _| adjust(config)).await
 }
 
 /// The devices of `node`'s pool of the debugEcho driver.
@@ -909,7 +874,7 @@ async fn a_driver_no_kubelet_takes_makes_the_plugin_not_ready_naming_the_directo
     let reason = eventually(
         "the unwatched plugin says why it is not ready",
         async || {
-            lost._agent
+            lost.agent
                 .readiness()
                 .reason()
                 .filter(|r| r.contains("no kubelet has taken"))
@@ -926,10 +891,10 @@ async fn a_driver_no_kubelet_takes_makes_the_plugin_not_ready_naming_the_directo
         .await
         .unwrap();
     eventually("the wired plugin is ready", async || {
-        wired._agent.readiness().is_ready().then_some(())
+        wired.agent.readiness().is_ready().then_some(())
     })
     .await;
     // Past the timeout the wired one stays ready.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert_eq!(wired._agent.readiness().reason(), None, "{}", wired.name);
+    assert_eq!(wired.agent.readiness().reason(), None, "{}", wired.name);
 }

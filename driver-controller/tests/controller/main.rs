@@ -1,0 +1,7 @@
+//! The driver-controller against real control planes, in one test binary (one link step in
+//! CI): allocation through the real scheduler, and several replicas (leader election, status,
+//! stores).
+
+mod allocation;
+mod replicas;
+mod support;

@@ -1,0 +1,118 @@
+//! The project's components in a test's runtime, for the suites that start several: a
+//! simulated node (a Node object, the kubelet's own managers as the Go peer, the node agent
+//! with its embedded debugEcho handler) and the two controllers, reacting within 100 ms.
+
+use crate::{ControlPlane, KubeletPeer};
+use akri_api::v1::Instance;
+use akri_kubelet_plugin::agent::{self, AgentConfig};
+use kube::{Api, ResourceExt};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+/// A node: a Node object, the kubelet's own managers (peer) and the node agent.
+pub struct SimNode {
+    pub name: String,
+    pub peer: KubeletPeer,
+    pub agent: agent::Agent,
+    /// The embedded debugEcho handler's availability file ("OFFLINE" hides every device).
+    pub availability: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl SimNode {
+    /// Starts a node whose agent ([`AgentConfig::embedded`], pointed at the peer's kubelet
+    /// directories) writes Instances to `instance_namespace`, after `adjust` had its say.
+    pub async fn start(
+        cp: &ControlPlane,
+        client: &kube::Client,
+        instance_namespace: &str,
+        adjust: impl FnOnce(&mut AgentConfig, &KubeletPeer),
+    ) -> SimNode {
+        let name = ControlPlane::unique_name("node");
+        cp.create_node(&name).await.expect("node created");
+        let peer = KubeletPeer::start(cp, &name).await.expect("kubelet peer");
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let mut config = AgentConfig::embedded(&name, instance_namespace, dir.path()).kubelet_dirs(
+            peer.registry_dir(),
+            peer.plugins_dir(),
+            peer.cdi_dir(),
+        );
+        adjust(&mut config, &peer);
+        let availability = (config.debug_echo.as_ref())
+            .map(|echo| echo.availability_file.clone())
+            .unwrap_or_default();
+        let agent = agent::start(client.clone(), config)
+            .await
+            .expect("agent starts");
+        SimNode {
+            name,
+            peer,
+            agent,
+            availability,
+            _dir: dir,
+        }
+    }
+
+    /// Waits until the node's kubelet took the debugEcho DRA driver (a pod can be prepared).
+    pub async fn registered(self) -> SimNode {
+        (self.peer)
+            .wait_for_driver("debugecho.akri.sh", Duration::from_secs(60))
+            .await
+            .expect("the kubelet-plugin registers");
+        self
+    }
+}
+
+/// The driver-controller (DeviceClasses, shared devices) for the Instances in `namespace`.
+pub fn spawn_driver_controller(client: &kube::Client, namespace: &str) -> JoinHandle<()> {
+    let mut config = akri_driver_controller::controller::ControllerConfig::new(namespace);
+    config.debounce = Duration::from_millis(100);
+    let client = client.clone();
+    tokio::spawn(async move {
+        akri_driver_controller::controller::run(client, config, Default::default())
+            .await
+            .expect("driver-controller runs")
+    })
+}
+
+/// The broker-controller for the Instances in `namespace`, and its metrics.
+pub fn spawn_broker_controller(
+    client: &kube::Client,
+    namespace: &str,
+) -> (JoinHandle<()>, akri_broker_controller::metrics::Metrics) {
+    use akri_broker_controller::controller::{self, ControllerConfig};
+    let mut config = ControllerConfig::new(namespace);
+    config.debounce = Duration::from_millis(100);
+    let metrics = akri_broker_controller::metrics::Metrics::default();
+    let task = tokio::spawn(controller::run(client.clone(), config, metrics.clone()));
+    (task, metrics)
+}
+
+/// The Instances of `configuration` in `namespace` (name -> sorted nodes that reach it), once
+/// `ready` says they are all there.
+pub async fn instances(
+    client: &kube::Client,
+    namespace: &str,
+    configuration: &str,
+    ready: impl Fn(&BTreeMap<String, Vec<String>>) -> bool,
+) -> BTreeMap<String, Vec<String>> {
+    let api = Api::<Instance>::namespaced(client.clone(), namespace);
+    let what = format!("the Instances of {configuration} in {namespace}");
+    crate::eventually(&what, async || {
+        let list = api.list(&Default::default()).await.ok()?;
+        let found: BTreeMap<String, Vec<String>> = list
+            .items
+            .iter()
+            .filter(|i| i.spec.configuration_name == configuration)
+            .map(|i| {
+                let mut nodes = i.spec.nodes.clone();
+                nodes.sort();
+                (i.name_any(), nodes)
+            })
+            .collect();
+        ready(&found).then_some(found)
+    })
+    .await
+}

@@ -1,0 +1,7 @@
+//! The harness and the installed product in one test binary (one link step in CI): control
+//! planes starting, the network, a real node, and the Helm chart.
+
+mod chart;
+mod network;
+mod real_node;
+mod startup;
