@@ -225,6 +225,21 @@ pub fn instance_names(
     node: &str,
     previous: &BTreeMap<String, String>,
 ) -> Vec<String> {
+    let none = std::collections::BTreeSet::new();
+    instance_names_avoiding(configuration, device_ids, shared, node, previous, &none)
+}
+
+/// [`instance_names`], giving no device a name in `avoid`: names another node's unshared
+/// device has (Akri's names of unshared devices include the node, and still collide across
+/// nodes: 6 hex digits).
+pub fn instance_names_avoiding(
+    configuration: &str,
+    device_ids: &[&str],
+    shared: bool,
+    node: &str,
+    previous: &BTreeMap<String, String>,
+    avoid: &std::collections::BTreeSet<String>,
+) -> Vec<String> {
     let mut ids: Vec<&str> = device_ids.to_vec();
     ids.sort_unstable();
     ids.dedup();
@@ -232,7 +247,7 @@ pub fn instance_names(
         .iter()
         .map(|id| (*id, instance_name(configuration, id, shared, node)))
         .collect();
-    let mut taken = std::collections::BTreeSet::new();
+    let mut taken = avoid.clone();
     let mut names: BTreeMap<&str, String> = BTreeMap::new();
     for id in &ids {
         if let Some(name) = previous.get(*id)

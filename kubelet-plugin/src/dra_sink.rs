@@ -174,7 +174,12 @@ impl DraSink {
 
     /// Publishes the changed drivers' pools and health, and the Instances.
     pub async fn publish(&mut self) {
-        if !self.dirty.is_empty() {
+        // A device renamed because another node's has its name is published under its new
+        // name at once (a second round at most: a new name is checked against the others').
+        for _ in 0..2 {
+            if self.dirty.is_empty() {
+                break;
+            }
             for driver in std::mem::take(&mut self.dirty) {
                 self.publish_driver(&driver).await;
             }
@@ -326,9 +331,11 @@ impl DraSink {
         }
     }
 
-    /// Writes the Instances of every driver's devices on this node.
+    /// Writes the Instances of every driver's devices on this node. A device whose name
+    /// another node's unshared device has is renamed, and its driver published again.
     async fn sync_instances(&mut self) {
         let mut known = Vec::new();
+        let mut drivers = Vec::new();
         for driver in self.drivers.keys() {
             let configs = self.devices.configurations(driver);
             for device in self.devices.known(driver) {
@@ -337,10 +344,25 @@ impl DraSink {
                     .find(|c| c.configuration == device.configuration);
                 let (capacity, shared) = config.map_or((1, false), |c| (c.capacity, c.shared));
                 known.push((device, capacity, shared));
+                drivers.push(driver.clone());
             }
         }
-        if let Err(error) = self.instances.sync(&known).await {
-            tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
+        let contested = match self.instances.sync(&known).await {
+            Ok(contested) => contested,
+            Err(error) => {
+                tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
+                return;
+            }
+        };
+        for name in contested {
+            let Some(at) = known.iter().position(|(d, _, _)| d.instance == name) else {
+                continue;
+            };
+            let (device, driver) = (&known[at].0, &drivers[at]);
+            if self.devices.avoid(driver, &device.configuration, &name) {
+                tracing::warn!(%driver, configuration = %device.configuration, device = %device.device.id, instance = %name, "another node's device has this Instance name; renamed");
+                self.dirty.insert(driver.clone());
+            }
         }
     }
 }

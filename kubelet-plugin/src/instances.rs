@@ -53,26 +53,35 @@ struct Mine {
     instances: Option<BTreeMap<String, Instance>>,
     /// The watch's list in progress.
     listing: BTreeMap<String, Instance>,
+    /// Unshared Instances that do not name this node: their names are other nodes' devices'.
+    others: BTreeSet<String>,
+    listing_others: BTreeSet<String>,
 }
 
 impl Mine {
     fn note(&mut self, node: &str, event: watcher::Event<Instance>) {
         let names_node = |i: &Instance| i.spec.nodes.iter().any(|n| n == node);
         match event {
-            watcher::Event::Init => self.listing.clear(),
+            watcher::Event::Init => {
+                self.listing.clear();
+                self.listing_others.clear();
+            }
             watcher::Event::InitApply(instance) => {
+                let name = instance.metadata.name.clone().unwrap_or_default();
                 if names_node(&instance) {
-                    let name = instance.metadata.name.clone().unwrap_or_default();
                     self.listing.insert(name, instance);
+                } else if !instance.spec.shared {
+                    self.listing_others.insert(name);
                 }
             }
             watcher::Event::InitDone => {
                 self.instances = Some(std::mem::take(&mut self.listing));
+                self.others = std::mem::take(&mut self.listing_others);
             }
             watcher::Event::Apply(instance) => self.stored(node, instance),
             watcher::Event::Delete(instance) => {
-                if let (Some(mine), Some(name)) = (&mut self.instances, &instance.metadata.name) {
-                    mine.remove(name);
+                if let Some(name) = &instance.metadata.name {
+                    self.deleted(name);
                 }
             }
         }
@@ -84,9 +93,14 @@ impl Mine {
             return;
         };
         if instance.spec.nodes.iter().any(|n| n == node) {
+            self.others.remove(&name);
             mine.insert(name, instance);
         } else {
             mine.remove(&name);
+            match instance.spec.shared {
+                false => self.others.insert(name),
+                true => self.others.remove(&name),
+            };
         }
     }
 
@@ -94,6 +108,7 @@ impl Mine {
         if let Some(mine) = &mut self.instances {
             mine.remove(name);
         }
+        self.others.remove(name);
     }
 }
 
@@ -187,13 +202,19 @@ impl InstanceWriter {
 
     /// Applies the Instances of `known` devices (with this node in `nodes`), and takes this
     /// node out of Instances it no longer sees once the grace period passed; the last node
-    /// deletes the Instance.
-    pub async fn sync(&mut self, known: &[(KnownDevice, i32, bool)]) -> Result<(), kube::Error> {
+    /// deletes the Instance. Returns the names of unshared devices that another node's
+    /// Instance has (Akri's 6 hex digits collide across nodes too): the caller renames them.
+    pub async fn sync(
+        &mut self,
+        known: &[(KnownDevice, i32, bool)],
+    ) -> Result<Vec<String>, kube::Error> {
         let params = PatchParams::apply(&self.field_manager).force();
+        let unforced = PatchParams::apply(&self.field_manager);
         // What is stored: an Instance that already says what this node would apply is not
         // written again, so a node at rest makes no writes (it did one per Instance per pass).
         let stored = self.stored_mine().await?;
         let mut seen = BTreeSet::new();
+        let mut contested = Vec::new();
         for (device, capacity, shared) in known {
             seen.insert(device.instance.clone());
             self.vanished.remove(&device.instance);
@@ -224,23 +245,42 @@ impl InstanceWriter {
                     device_usage: Default::default(),
                 },
             };
-            if let Some(current) = stored.get(&device.instance)
-                && says_already(current, &instance, &self.node)
-            {
-                if self.slots {
-                    self.add_missing_slots(current).await?;
-                }
+            // An unshared device's name another node's Instance has: that device's, not ours.
+            let elsewhere = |mine: &Mine| mine.others.contains(&device.instance);
+            if !*shared && elsewhere(&self.mine.lock().expect("not poisoned")) {
+                contested.push(device.instance.clone());
                 continue;
             }
-            let applied = crate::api_call(self.api.patch(
-                &device.instance,
-                &params,
-                &Patch::Apply(&instance),
-            ))
-            .await?;
-            self.wrote(&applied);
+            let current = match stored.get(&device.instance) {
+                Some(current) if says_already(current, &instance, &self.node) => current.clone(),
+                current => {
+                    // An unshared device's Instance new to this node is applied unforced: a
+                    // field another node's device set otherwise is then a conflict, and that
+                    // node's Instance is left as it was.
+                    let first = current.is_none() && !*shared;
+                    let params = if first { &unforced } else { &params };
+                    let patch = Patch::Apply(&instance);
+                    match crate::api_call(self.api.patch(&device.instance, params, &patch)).await {
+                        Ok(applied) => {
+                            self.wrote(&applied);
+                            applied
+                        }
+                        Err(kube::Error::Api(status)) if first && status.code == 409 => {
+                            contested.push(device.instance.clone());
+                            continue;
+                        }
+                        Err(error) => return Err(error),
+                    }
+                }
+            };
+            // Both wrote it before either saw the other's: the first in `nodes` keeps it.
+            if !*shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
+                self.give_up(&device.instance, &params).await?;
+                contested.push(device.instance.clone());
+                continue;
+            }
             if self.slots {
-                self.add_missing_slots(&applied).await?;
+                self.add_missing_slots(&current).await?;
             }
         }
 
@@ -270,15 +310,20 @@ impl InstanceWriter {
                 }
                 self.mine.lock().expect("not poisoned").deleted(&name);
             } else {
-                // Give up our entry of `nodes` (and our other fields) by applying nothing.
-                let empty = serde_json::json!({
-                    "apiVersion": "akri.sh/v0", "kind": "Instance", "metadata": { "name": name },
-                });
-                let left: Instance =
-                    crate::api_call(self.api.patch(&name, &params, &Patch::Apply(&empty))).await?;
-                self.wrote(&left);
+                self.give_up(&name, &params).await?;
             }
         }
+        Ok(contested)
+    }
+
+    /// Gives up this node's entry of `nodes` (and its other fields) by applying nothing.
+    async fn give_up(&self, name: &str, params: &PatchParams) -> Result<(), kube::Error> {
+        let empty = serde_json::json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance", "metadata": { "name": name },
+        });
+        let left: Instance =
+            crate::api_call(self.api.patch(name, params, &Patch::Apply(&empty))).await?;
+        self.wrote(&left);
         Ok(())
     }
 

@@ -82,13 +82,30 @@ impl LegacySink {
             .collect();
         let mut served = Vec::new();
         for namespace in namespaces {
-            let known = known(devices, &namespace);
             let writer = self.writers.entry(namespace.clone()).or_insert_with(|| {
                 let (client, grace) = (self.client.clone(), self.instance_grace);
                 InstanceWriter::legacy(client, &namespace, &self.node, grace)
             });
-            if let Err(error) = writer.sync(&known).await {
-                tracing::warn!(%namespace, %error, "writing legacy Instances failed; retrying on the next change or resync");
+            // A device renamed because another node's has its name is written under its new
+            // name at once (a second round at most).
+            let mut known = known(devices, &namespace);
+            for _ in 0..2 {
+                let contested = match writer.sync(&known).await {
+                    Ok(contested) => contested,
+                    Err(error) => {
+                        tracing::warn!(%namespace, %error, "writing legacy Instances failed; retrying on the next change or resync");
+                        break;
+                    }
+                };
+                let renamed = (known.iter())
+                    .filter(|(d, _, _)| contested.contains(&d.instance))
+                    .filter(|(d, _, _)| devices.avoid(&namespace, &d.configuration, &d.instance))
+                    .count();
+                if renamed == 0 {
+                    break;
+                }
+                tracing::warn!(%namespace, renamed, "another node's devices have these Instance names; renamed");
+                known = self::known(devices, &namespace);
             }
             served.extend(served_devices(configs, devices, &namespace, &known));
         }

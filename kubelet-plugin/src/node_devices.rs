@@ -4,7 +4,7 @@
 use crate::discovery::DiscoveredDevice;
 use akri_devices::{InstanceDevice, Sharing};
 use k8s_openapi::api::resource::v1::Device;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
@@ -108,6 +108,8 @@ impl StickyNames {
 struct Named {
     devices: ConfigDevices,
     names: BTreeMap<String, String>,
+    /// Names other nodes' devices have ([`NodeDevices::avoid`]).
+    avoid: BTreeSet<String>,
 }
 
 impl NodeDevices {
@@ -149,18 +151,59 @@ impl NodeDevices {
             return false;
         }
         // The names the devices had: in this process, or before it restarted.
-        let previous = match (previous, &self.names) {
-            (Some(previous), _) => previous.names.clone(),
-            (None, Some(sticky)) => sticky.get(driver, &devices.configuration),
-            (None, None) => BTreeMap::new(),
+        let (previous, avoid) = match (previous, &self.names) {
+            (Some(previous), _) => (previous.names.clone(), previous.avoid.clone()),
+            (None, Some(sticky)) => (sticky.get(driver, &devices.configuration), BTreeSet::new()),
+            (None, None) => Default::default(),
         };
+        let names = self.name(driver, &devices, &previous, &avoid);
+        configs.insert(
+            devices.configuration.clone(),
+            Named {
+                devices,
+                names,
+                avoid,
+            },
+        );
+        true
+    }
+
+    /// Gives up `name` for `configuration`'s devices of `driver`: another node's unshared
+    /// device has it (the Instance of that name is that node's). The device that had it is
+    /// named otherwise, and keeps that name across restarts. Returns whether a name changed.
+    pub fn avoid(&self, driver: &str, configuration: &str, name: &str) -> bool {
+        let mut drivers = self.drivers.write().expect("lock");
+        let Some(named) = drivers
+            .get_mut(driver)
+            .and_then(|configs| configs.get_mut(configuration))
+        else {
+            return false;
+        };
+        if !named.avoid.insert(name.to_string()) {
+            return false;
+        }
+        let names = self.name(driver, &named.devices, &named.names, &named.avoid);
+        let changed = names != named.names;
+        named.names = names;
+        changed
+    }
+
+    /// The Instance names of a configuration's devices (by id), remembering the renamed ones.
+    fn name(
+        &self,
+        driver: &str,
+        devices: &ConfigDevices,
+        previous: &BTreeMap<String, String>,
+        avoid: &BTreeSet<String>,
+    ) -> BTreeMap<String, String> {
         let ids: Vec<&str> = devices.devices.iter().map(|d| d.id.as_str()).collect();
-        let names = akri_devices::instance_names(
+        let names = akri_devices::instance_names_avoiding(
             &devices.configuration,
             &ids,
             devices.shared,
             &self.node,
-            &previous,
+            previous,
+            avoid,
         );
         let names: BTreeMap<String, String> =
             ids.iter().map(|id| id.to_string()).zip(names).collect();
@@ -180,8 +223,7 @@ impl NodeDevices {
                 .collect();
             sticky.put(driver, &devices.configuration, renamed);
         }
-        configs.insert(devices.configuration.clone(), Named { devices, names });
-        true
+        names
     }
 
     /// Forgets a configuration (deleted, or its handler went away).
@@ -307,6 +349,33 @@ mod tests {
             devices.lookup("d", &akri).is_none(),
             "the old name finds no device"
         );
+    }
+
+    /// A name another node's device has is given up for another, which a restart keeps.
+    #[test]
+    fn a_name_given_up_to_another_node_stays_given_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("instance-names.json");
+        let devices = NodeDevices::with_names_file("node-a", true, &file);
+        devices.set("d", echo(&["cam0", "cam1"]));
+        let before = names(&devices);
+        assert!(devices.avoid("d", "echo", &before["cam0"]));
+        let after = names(&devices);
+        assert_ne!(after["cam0"], before["cam0"]);
+        assert_eq!(
+            after["cam1"], before["cam1"],
+            "the other device keeps its name"
+        );
+        assert!(
+            !devices.avoid("d", "echo", &before["cam0"]),
+            "once is enough"
+        );
+        // A new report keeps the new name, and so does a restart.
+        devices.set("d", echo(&["cam0", "cam1", "cam2"]));
+        assert_eq!(names(&devices)["cam0"], after["cam0"]);
+        let restarted = NodeDevices::with_names_file("node-a", true, &file);
+        restarted.set("d", echo(&["cam0", "cam1"]));
+        assert_eq!(names(&restarted)["cam0"], after["cam0"]);
     }
 
     /// A restarted agent is told of both colliding devices at once: the names file gives each
