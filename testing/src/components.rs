@@ -2,7 +2,7 @@
 //! simulated node (a Node object, the kubelet's own managers as the Go peer, the node agent
 //! with its embedded debugEcho handler) and the two controllers, reacting within 100 ms.
 
-use crate::{ControlPlane, KubeletPeer};
+use crate::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use akri_api::v1::Instance;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use kube::{Api, ResourceExt};
@@ -63,6 +63,25 @@ impl SimNode {
             .expect("the kubelet-plugin registers");
         self
     }
+}
+
+/// A control plane started with `options` and the akri.sh CRDs (installed before the garbage
+/// collector starts, so that it sees a BrokerTemplate's deletion at once, as on a cluster
+/// where they were installed long before), a client, and the namespaces `akri` (Instances,
+/// the controllers') and `apps` (workloads, brokers), as (control plane, client, akri, apps).
+pub async fn akri_and_apps(
+    options: ControlPlaneOptions,
+) -> (ControlPlane, kube::Client, String, String) {
+    let cp = ControlPlane::start(ControlPlaneOptions {
+        crds: akri_api::crds::all(),
+        ..options
+    })
+    .await
+    .expect("control plane");
+    let client = cp.client().await.expect("client");
+    let akri = cp.create_namespace("akri").await.expect("namespace");
+    let apps = cp.create_namespace("apps").await.expect("namespace");
+    (cp, client, akri, apps)
 }
 
 /// The driver-controller (DeviceClasses, shared devices) for the Instances in `namespace`.

@@ -34,18 +34,11 @@ impl Drop for Setup {
 }
 
 async fn setup() -> Setup {
-    // The CRDs before the garbage collector starts, so that it sees a BrokerTemplate's
-    // deletion at once (as on a cluster where they were installed long before).
-    let cp = ControlPlane::start(ControlPlaneOptions {
+    let (cp, client, instances_ns, apps) = support::akri_and_apps(ControlPlaneOptions {
         controller_manager: true,
-        crds: akri_api::crds::all(),
         ..Default::default()
     })
-    .await
-    .expect("control plane");
-    let client = cp.client().await.unwrap();
-    let instances_ns = cp.create_namespace("akri").await.unwrap();
-    let apps = cp.create_namespace("apps").await.unwrap();
+    .await;
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();
     let tasks = vec![

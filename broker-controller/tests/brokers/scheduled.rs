@@ -44,15 +44,7 @@ impl Drop for Cluster {
 
 impl Cluster {
     async fn start(offline: [&str; 2]) -> Cluster {
-        let cp = ControlPlane::start(ControlPlaneOptions {
-            crds: akri_api::crds::all(),
-            ..ControlPlaneOptions::full()
-        })
-        .await
-        .expect("control plane");
-        let client = cp.client().await.unwrap();
-        let akri = cp.create_namespace("akri").await.unwrap();
-        let apps = cp.create_namespace("apps").await.unwrap();
+        let (cp, client, akri, apps) = support::akri_and_apps(ControlPlaneOptions::full()).await;
         let mut nodes = Vec::new();
         for hidden in offline {
             let node = support::start_node(&cp, &client, &akri, |config, _| {

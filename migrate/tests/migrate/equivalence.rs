@@ -13,7 +13,7 @@
 
 use akri_api::v0::Configuration;
 use akri_kubelet_plugin::legacy::LegacyOptions;
-use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
+use akri_testing::{ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -53,15 +53,7 @@ fn v0_configuration() -> Value {
 
 #[tokio::test]
 async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environment() {
-    let cp = ControlPlane::start(ControlPlaneOptions {
-        crds: akri_api::crds::all(),
-        ..ControlPlaneOptions::full()
-    })
-    .await
-    .expect("control plane");
-    let client = cp.client().await.unwrap();
-    let akri = cp.create_namespace("akri").await.unwrap();
-    let apps = cp.create_namespace("apps").await.unwrap();
+    let (cp, client, akri, apps) = support::akri_and_apps(ControlPlaneOptions::full()).await;
     let mut nodes = Vec::new();
     for _ in 0..2 {
         let node = SimNode::start(&cp, &client, &akri, |config, peer| {
