@@ -125,13 +125,16 @@ const APPLY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const MAX_BACKOFF: std::time::Duration = std::time::Duration::from_secs(30);
 /// How many applies run at once.
 const CONCURRENT_APPLIES: usize = 8;
+/// How long the writer gathers what is asked before applying it.
+pub const BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Writes claims' device status off the kubelet's path: [`write`](Writer::write) returns at
-/// once, and a task of its own applies what was asked, only the latest per claim (an
-/// unprepare's empty status replaces a prepare's still waiting), retrying a failure with
-/// backoff (1 s doubling to 30 s) until the claim takes it or is gone. A prepare then waits for
-/// no API call of its own, and an outage loses no status. The task ends when the last clone of
-/// the writer is dropped and nothing is left to write.
+/// once, and a task of its own applies what was asked after [`BATCH_WINDOW`], only the latest
+/// per claim and only if it differs from what it last wrote there (a claim prepared and
+/// unprepared within the window costs no write at all), retrying a failure with backoff (1 s
+/// doubling to 30 s) until the claim takes it or is gone. A prepare then waits for no API call
+/// of its own, and an outage loses no status. The task ends when the last clone of the writer
+/// is dropped and nothing is left to write.
 #[derive(Clone, Debug)]
 pub struct Writer {
     requests: tokio::sync::mpsc::UnboundedSender<(crate::ClaimRef, Vec<DeviceStatus>)>,
@@ -161,20 +164,37 @@ async fn write_all(
     use futures::StreamExt;
     let mut pending: std::collections::BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)> =
         Default::default();
+    // What it last wrote into each claim, and the claims it was asked a status for: a claim
+    // in neither may hold entries an earlier process wrote, so an empty status is written.
+    let mut written: std::collections::BTreeMap<String, Vec<DeviceStatus>> = Default::default();
+    let mut asked: std::collections::BTreeSet<String> = Default::default();
     let mut backoff = std::time::Duration::from_secs(1);
     let mut open = true;
     loop {
         if pending.is_empty() {
             match received.recv().await {
-                Some((claim, devices)) => pending.insert(claim.uid.clone(), (claim, devices)),
+                Some((claim, devices)) => take(&mut pending, &mut asked, claim, devices),
                 None => return,
             };
+            tokio::time::sleep(BATCH_WINDOW).await;
         }
         while let Ok((claim, devices)) = received.try_recv() {
-            pending.insert(claim.uid.clone(), (claim, devices));
+            take(&mut pending, &mut asked, claim, devices);
         }
-        let batch = std::mem::take(&mut pending);
-        let failed: Vec<_> = futures::stream::iter(batch.into_values())
+        let batch: Vec<_> = (std::mem::take(&mut pending).into_values())
+            .filter(|(claim, devices)| {
+                let ours = match devices.is_empty() {
+                    true => asked.remove(&claim.uid),
+                    false => true,
+                };
+                match written.get(&claim.uid) {
+                    Some(before) => before != devices,
+                    // Prepared and unprepared before its status was written: nothing to undo.
+                    None => !devices.is_empty() || !ours,
+                }
+            })
+            .collect();
+        let results: Vec<_> = futures::stream::iter(batch)
             .map(|(claim, devices)| {
                 let (client, driver) = (&client, driver.as_str());
                 async move {
@@ -185,18 +205,29 @@ async fn write_all(
                     };
                     let apply = apply(client, target, driver, &devices);
                     let error = match tokio::time::timeout(APPLY_TIMEOUT, apply).await {
-                        Ok(Ok(())) => return None,
+                        Ok(Ok(())) => return Ok((claim, devices)),
                         Ok(Err(error)) => error.to_string(),
                         Err(_) => format!("no answer within {APPLY_TIMEOUT:?}"),
                     };
                     tracing::warn!(%claim, driver, %error, "could not write the claim's device status; retrying");
-                    Some((claim, devices))
+                    Err((claim, devices))
                 }
             })
             .buffer_unordered(CONCURRENT_APPLIES)
-            .filter_map(std::future::ready)
             .collect()
             .await;
+        let mut failed = Vec::new();
+        for result in results {
+            match result {
+                Ok((claim, devices)) if devices.is_empty() => {
+                    written.remove(&claim.uid);
+                }
+                Ok((claim, devices)) => {
+                    written.insert(claim.uid, devices);
+                }
+                Err(failure) => failed.push(failure),
+            }
+        }
         if failed.is_empty() {
             backoff = std::time::Duration::from_secs(1);
             continue;
@@ -211,9 +242,7 @@ async fn write_all(
             tokio::select! {
                 _ = &mut sleep => break,
                 request = received.recv() => match request {
-                    Some((claim, devices)) => {
-                        pending.insert(claim.uid.clone(), (claim, devices));
-                    }
+                    Some((claim, devices)) => take(&mut pending, &mut asked, claim, devices),
                     None => open = false,
                 },
             }
@@ -223,4 +252,17 @@ async fn write_all(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// Queues `devices` for `claim` (replacing what was queued), noting a claim asked a status.
+fn take(
+    pending: &mut std::collections::BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)>,
+    asked: &mut std::collections::BTreeSet<String>,
+    claim: crate::ClaimRef,
+    devices: Vec<DeviceStatus>,
+) {
+    if !devices.is_empty() {
+        asked.insert(claim.uid.clone());
+    }
+    pending.insert(claim.uid.clone(), (claim, devices));
 }

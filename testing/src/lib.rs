@@ -35,6 +35,7 @@ mod proxy;
 pub mod rbac;
 mod real_node;
 mod services;
+pub mod side_by_side;
 mod slow_lists;
 pub mod wire;
 

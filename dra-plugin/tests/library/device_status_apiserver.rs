@@ -113,3 +113,69 @@ async fn each_driver_owns_only_its_entries_in_a_shared_claim() {
     };
     device_status::apply(&client, gone, a, &[]).await.unwrap();
 }
+
+/// The writer off the kubelet's path: a status shows up after its batch window; a claim
+/// prepared and unprepared within one window is never written (its resourceVersion stays);
+/// an empty status removes the entries it wrote.
+#[tokio::test]
+async fn the_writer_applies_the_latest_status_and_skips_what_was_undone() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("writer").await.unwrap();
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
+    let driver = "w.status.example.com";
+    let mut refs = Vec::new();
+    for name in ["kept", "undone"] {
+        let claim: ResourceClaim = from_json(json!({
+            "metadata": { "name": name },
+            "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
+        }));
+        let created = claims.create(&PostParams::default(), &claim).await.unwrap();
+        let allocation = json!({ "status": { "allocation": { "devices": { "results": [
+            { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
+        ] } } } });
+        let allocated = claims
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&allocation))
+            .await
+            .unwrap();
+        refs.push((
+            dra_plugin::ClaimRef {
+                namespace: ns.clone(),
+                name: name.to_string(),
+                uid: created.metadata.uid.unwrap(),
+            },
+            allocated.metadata.resource_version.unwrap(),
+        ));
+    }
+    let status = vec![DeviceStatus {
+        pool: "pool".into(),
+        device: "dev".into(),
+        data: Some(json!({ "shown": true })),
+        ..DeviceStatus::default()
+    }];
+    let writer = device_status::Writer::start(client.clone(), driver);
+    writer.write(&refs[0].0, status.clone());
+    writer.write(&refs[1].0, status.clone());
+    writer.write(&refs[1].0, Vec::new());
+    let expected = vec![(
+        driver.to_string(),
+        "dev".to_string(),
+        json!({ "shown": true }),
+    )];
+    akri_testing::eventually("the kept claim's status", async || {
+        (entries(&claims, "kept").await == expected).then_some(())
+    })
+    .await;
+    tokio::time::sleep(2 * device_status::BATCH_WINDOW).await;
+    let undone = claims.get("undone").await.unwrap();
+    assert_eq!(
+        undone.metadata.resource_version.as_ref(),
+        Some(&refs[1].1),
+        "prepared and unprepared within a window: never written"
+    );
+    writer.write(&refs[0].0, Vec::new());
+    akri_testing::eventually("the kept claim's entries removed", async || {
+        entries(&claims, "kept").await.is_empty().then_some(())
+    })
+    .await;
+}

@@ -1,0 +1,92 @@
+//! The kubelet-plugin's own prepare path side by side with dra-plugin's example driver and the
+//! Go driver on upstream's `kubeletplugin` helper, in one run, each with 100 devices, one API
+//! server, one gRPC client, alternating blocks (`akri_testing::side_by_side`):
+//! `cargo bench -p akri-kubelet-plugin --bench versus` (after `hack/k8s-bins.sh`, which builds
+//! the Go driver). The kubelet-plugin is its release binary with the embedded debugEcho
+//! handler; its devices are discovered and published as on a node; its prepare also writes
+//! the claim's `status.devices` (off the kubelet's path) and its Instances exist.
+
+use akri_testing::side_by_side::{self, Contender, published_devices, start};
+use akri_testing::{ControlPlane, ControlPlaneOptions};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+
+const DEVICES: usize = 100;
+const ROUNDS: usize = 200;
+const BLOCKS: usize = 4;
+const DRIVER: &str = "debugecho.akri.sh";
+
+/// The kubelet-plugin's binary on `node` with `DEVICES` debugEcho devices, once published.
+async fn agent(cp: &ControlPlane, node: &str) -> Result<Contender, Box<dyn std::error::Error>> {
+    let client = cp.client().await?;
+    let ns = cp.create_namespace("versus").await?;
+    let dir = tempfile::Builder::new().prefix("versus-").tempdir()?.keep();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
+        .env("KUBECONFIG", cp.kubeconfig())
+        .env("RUST_LOG", "warn")
+        .args(["--node-name", node, "--instance-namespace", &ns])
+        .args(["--metrics-address", "127.0.0.1:0"])
+        .arg("--registry-dir")
+        .arg(dir.join("registry"))
+        .arg("--plugins-dir")
+        .arg(dir.join("plugins"))
+        .arg("--cdi-dir")
+        .arg(dir.join("cdi"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--discovery-socket")
+        .arg(dir.join("handlers/registration.sock"))
+        .arg("--debug-echo-socket")
+        .arg(dir.join("echo.sock"))
+        .arg("--debug-echo-availability-file")
+        .arg(dir.join("availability"))
+        .kill_on_drop(true)
+        .spawn()?;
+    let descriptions: Vec<String> = (0..DEVICES).map(|i| format!("dev{i}")).collect();
+    let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": "versus" },
+        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")) } },
+    }))?;
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client)
+        .create(&PostParams::default(), &discovery)
+        .await?;
+    let devices = published_devices(cp, DRIVER, DEVICES).await?;
+    let socket = dir.join("plugins").join(DRIVER).join("dra.sock");
+    Contender::new("agent", DRIVER, child, &socket, (cp, node), &devices).await
+}
+
+async fn bench() -> Result<(), Box<dyn std::error::Error>> {
+    let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
+    cp.install_crds(&akri_api::crds::all()).await?;
+    let node = "bench-node";
+    cp.create_node(node).await?;
+    // The example first: the ratios printed are to it.
+    let mut contenders = vec![
+        start("example", false, (&cp, node), DEVICES).await?,
+        start("go", true, (&cp, node), DEVICES).await?,
+        agent(&cp, node).await?,
+    ];
+    // Warm up (connections, caches), then measure in alternating blocks.
+    for c in &mut contenders {
+        c.block(ROUNDS).await;
+        c.clear();
+    }
+    for _ in 0..BLOCKS {
+        for c in &mut contenders {
+            c.block(ROUNDS).await;
+        }
+    }
+    let resident: Vec<f64> = contenders.iter().map(Contender::resident_mib).collect();
+    eprintln!(
+        "NodePrepareResources side by side: {} calls each, {ROUNDS} rounds x {BLOCKS} blocks, alternating; {DEVICES} devices each",
+        ROUNDS * BLOCKS
+    );
+    let all: Vec<&Contender> = contenders.iter().collect();
+    side_by_side::print(&all, &resident);
+    Ok(())
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tokio::runtime::Runtime::new()?.block_on(bench())
+}
