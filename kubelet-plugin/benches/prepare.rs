@@ -24,28 +24,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     cp.create_node(node).await?;
     let dir = tempfile::tempdir()?;
     let socket_dir = dir.path().join("plugins");
-    let mut plugin = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
-        .env("KUBECONFIG", cp.kubeconfig())
-        .env("RUST_LOG", "warn")
-        .args(["--node-name", node, "--instance-namespace", &ns])
-        .args(["--metrics-address", "127.0.0.1:0"])
-        .arg("--registry-dir")
-        .arg(dir.path().join("registry"))
-        .arg("--plugins-dir")
-        .arg(&socket_dir)
-        .arg("--cdi-dir")
-        .arg(dir.path().join("cdi"))
-        .arg("--state-dir")
-        .arg(dir.path().join("state"))
-        .arg("--discovery-socket")
-        // Its own directory: handler pods mount it, so the state must be elsewhere.
-        .arg(dir.path().join("handlers/registration.sock"))
-        .arg("--debug-echo-socket")
-        .arg(dir.path().join("echo.sock"))
-        .arg("--debug-echo-availability-file")
-        .arg(dir.path().join("availability"))
-        .kill_on_drop(true)
-        .spawn()?;
+    let kubelet = [
+        dir.path().join("registry"),
+        socket_dir.clone(),
+        dir.path().join("cdi"),
+    ];
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"));
+    let nodes = (node, ns.as_str());
+    let mut plugin =
+        akri_testing::components::agent_command(bin, cp.kubeconfig(), nodes, kubelet, dir.path())
+            .env("RUST_LOG", "warn")
+            .spawn()?;
 
     // 100 devices discovered and published.
     let descriptions: Vec<String> = (0..DEVICES).map(|i| format!("dev{i}")).collect();

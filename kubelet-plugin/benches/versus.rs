@@ -21,26 +21,11 @@ async fn agent(cp: &ControlPlane, node: &str) -> Result<Contender, Box<dyn std::
     let client = cp.client().await?;
     let ns = cp.create_namespace("versus").await?;
     let dir = tempfile::Builder::new().prefix("versus-").tempdir()?.keep();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
-        .env("KUBECONFIG", cp.kubeconfig())
+    let kubelet = [dir.join("registry"), dir.join("plugins"), dir.join("cdi")];
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"));
+    let nodes = (node, ns.as_str());
+    let child = akri_testing::components::agent_command(bin, cp.kubeconfig(), nodes, kubelet, &dir)
         .env("RUST_LOG", "warn")
-        .args(["--node-name", node, "--instance-namespace", &ns])
-        .args(["--metrics-address", "127.0.0.1:0"])
-        .arg("--registry-dir")
-        .arg(dir.join("registry"))
-        .arg("--plugins-dir")
-        .arg(dir.join("plugins"))
-        .arg("--cdi-dir")
-        .arg(dir.join("cdi"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--discovery-socket")
-        .arg(dir.join("handlers/registration.sock"))
-        .arg("--debug-echo-socket")
-        .arg(dir.join("echo.sock"))
-        .arg("--debug-echo-availability-file")
-        .arg(dir.join("availability"))
-        .kill_on_drop(true)
         .spawn()?;
     let descriptions: Vec<String> = (0..DEVICES).map(|i| format!("dev{i}")).collect();
     let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({

@@ -65,6 +65,43 @@ impl SimNode {
     }
 }
 
+/// The kubelet-plugin's binary `bin` as a node's process: node `node`, Instances in
+/// `namespace`, API access as `kubeconfig` says, the kubelet's directories `kubelet`
+/// (plugin registry, plugins, CDI), its state, registration socket and embedded debugEcho
+/// handler (availability file `dir/availability.txt`) under `dir`, metrics on a free port
+/// (several run at once). The caller adds its own flags, environment and output.
+pub fn agent_command(
+    bin: &std::path::Path,
+    kubeconfig: &std::path::Path,
+    (node, namespace): (&str, &str),
+    kubelet: [PathBuf; 3],
+    dir: &std::path::Path,
+) -> tokio::process::Command {
+    let [registry, plugins, cdi] = kubelet;
+    let mut command = tokio::process::Command::new(bin);
+    command
+        .env("KUBECONFIG", kubeconfig)
+        .args(["--node-name", node, "--instance-namespace", namespace])
+        .args(["--metrics-address", "127.0.0.1:0"])
+        .arg("--registry-dir")
+        .arg(registry)
+        .arg("--plugins-dir")
+        .arg(plugins)
+        .arg("--cdi-dir")
+        .arg(cdi)
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        // Its own directory: handler pods mount it, so the state must be elsewhere.
+        .arg("--discovery-socket")
+        .arg(dir.join("handlers/registration.sock"))
+        .arg("--debug-echo-socket")
+        .arg(dir.join("echo.sock"))
+        .arg("--debug-echo-availability-file")
+        .arg(dir.join("availability.txt"))
+        .kill_on_drop(true);
+    command
+}
+
 /// A control plane started with `options` and the akri.sh CRDs (installed before the garbage
 /// collector starts, so that it sees a BrokerTemplate's deletion at once, as on a cluster
 /// where they were installed long before), a client, and the namespaces `akri` (Instances,

@@ -54,38 +54,14 @@ pub(crate) fn spawn_plugin_through(
         .append(true)
         .open(dir.join("plugin.log"))
         .unwrap();
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"))
-        .env("KUBECONFIG", kubeconfig)
+    let kubelet = [peer.registry_dir(), peer.plugins_dir(), peer.cdi_dir()];
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"));
+    akri_testing::components::agent_command(bin, kubeconfig, (node, namespace), kubelet, dir)
         .env("RUST_LOG", "info")
-        .args([
-            "--node-name",
-            node,
-            "--instance-namespace",
-            namespace,
-            "--instance-grace-seconds",
-            "0",
-            // Several plugins run at once here: each on its own free port.
-            "--metrics-address",
-            "127.0.0.1:0",
-        ])
-        .arg("--registry-dir")
-        .arg(peer.registry_dir())
-        .arg("--plugins-dir")
-        .arg(peer.plugins_dir())
-        .arg("--cdi-dir")
-        .arg(peer.cdi_dir())
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("--discovery-socket")
-        .arg(dir.join("handlers/registration.sock"))
-        .arg("--debug-echo-socket")
-        .arg(dir.join("echo.sock"))
-        .arg("--debug-echo-availability-file")
-        .arg(dir.join("availability.txt"))
+        .args(["--instance-grace-seconds", "0"])
         .args(extra)
         .stdout(log.try_clone().unwrap())
         .stderr(log)
-        .kill_on_drop(true)
         .spawn()
         .expect("the plugin binary starts")
 }
