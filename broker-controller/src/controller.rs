@@ -39,12 +39,8 @@ pub const FIELD_MANAGER: &str = "akri-broker-controller";
 pub enum Error {
     #[error("BrokerTemplate {0} has no namespace or UID")]
     Incomplete(String),
-    #[error("writing the status of BrokerTemplate {name}: {source}")]
-    Status {
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error("writing the status of BrokerTemplate {name}: {cause}")]
+    Status { name: String, cause: kube::Error },
 }
 
 #[derive(Clone, Debug)]
@@ -248,9 +244,9 @@ async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action
                 })),
             )
             .await
-            .map_err(|source| Error::Status {
+            .map_err(|cause| Error::Status {
                 name: template.name_any(),
-                source,
+                cause,
             })?;
     }
     Ok(if outcome.retry_soon || desired.waiting {

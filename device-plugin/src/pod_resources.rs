@@ -16,14 +16,13 @@ const LIST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Errors of asking the kubelet.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("cannot reach the kubelet's pod-resources API at {path}: {source}")]
+    #[error("cannot reach the kubelet's pod-resources API at {path}: {cause}")]
     Connect {
         path: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
+        cause: tonic::transport::Error,
     },
     #[error("the kubelet's pod-resources API failed: {0}")]
-    List(#[source] tonic::Status),
+    List(tonic::Status),
     #[error("the kubelet's pod-resources API did not answer within {0:?}")]
     TimedOut(Duration),
 }
@@ -34,12 +33,13 @@ pub type DevicesInUse = BTreeMap<String, BTreeSet<String>>;
 /// Lists the pods the kubelet runs and returns the device ids their containers hold.
 pub async fn devices_in_use(socket: &Path) -> Result<DevicesInUse, Error> {
     let call = async {
-        let channel = node_io::authority::connect(socket)
-            .await
-            .map_err(|source| Error::Connect {
-                path: socket.to_path_buf(),
-                source,
-            })?;
+        let channel =
+            node_io::authority::connect(socket)
+                .await
+                .map_err(|cause| Error::Connect {
+                    path: socket.to_path_buf(),
+                    cause,
+                })?;
         api::pod_resources_lister_client::PodResourcesListerClient::new(channel)
             .list(api::ListPodResourcesRequest {})
             .await

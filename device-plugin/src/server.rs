@@ -36,25 +36,23 @@ pub struct PluginConfig {
 /// Errors of starting a plugin.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("device plugin socket {path}: {source}")]
+    #[error("device plugin socket {path}: {cause}")]
     Socket {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
 /// Errors of one registration attempt.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
-    #[error("cannot reach the kubelet at {path}: {source}")]
+    #[error("cannot reach the kubelet at {path}: {cause}")]
     Connect {
         path: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
+        cause: tonic::transport::Error,
     },
     #[error("the kubelet refused the registration: {0}")]
-    Refused(#[source] tonic::Status),
+    Refused(tonic::Status),
     #[error("the kubelet did not answer the registration within {0:?}")]
     TimedOut(Duration),
 }
@@ -151,9 +149,9 @@ fn serve<P: DevicePlugin>(socket: &Path, service: Service<P>) -> Result<Task, Er
         router,
         "device plugin server",
     );
-    let server = served.map_err(|source| Error::Socket {
+    let server = served.map_err(|cause| Error::Socket {
         path: socket.to_path_buf(),
-        source,
+        cause,
     })?;
     Ok(Task(server))
 }
@@ -222,9 +220,9 @@ async fn register(
     let call = async {
         let channel = node_io::authority::connect(kubelet_socket)
             .await
-            .map_err(|source| RegisterError::Connect {
+            .map_err(|cause| RegisterError::Connect {
                 path: kubelet_socket.to_path_buf(),
-                source,
+                cause,
             })?;
         api::registration_client::RegistrationClient::new(channel)
             .register(api::RegisterRequest {

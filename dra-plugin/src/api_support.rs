@@ -19,13 +19,12 @@ use std::collections::BTreeMap;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A dry-run create failed other than by the server refusing the object as invalid (422).
-    #[error("probing the API server with a dry-run {kind}: {source}")]
+    #[error("probing the API server with a dry-run {kind}: {cause}")]
     Probe {
         /// The kind of the probe object: `ResourceSlice` or `DeviceClass`.
         kind: &'static str,
         /// The API server's error.
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
 }
 
@@ -152,7 +151,7 @@ where
     match api.create(params, object).await {
         Ok(stored) => Ok(Some(stored)),
         Err(kube::Error::Api(status)) if status.code == 422 => Ok(None),
-        Err(source) => Err(Error::Probe { kind, source }),
+        Err(cause) => Err(Error::Probe { kind, cause }),
     }
 }
 

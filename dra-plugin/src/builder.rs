@@ -43,31 +43,28 @@ pub const KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The checkpoint could not be opened.
-    #[error("driver {driver}: {source}")]
+    #[error("driver {driver}: {cause}")]
     Service {
         /// The driver.
         driver: String,
         /// Why.
-        #[source]
-        source: crate::service::Error,
+        cause: crate::service::Error,
     },
     /// The sockets could not be served or registered.
-    #[error("driver {driver}: {source}")]
+    #[error("driver {driver}: {cause}")]
     Serve {
         /// The driver.
         driver: String,
         /// Why.
-        #[source]
-        source: crate::plugin::Error,
+        cause: crate::plugin::Error,
     },
     /// The Node object (whose UID owns the node's slices) could not be read.
-    #[error("reading node {node}: {source}")]
+    #[error("reading node {node}: {cause}")]
     Node {
         /// This node.
         node: String,
         /// Why.
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
 }
 
@@ -173,9 +170,9 @@ impl Builder {
                 let node = kube::Api::<Node>::all(client.clone())
                     .get(&self.node)
                     .await
-                    .map_err(|source| Error::Node {
+                    .map_err(|cause| Error::Node {
                         node: self.node.clone(),
-                        source,
+                        cause,
                     })?;
                 node.metadata.uid.unwrap_or_default()
             }
@@ -184,9 +181,9 @@ impl Builder {
             driver: self.driver.clone(),
             node: self.node.clone(),
         };
-        let service_error = |source| Error::Service {
+        let service_error = |cause| Error::Service {
             driver: self.driver.clone(),
-            source,
+            cause,
         };
         let service = match self.claims {
             Some(claims) => DraService::new(driver, claims, on, &checkpoint),
@@ -200,9 +197,9 @@ impl Builder {
             plugin_dir,
         };
         let served =
-            KubeletPlugin::start(&config, &service, &health).map_err(|source| Error::Serve {
+            KubeletPlugin::start(&config, &service, &health).map_err(|cause| Error::Serve {
                 driver: self.driver.clone(),
-                source,
+                cause,
             })?;
         let pools = Arc::new(NodePools::new(
             client,

@@ -125,20 +125,20 @@ pub enum Error {
         reason: String,
     },
     /// The spec file, or its directory, could not be written.
-    #[error("cannot write CDI spec {}: {source}", path.display())]
+    #[error("cannot write CDI spec {}: {cause}", path.display())]
     Write {
         /// The spec file.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The spec file could not be removed, or its removal not made durable.
-    #[error("cannot remove CDI spec {}: {source}", path.display())]
+    #[error("cannot remove CDI spec {}: {cause}", path.display())]
     Remove {
         /// The spec file.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -211,9 +211,9 @@ impl CdiRoot {
         let mut bytes = serde_json::to_vec_pretty(&spec).expect("CDI spec types serialize");
         bytes.push(b'\n');
 
-        let write = |source| Error::Write {
+        let write = |cause| Error::Write {
             path: path.clone(),
-            source,
+            cause,
         };
         std::fs::create_dir_all(&self.dir).map_err(write)?;
         write_replacing(&path, &bytes, SPEC_FILE_MODE).map_err(write)?;
@@ -229,9 +229,9 @@ impl CdiRoot {
 /// unprepare can be repeated. Takes the path recorded at prepare time rather than (class,
 /// uid), so that it removes what was written even if the plugin's settings changed since.
 pub fn remove_claim_spec(path: &Path) -> Result<(), Error> {
-    let remove = |source| Error::Remove {
+    let remove = |cause| Error::Remove {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     match std::fs::remove_file(path) {
         Ok(()) => {}

@@ -99,20 +99,20 @@ pub type PreparedClaims = BTreeMap<String, PreparedClaim>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file exists but could not be read (an I/O error; the file itself may be fine).
-    #[error("cannot read checkpoint {}: {source}", path.display())]
+    #[error("cannot read checkpoint {}: {cause}", path.display())]
     Read {
         /// The checkpoint file.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        cause: io::Error,
     },
     /// The file is not JSON, or not the shape of a checkpoint.
-    #[error("checkpoint {} is not a valid checkpoint file: {source}", path.display())]
+    #[error("checkpoint {} is not a valid checkpoint file: {cause}", path.display())]
     Parse {
         /// The checkpoint file.
         path: PathBuf,
         /// What did not parse.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// The file records a version other than the one this code reads, or none.
     #[error("checkpoint {} has version {found}; this plugin reads version {VERSION}", path.display())]
@@ -133,21 +133,21 @@ pub enum Error {
         computed: u32,
     },
     /// The claims could not be serialized to JSON (to store them or to compute their checksum).
-    #[error("cannot encode prepared claims for checkpoint {}: {source}", path.display())]
+    #[error("cannot encode prepared claims for checkpoint {}: {cause}", path.display())]
     Encode {
         /// The checkpoint file.
         path: PathBuf,
         /// Why.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     /// Storing failed: creating the directory, writing or renaming the file, or setting a
     /// corrupt file aside.
-    #[error("cannot write checkpoint {}: {source}", path.display())]
+    #[error("cannot write checkpoint {}: {cause}", path.display())]
     Write {
         /// The checkpoint file.
         path: PathBuf,
         /// Why.
-        source: io::Error,
+        cause: io::Error,
     },
 }
 
@@ -211,9 +211,9 @@ impl Checkpoint {
                 let mut moved_to = path.clone().into_os_string();
                 moved_to.push(format!(".corrupt-{seconds}"));
                 let moved_to = PathBuf::from(moved_to);
-                std::fs::rename(&path, &moved_to).map_err(|source| Error::Write {
+                std::fs::rename(&path, &moved_to).map_err(|cause| Error::Write {
                     path: path.clone(),
-                    source,
+                    cause,
                 })?;
                 let set_aside = SetAside { moved_to, reason };
                 Ok((Checkpoint { path }, PreparedClaims::new(), Some(set_aside)))
@@ -230,12 +230,12 @@ impl Checkpoint {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 return Ok((Checkpoint { path }, PreparedClaims::new()));
             }
-            Err(source) => return Err(Error::Read { path, source }),
+            Err(cause) => return Err(Error::Read { path, cause }),
         };
         // The version first: another version may have another shape.
         let value: serde_json::Value = match serde_json::from_slice(&bytes) {
             Ok(value) => value,
-            Err(source) => return Err(Error::Parse { path, source }),
+            Err(cause) => return Err(Error::Parse { path, cause }),
         };
         let version = value.get("version");
         if version.and_then(serde_json::Value::as_u64) != Some(VERSION) {
@@ -244,11 +244,11 @@ impl Checkpoint {
         }
         let file: OnDisk = match serde_json::from_value(value) {
             Ok(file) => file,
-            Err(source) => return Err(Error::Parse { path, source }),
+            Err(cause) => return Err(Error::Parse { path, cause }),
         };
         let computed = match checksum(&file.claims) {
             Ok(computed) => computed,
-            Err(source) => return Err(Error::Encode { path, source }),
+            Err(cause) => return Err(Error::Encode { path, cause }),
         };
         if computed != file.checksum {
             return Err(Error::Checksum {
@@ -262,9 +262,9 @@ impl Checkpoint {
 
     /// Replaces the checkpoint with `claims`, atomically; creates the directory if missing.
     pub fn store(&self, claims: &PreparedClaims) -> Result<(), Error> {
-        let encode = |source| Error::Encode {
+        let encode = |cause| Error::Encode {
             path: self.path.clone(),
-            source,
+            cause,
         };
         let file = OnDisk {
             version: VERSION,
@@ -273,9 +273,9 @@ impl Checkpoint {
         };
         let mut bytes = serde_json::to_vec_pretty(&file).map_err(encode)?;
         bytes.push(b'\n');
-        let write = |source| Error::Write {
+        let write = |cause| Error::Write {
             path: self.path.clone(),
-            source,
+            cause,
         };
         if let Some(dir) = parent(&self.path) {
             std::fs::create_dir_all(dir).map_err(write)?;

@@ -136,13 +136,12 @@ pub enum ClaimError {
         driver: String,
     },
     /// The API server did not answer the read.
-    #[error("reading claim {claim}: {source}")]
+    #[error("reading claim {claim}: {cause}")]
     Read {
         /// The claim.
         claim: ClaimRef,
         /// What the client said.
-        #[source]
-        source: Box<kube::Error>,
+        cause: Box<kube::Error>,
     },
 }
 
@@ -190,13 +189,13 @@ pub async fn read_and_check(
         Ok(Err(source)) => {
             return Err(ClaimError::Read {
                 claim: claim.clone(),
-                source: Box::new(source),
+                cause: Box::new(source),
             });
         }
         Err(elapsed) => {
             return Err(ClaimError::Read {
                 claim: claim.clone(),
-                source: Box::new(kube::Error::Service(Box::new(elapsed))),
+                cause: Box::new(kube::Error::Service(Box::new(elapsed))),
             });
         }
     };

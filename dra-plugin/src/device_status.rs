@@ -34,7 +34,7 @@ pub struct DeviceStatus {
 pub enum Error {
     /// The API server refused or failed the apply (a claim that is gone or was replaced is
     /// not an error).
-    #[error("applying status.devices of claim {namespace}/{name} for driver {driver}: {source}")]
+    #[error("applying status.devices of claim {namespace}/{name} for driver {driver}: {cause}")]
     Apply {
         /// The claim's namespace.
         namespace: String,
@@ -43,8 +43,7 @@ pub enum Error {
         /// The driver whose entries were written (also the field manager).
         driver: String,
         /// The API server's error.
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
 }
 
@@ -102,11 +101,11 @@ pub async fn apply(
         // Gone (404), or replaced: the applied UID is then refused as a change of an
         // immutable field (422 on `metadata.uid`). Nothing of ours to keep either way.
         Err(kube::Error::Api(status)) if status.code == 404 || uid_refused(&status) => Ok(()),
-        Err(source) => Err(Error::Apply {
+        Err(cause) => Err(Error::Apply {
             namespace: claim.namespace.to_string(),
             name: claim.name.to_string(),
             driver: driver.to_string(),
-            source,
+            cause,
         }),
     }
 }

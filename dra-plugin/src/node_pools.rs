@@ -120,7 +120,7 @@ impl NodePools {
             .await
             .map_err(|source| Error::List {
                 pool: format!("(every pool of {} on {})", self.driver, self.node),
-                source,
+                cause: source,
             })?;
         let mut by_pool: BTreeMap<String, Vec<ResourceSlice>> = BTreeMap::new();
         for slice in listed.items {

@@ -24,13 +24,12 @@ pub struct PluginConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The service socket could not be bound, or the registry directory not created.
-    #[error("service socket {path}: {source}")]
+    #[error("service socket {path}: {cause}")]
     Socket {
         /// The service socket, or the registry directory.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The registration socket could not be served.
     #[error(transparent)]
@@ -56,9 +55,9 @@ impl KubeletPlugin {
         health: &HealthReporter,
     ) -> Result<Self, Error> {
         let socket = config.plugin_dir.join("dra.sock");
-        let socket_error = |source| Error::Socket {
+        let socket_error = |cause| Error::Socket {
             path: socket.clone(),
-            source,
+            cause,
         };
         let router = tonic::transport::Server::builder()
             .add_service(service.v1())
@@ -77,9 +76,9 @@ impl KubeletPlugin {
                 health::v1alpha1::SUPPORTED_VERSION.into(),
             ],
         };
-        std::fs::create_dir_all(&config.registry_dir).map_err(|source| Error::Socket {
+        std::fs::create_dir_all(&config.registry_dir).map_err(|cause| Error::Socket {
             path: config.registry_dir.clone(),
-            source,
+            cause,
         })?;
         let registration = Registration::serve(&config.registry_dir, info.clone())?;
         let registration = Arc::new(Mutex::new(Some(registration)));

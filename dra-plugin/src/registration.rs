@@ -35,13 +35,12 @@ pub enum RegistrationStatus {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The registration socket could not be bound (or a stale one not replaced).
-    #[error("registration socket {path}: {source}")]
+    #[error("registration socket {path}: {cause}")]
     Socket {
         /// The socket file.
         path: PathBuf,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -58,9 +57,9 @@ impl Registration {
     /// replacing a stale socket file from an earlier run.
     pub fn serve(registry_dir: &Path, info: PluginInfo) -> Result<Self, Error> {
         let socket = registry_dir.join(format!("{}-reg.sock", info.driver_name));
-        let socket_error = |source| Error::Socket {
+        let socket_error = |cause| Error::Socket {
             path: socket.clone(),
-            source,
+            cause,
         };
         let (tx, status) = watch::channel(RegistrationStatus::Pending);
         let service =

@@ -95,24 +95,22 @@ pub enum ClaimFailure {
         answered: usize,
     },
     /// A CDI spec the driver wrote, or the checkpoint recorded, could not be read or rewritten.
-    #[error("{what} the CDI spec {}: {source}", path.display())]
+    #[error("{what} the CDI spec {}: {cause}", path.display())]
     Spec {
         /// `reading back`, `reading`, `rewriting`.
         what: &'static str,
         /// The spec file.
         path: std::path::PathBuf,
         /// Why.
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// Storing the checkpoint failed: the claim is not prepared (or still prepared).
-    #[error("recording the {what} claim failed: {source}")]
+    #[error("recording the {what} claim failed: {cause}")]
     Record {
         /// `prepared` or `unprepared`.
         what: &'static str,
         /// Why.
-        #[source]
-        source: Arc<crate::checkpoint::Error>,
+        cause: Arc<crate::checkpoint::Error>,
     },
 }
 
@@ -283,7 +281,7 @@ impl<D: Driver> DraService<D> {
                     claim.uid,
                     Err(ClaimFailure::Record {
                         what: "prepared",
-                        source: error.clone(),
+                        cause: error.clone(),
                     }),
                 );
             }
@@ -354,12 +352,12 @@ impl<D: Driver> DraService<D> {
                 Ok(content) => {
                     prepared.cdi_spec_contents.insert(path.clone(), content);
                 }
-                Err(source) => {
+                Err(cause) => {
                     let _ = self.driver.unprepare(claim, Some(&prepared)).await;
                     return Err(ClaimFailure::Spec {
                         what: "reading back",
                         path: path.clone(),
-                        source,
+                        cause,
                     });
                 }
             }
@@ -423,9 +421,9 @@ impl<D: Driver> DraService<D> {
             if stored.is_ok() {
                 tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared");
             }
-            let answer = stored.clone().map_err(|source| ClaimFailure::Record {
+            let answer = stored.clone().map_err(|cause| ClaimFailure::Record {
                 what: "unprepared",
-                source,
+                cause,
             });
             answers.insert(claim.uid, answer);
         }
@@ -476,7 +474,7 @@ fn distinct(claims: Vec<ClaimRef>) -> (Vec<ClaimRef>, Vec<(String, ClaimFailure)
 fn heal_specs(prepared: &PreparedClaim) -> Result<bool, ClaimFailure> {
     let failed = |what, path: &Path| {
         let path = path.to_path_buf();
-        move |source| ClaimFailure::Spec { what, path, source }
+        move |cause| ClaimFailure::Spec { what, path, cause }
     };
     for path in &prepared.cdi_spec_files {
         let on_disk = match std::fs::read_to_string(path) {
@@ -543,7 +541,7 @@ async fn store(
         .unwrap_or_else(|joined| {
             Err(crate::checkpoint::Error::Write {
                 path,
-                source: std::io::Error::other(joined),
+                cause: std::io::Error::other(joined),
             })
         })
 }

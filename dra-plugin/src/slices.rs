@@ -25,31 +25,28 @@ pub const MAX_DEVICES_PER_SLICE: usize = 128;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The API server did not list the pool's slices.
-    #[error("listing the slices of pool {pool}: {source}")]
+    #[error("listing the slices of pool {pool}: {cause}")]
     List {
         /// The pool name.
         pool: String,
         /// The API server's error.
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
     /// The API server did not take a slice (server-side apply).
-    #[error("writing slice {slice}: {source}")]
+    #[error("writing slice {slice}: {cause}")]
     Apply {
         /// The slice's name.
         slice: String,
         /// The API server's error.
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
     /// A slice the pool no longer needs could not be deleted (one already gone is fine).
-    #[error("deleting slice {slice}: {source}")]
+    #[error("deleting slice {slice}: {cause}")]
     Delete {
         /// The slice's name.
         slice: String,
         /// The API server's error.
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
     /// The caller gave up waiting for the API server (the publisher itself sets no deadline).
     #[error("publishing timed out")]
@@ -259,9 +256,9 @@ impl SlicePublisher {
             .api
             .list(&ListParams::default().fields(&fields))
             .await
-            .map_err(|source| Error::List {
+            .map_err(|cause| Error::List {
                 pool: self.template.pool.clone(),
-                source,
+                cause,
             })?
             .items;
         slices.retain(|s| s.spec.pool.name == self.template.pool);
@@ -313,9 +310,9 @@ impl SlicePublisher {
                 .api
                 .patch(&name, &params, &Patch::Apply(&slice))
                 .await
-                .map_err(|source| Error::Apply {
+                .map_err(|cause| Error::Apply {
                     slice: name.clone(),
-                    source,
+                    cause,
                 })?;
             published.written += 1;
             let version = applied.metadata.resource_version.unwrap_or_default();
@@ -330,10 +327,10 @@ impl SlicePublisher {
                 Err(kube::Error::Api(status)) if status.code == 404 => {
                     outcome.deleted.push(name.clone());
                 }
-                Err(source) => {
+                Err(cause) => {
                     return Err(Error::Delete {
                         slice: name.clone(),
-                        source,
+                        cause,
                     });
                 }
             }

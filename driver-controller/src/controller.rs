@@ -47,30 +47,27 @@ pub const SHARED_CONFIGURATION_LABEL: &str = "akri.sh/shared-configuration";
 /// Errors of one reconciliation (retried) or of starting.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("writing {kind} {name}: {source}")]
+    #[error("writing {kind} {name}: {cause}")]
     Write {
         kind: &'static str,
         name: String,
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
-    #[error("publishing the shared devices of {configuration}: {source}")]
+    #[error("publishing the shared devices of {configuration}: {cause}")]
     Slices {
         configuration: String,
-        #[source]
-        source: dra_plugin::slices::Error,
+        cause: dra_plugin::slices::Error,
     },
-    #[error("reading {kind} {name}: {source}")]
+    #[error("reading {kind} {name}: {cause}")]
     Read {
         kind: &'static str,
         name: String,
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
     #[error("{0} has no UID yet")]
     NoUid(String),
     #[error("asking the API server what it supports: {0}")]
-    ApiSupport(#[from] dra_plugin::api_support::Error),
+    ApiSupport(dra_plugin::api_support::Error),
 }
 
 /// How the controller runs.
@@ -143,7 +140,9 @@ pub async fn run(
 ) -> Result<(), Error> {
     let mut support = match config.api_support {
         Some(support) => support,
-        None => ApiSupport::detect(&client).await?,
+        None => ApiSupport::detect(&client)
+            .await
+            .map_err(Error::ApiSupport)?,
     };
     if let Some(forced) = config.consumable_capacity {
         support.consumable_capacity = forced;
@@ -404,10 +403,10 @@ impl Context {
     async fn apply_class(&self, class: &DeviceClass) -> Result<Option<String>, Error> {
         let name = class.name_any();
         let api = Api::<DeviceClass>::all(self.client.clone());
-        let current = api.get_opt(&name).await.map_err(|source| Error::Read {
+        let current = api.get_opt(&name).await.map_err(|cause| Error::Read {
             kind: "DeviceClass",
             name: name.clone(),
-            source,
+            cause,
         })?;
         if let Some(current) = &current
             && let Some(why) = device_class::foreign(current, class)
@@ -427,10 +426,10 @@ impl Context {
         }
         api.patch(&name, &self.params(), &Patch::Apply(class))
             .await
-            .map_err(|source| Error::Write {
+            .map_err(|cause| Error::Write {
                 kind: "DeviceClass",
                 name: name.clone(),
-                source,
+                cause,
             })?;
         self.metrics.wrote("deviceclass", "apply", 1);
         tracing::info!(class = %name, "applied DeviceClass");
@@ -587,10 +586,10 @@ impl Context {
         Api::<DiscoveryConfiguration>::all(self.client.clone())
             .patch_status(&name, &self.params(), &Patch::Apply(&patch))
             .await
-            .map_err(|source| Error::Write {
+            .map_err(|cause| Error::Write {
                 kind: "DiscoveryConfiguration status",
                 name,
-                source,
+                cause,
             })?;
         self.metrics.wrote("status", "apply", 1);
         Ok(())

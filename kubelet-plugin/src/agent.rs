@@ -123,25 +123,21 @@ impl AgentConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("discovery registry: {0}")]
-    Registry(#[from] crate::discovery::registry::Error),
+    Registry(crate::discovery::registry::Error),
     #[error(transparent)]
     StateDir(#[from] crate::state_dir::Error),
     #[error("embedded debugEcho: {0}")]
-    DebugEcho(#[from] crate::discovery::debug_echo::Error),
+    DebugEcho(crate::discovery::debug_echo::Error),
     #[error(transparent)]
     Embedded(#[from] crate::embedded::Error),
-    #[error("reading node {node}: {source}")]
-    Node {
-        node: String,
-        #[source]
-        source: kube::Error,
-    },
+    #[error("reading node {node}: {cause}")]
+    Node { node: String, cause: kube::Error },
     #[error("asking the API server what it supports: {0}")]
-    ApiSupport(#[from] dra_plugin::api_support::Error),
+    ApiSupport(dra_plugin::api_support::Error),
     #[error("CDI directory: {0}")]
-    Cdi(#[from] dra_plugin::cdi::Error),
+    Cdi(dra_plugin::cdi::Error),
     #[error("kubelet plugin: {0}")]
-    Plugin(#[from] dra_plugin::builder::Error),
+    Plugin(dra_plugin::builder::Error),
 }
 
 /// A running agent; dropping it stops everything it serves.
@@ -190,11 +186,15 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     let registry = Registry::serve(
         &config.discovery_socket,
         &config.state_dir.join("discovery-handlers.json"),
-    )?;
+    )
+    .map_err(Error::Registry)?;
     let debug_echo = match &config.debug_echo {
         Some(echo) => {
-            let handler = DebugEcho::serve(echo.clone())?;
-            handler.register(registry.socket()).await?;
+            let handler = DebugEcho::serve(echo.clone()).map_err(Error::DebugEcho)?;
+            handler
+                .register(registry.socket())
+                .await
+                .map_err(Error::DebugEcho)?;
             Some(handler)
         }
         None => None,
@@ -205,9 +205,9 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     }
     let node = crate::api_call(Api::<Node>::all(client.clone()).get(&config.node_name))
         .await
-        .map_err(|source| Error::Node {
+        .map_err(|cause| Error::Node {
             node: config.node_name.clone(),
-            source,
+            cause,
         })?;
     let node_uid = node.metadata.uid.unwrap_or_default();
     let (metrics, readiness) = (Metrics::default(), Readiness::default());
@@ -275,12 +275,16 @@ async fn dra_sink(
 ) -> Result<DraSink, Error> {
     let consumable_capacity = match config.consumable_capacity {
         Some(known) => known,
-        None => dra_plugin::api_support::consumable_capacity(client).await?,
+        None => dra_plugin::api_support::consumable_capacity(client)
+            .await
+            .map_err(Error::ApiSupport)?,
     };
     tracing::info!(consumable_capacity, "device sharing model");
     let device_taints = match config.device_taints {
         Some(known) => known,
-        None => dra_plugin::api_support::device_taints(client).await?,
+        None => dra_plugin::api_support::device_taints(client)
+            .await
+            .map_err(Error::ApiSupport)?,
     };
     tracing::info!(
         device_taints,

@@ -196,7 +196,8 @@ impl DraSink {
         driver: &str,
     ) -> Result<ServedDriver, crate::agent::Error> {
         let options = &self.options;
-        let cdi = CdiRoot::new(&options.cdi_dir, akri_devices::DRIVER_DOMAIN)?;
+        let cdi = CdiRoot::new(&options.cdi_dir, akri_devices::DRIVER_DOMAIN)
+            .map_err(crate::agent::Error::Cdi)?;
         let akri_driver = AkriDriver {
             driver: driver.to_string(),
             cdi_class: handler.to_ascii_lowercase(),
@@ -220,7 +221,8 @@ impl DraSink {
             // node's slices when it restarts) are written again as last published; a
             // vanished device's taint moves on at its own time (`next_taint_change`).
             .start(self.client.clone(), timed)
-            .await?;
+            .await
+            .map_err(crate::agent::Error::Plugin)?;
         if let Some(set_aside) = plugin.service().set_aside() {
             let note = format!(
                 "The prepared-claims checkpoint of {driver} was unusable ({}); it was moved to {} and the plugin started without it. Claims are prepared again as the kubelet asks.",

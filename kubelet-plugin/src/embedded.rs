@@ -22,17 +22,15 @@ pub enum Embedded {
 /// Errors of starting an embedded handler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("embedded {name} handler: {source}")]
+    #[error("embedded {name} handler: {cause}")]
     Serve {
         name: &'static str,
-        #[source]
-        source: akri_discovery_handler::serve::Error,
+        cause: akri_discovery_handler::serve::Error,
     },
-    #[error("embedded {name} handler: {source}")]
+    #[error("embedded {name} handler: {cause}")]
     Register {
         name: &'static str,
-        #[source]
-        source: akri_discovery_handler::registration::RegisterError,
+        cause: akri_discovery_handler::registration::RegisterError,
     },
 }
 
@@ -72,7 +70,7 @@ impl Embedded {
             }
             Embedded::Onvif => Served::start(akri_onvif::Onvif::default(), &socket),
         }
-        .map_err(|source| Error::Serve { name, source })?;
+        .map_err(|cause| Error::Serve { name, cause })?;
         let registered = RegisteredHandler {
             name: name.to_string(),
             endpoint: Endpoint::Uds(socket),
@@ -80,7 +78,7 @@ impl Embedded {
         };
         handler::register(registration_socket, &registered)
             .await
-            .map_err(|source| Error::Register { name, source })?;
+            .map_err(|cause| Error::Register { name, cause })?;
         tracing::info!(name, "serving an embedded discovery handler");
         Ok(served)
     }

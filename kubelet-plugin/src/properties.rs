@@ -25,14 +25,13 @@ pub enum Error {
         name: String,
         key: String,
     },
-    #[error("discovery property {property}: reading {kind} {namespace}/{name}: {source}")]
+    #[error("discovery property {property}: reading {kind} {namespace}/{name}: {cause}")]
     Read {
         property: String,
         kind: &'static str,
         namespace: String,
         name: String,
-        #[source]
-        source: Box<kube::Error>,
+        cause: Box<kube::Error>,
     },
     #[error("discovery property {0} has neither value nor valueFrom")]
     Empty(String),
@@ -151,7 +150,7 @@ where
             kind,
             namespace: reference.namespace.clone(),
             name: reference.name.clone(),
-            source: Box::new(source),
+            cause: Box::new(source),
         }),
     }
 }

@@ -27,11 +27,10 @@ pub enum Error {
         state.display(), shared.display()
     )]
     VisibleToHandlers { state: PathBuf, shared: PathBuf },
-    #[error("{}: {source}", path.display())]
+    #[error("{}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -56,7 +55,7 @@ impl StateDir {
         }
         let io = |path: &Path| {
             let path = path.to_path_buf();
-            move |source| Error::Io { path, source }
+            move |cause| Error::Io { path, cause }
         };
         std::fs::create_dir_all(state_dir).map_err(io(state_dir))?;
         std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))
@@ -73,9 +72,9 @@ impl StateDir {
 /// process holds it.
 async fn lock(state_dir: &Path) -> Result<File, Error> {
     let path = state_dir.join("kubelet-plugin.lock");
-    let error = |source| Error::Io {
+    let error = |cause| Error::Io {
         path: path.clone(),
-        source,
+        cause,
     };
     let file = File::options()
         .create(true)

@@ -21,11 +21,10 @@ pub enum ClaimError {
     /// freed it), or the Instance is gone.
     #[error("Instance {instance} changed under the claim: {message}")]
     Conflict { instance: String, message: String },
-    #[error("writing Instance {instance}: {source}")]
+    #[error("writing Instance {instance}: {cause}")]
     Api {
         instance: String,
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
 }
 
@@ -107,9 +106,9 @@ async fn patch<'a>(
                 message: status.message,
             })
         }
-        Err(source) => Err(ClaimError::Api {
+        Err(cause) => Err(ClaimError::Api {
             instance: instance.to_string(),
-            source,
+            cause,
         }),
     }
 }

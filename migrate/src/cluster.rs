@@ -27,8 +27,8 @@ const WORKLOADS: &[(&str, &str, &str, &str)] = &[
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("listing {what}: {source}")]
-    List { what: String, source: kube::Error },
+    #[error("listing {what}: {cause}")]
+    List { what: String, cause: kube::Error },
 }
 
 fn api(
@@ -65,7 +65,7 @@ pub async fn read(
             .await
             .map_err(|source| Error::List {
                 what: format!("{} ({})", resource.plural, resource.api_version),
-                source,
+                cause: source,
             })?;
         let mut items = list.items;
         items.sort_by(|a, b| {

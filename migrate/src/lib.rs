@@ -81,10 +81,10 @@ impl Outcome {
 pub enum Error {
     #[error(transparent)]
     Cluster(#[from] cluster::Error),
-    #[error("writing {path}: {source}")]
+    #[error("writing {path}: {cause}")]
     Write {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -195,25 +195,25 @@ pub async fn run(
             }
             stdout
                 .write_all(text.as_bytes())
-                .map_err(|source| Error::Write {
+                .map_err(|cause| Error::Write {
                     path: "stdout".into(),
-                    source,
+                    cause,
                 })?;
         }
         Destination::Directory(dir) => {
-            std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+            std::fs::create_dir_all(dir).map_err(|cause| Error::Write {
                 path: dir.clone(),
-                source,
+                cause,
             })?;
             for m in &migrated {
                 let path = output::file_name(dir, m);
                 output::write(&path, &output::migrated_yaml(m))
-                    .map_err(|source| Error::Write { path, source })?;
+                    .map_err(|cause| Error::Write { path, cause })?;
             }
             if !stdin_workloads.is_empty() {
                 let path = dir.join("workloads.yaml");
                 let text = output::yaml("workloads from stdin, rewritten", &stdin_workloads);
-                output::write(&path, &text).map_err(|source| Error::Write { path, source })?;
+                output::write(&path, &text).map_err(|cause| Error::Write { path, cause })?;
             }
         }
         Destination::Apply(apply) => {
@@ -243,9 +243,9 @@ fn rewrite_files(
         if !rewrites.keys().any(|(f, _)| *f == file) {
             continue;
         }
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Write {
+        let text = std::fs::read_to_string(path).map_err(|cause| Error::Write {
             path: path.clone(),
-            source,
+            cause,
         })?;
         let mut documents = Vec::new();
         for document in input::documents(&file, &text, report) {
@@ -255,9 +255,9 @@ fn rewrite_files(
             }
         }
         let text = output::yaml("rewritten by akri-migrate --rewrite-workloads", &documents);
-        output::write(path, &text).map_err(|source| Error::Write {
+        output::write(path, &text).map_err(|cause| Error::Write {
             path: path.clone(),
-            source,
+            cause,
         })?;
     }
     Ok(())

@@ -24,12 +24,11 @@ use tokio::sync::watch;
 /// Errors of leader election.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("lease {namespace}/{name}: {source}")]
+    #[error("lease {namespace}/{name}: {cause}")]
     Api {
         namespace: String,
         name: String,
-        #[source]
-        source: kube::Error,
+        cause: kube::Error,
     },
     #[error("lease {namespace}/{name}: the API server did not answer within {after:?}")]
     Timeout {
@@ -245,7 +244,7 @@ impl Elector {
         Error::Api {
             namespace: self.config.namespace.clone(),
             name: self.config.name.clone(),
-            source,
+            cause: source,
         }
     }
 

@@ -15,14 +15,10 @@ pub enum Error {
     },
     #[error("real node binaries: {missing} not found: run `hack/node-bins.sh` first")]
     NodeBinariesMissing { missing: PathBuf },
-    #[error("{what}: {source}")]
-    Io {
-        what: String,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error("{what}: {cause}")]
+    Io { what: String, cause: std::io::Error },
     #[error("generating certificates: {0}")]
-    Certs(#[from] rcgen::Error),
+    Certs(rcgen::Error),
     #[error("{component} exited during start-up ({status}); last lines of {log}:\n{tail}")]
     Exited {
         component: String,
@@ -38,7 +34,7 @@ pub enum Error {
         tail: String,
     },
     #[error("kube client: {0}")]
-    Kube(#[from] kube::Error),
+    Kube(kube::Error),
     #[error("kubeconfig: {0}")]
     Kubeconfig(String),
     #[error("kubelet peer {call}: HTTP {status}: {body}")]
@@ -48,15 +44,35 @@ pub enum Error {
         body: String,
     },
     #[error("HTTP: {0}")]
-    Http(#[from] reqwest::Error),
+    Http(reqwest::Error),
     #[error("{0}")]
     Other(String),
+}
+
+// `?` on these wraps them; the message shows the cause, so none is a `source` (a cause is
+// printed once).
+impl From<rcgen::Error> for Error {
+    fn from(cause: rcgen::Error) -> Self {
+        Error::Certs(cause)
+    }
+}
+
+impl From<kube::Error> for Error {
+    fn from(cause: kube::Error) -> Self {
+        Error::Kube(cause)
+    }
+}
+
+impl From<reqwest::Error> for Error {
+    fn from(cause: reqwest::Error) -> Self {
+        Error::Http(cause)
+    }
 }
 
 impl Error {
     /// Wraps an I/O error with what was being done, for `map_err`.
     pub fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
         let what = what.into();
-        move |source| Error::Io { what, source }
+        move |cause| Error::Io { what, cause }
     }
 }

@@ -24,6 +24,7 @@ mod certs;
 #[cfg(feature = "components")]
 pub mod components;
 mod control_plane;
+mod conventions;
 pub mod discovery;
 pub mod docs;
 mod error;

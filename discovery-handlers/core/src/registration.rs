@@ -118,18 +118,13 @@ impl From<&RegisteredHandler> for proto::RegisterDiscoveryHandlerRequest {
 /// Errors of registering with the node agent.
 #[derive(Debug, thiserror::Error)]
 pub enum RegisterError {
-    #[error("cannot connect to the registration socket {path}: {source}")]
+    #[error("cannot connect to the registration socket {path}: {cause}")]
     Connect {
         path: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
+        cause: tonic::transport::Error,
     },
     #[error("registration of discovery handler {name} refused: {status}")]
-    Refused {
-        name: String,
-        #[source]
-        status: tonic::Status,
-    },
+    Refused { name: String, status: tonic::Status },
 }
 
 /// Registers `handler` through the agent's registration socket
@@ -140,9 +135,9 @@ pub async fn register(
 ) -> Result<(), RegisterError> {
     let channel = node_io::authority::connect(registration_socket)
         .await
-        .map_err(|source| RegisterError::Connect {
+        .map_err(|cause| RegisterError::Connect {
             path: registration_socket.to_path_buf(),
-            source,
+            cause,
         })?;
     proto::registration_client::RegistrationClient::new(channel)
         .register_discovery_handler(proto::RegisterDiscoveryHandlerRequest::from(handler))

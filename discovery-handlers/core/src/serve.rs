@@ -67,11 +67,10 @@ impl DeviceLists {
 /// Errors of serving a handler.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("discovery handler socket {path}: {source}")]
+    #[error("discovery handler socket {path}: {cause}")]
     Socket {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -96,9 +95,9 @@ impl Served {
             router,
             "discovery handler server",
         );
-        let server = served.map_err(|source| Error::Socket {
+        let server = served.map_err(|cause| Error::Socket {
             path: socket.to_path_buf(),
-            source,
+            cause,
         })?;
         Ok(Served {
             socket: socket.to_path_buf(),

@@ -43,7 +43,7 @@ pub enum Error {
     #[error(transparent)]
     Serve(#[from] serve::Error),
     #[error("waiting for SIGTERM: {0}")]
-    Signal(#[source] std::io::Error),
+    Signal(std::io::Error),
 }
 
 /// Serves `handler` as `name` until SIGTERM or Ctrl-C, registered with the agent the whole

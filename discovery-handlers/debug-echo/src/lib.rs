@@ -57,9 +57,9 @@ impl DebugEchoConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("debugEcho: {0}")]
-    Serve(#[from] akri_discovery_handler::serve::Error),
+    Serve(akri_discovery_handler::serve::Error),
     #[error("debugEcho: {0}")]
-    Register(#[from] registration::RegisterError),
+    Register(registration::RegisterError),
 }
 
 /// A served debugEcho handler. Dropping it stops serving and removes the socket file.
@@ -78,7 +78,8 @@ impl DebugEcho {
                 poll_interval: config.poll_interval,
             },
             &config.socket,
-        )?;
+        )
+        .map_err(Error::Serve)?;
         tracing::info!(socket = %config.socket.display(), shared = config.shared, "serving the debugEcho discovery handler");
         Ok(DebugEcho {
             handler: RegisteredHandler {
@@ -97,7 +98,9 @@ impl DebugEcho {
 
     /// Registers through `registration_socket`, like an external handler.
     pub async fn register(&self, registration_socket: &Path) -> Result<(), Error> {
-        registration::register(registration_socket, &self.handler).await?;
+        registration::register(registration_socket, &self.handler)
+            .await
+            .map_err(Error::Register)?;
         Ok(())
     }
 }

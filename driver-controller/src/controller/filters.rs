@@ -80,7 +80,7 @@ impl Context {
                     // Refused as invalid (a limit we do not check ourselves): this filter's
                     // problem, not its configuration's.
                     Err(Error::Write {
-                        source: kube::Error::Api(status),
+                        cause: kube::Error::Api(status),
                         ..
                     }) if status.code == 422 => Err((
                         "InvalidFilter",
@@ -138,10 +138,10 @@ impl Context {
         Api::<PropertyFilter>::all(self.client.clone())
             .patch_status(&name, &self.params(), &Patch::Apply(&patch))
             .await
-            .map_err(|source| Error::Write {
+            .map_err(|cause| Error::Write {
                 kind: "PropertyFilter status",
                 name,
-                source,
+                cause,
             })?;
         self.metrics.wrote("status", "apply", 1);
         Ok(())
@@ -165,10 +165,10 @@ impl Context {
                 Ok(())
             }
             Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            Err(source) => Err(Error::Write {
+            Err(cause) => Err(Error::Write {
                 kind: "DeviceClass",
                 name: filter.to_string(),
-                source,
+                cause,
             }),
         }
     }

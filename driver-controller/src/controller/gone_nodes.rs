@@ -79,11 +79,11 @@ impl Context {
             match result {
                 Ok(()) => self.metrics.wrote("instance", "forget-node", 1),
                 Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
-                Err(source) => {
+                Err(cause) => {
                     return Err(Error::Write {
                         kind: "Instance",
                         name,
-                        source,
+                        cause,
                     });
                 }
             }
@@ -104,10 +104,10 @@ impl Context {
             configs
                 .patch_status(&configuration, &node_params(node), &Patch::Apply(&nothing))
                 .await
-                .map_err(|source| Error::Write {
+                .map_err(|cause| Error::Write {
                     kind: "DiscoveryConfiguration status",
                     name: configuration.clone(),
-                    source,
+                    cause,
                 })?;
             self.metrics.wrote("status", "forget-node", 1);
         }
@@ -128,11 +128,11 @@ impl Context {
                 Ok(None) => {
                     gone.insert(node);
                 }
-                Err(source) => {
+                Err(cause) => {
                     return Err(Error::Read {
                         kind: "Node",
                         name: node.to_string(),
-                        source,
+                        cause,
                     });
                 }
             }

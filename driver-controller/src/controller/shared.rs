@@ -127,9 +127,9 @@ impl Context {
                     .publisher
                     .publish_against(&plan.devices, &existing)
                     .await
-                    .map_err(|source| Error::Slices {
+                    .map_err(|cause| Error::Slices {
                         configuration: name.clone(),
-                        source,
+                        cause,
                     })?;
                 self.metrics
                     .wrote("resourceslice", "apply", written.written as u64);
@@ -150,11 +150,11 @@ impl Context {
                 {
                     Ok(_) => self.metrics.wrote("resourceslice", "delete", 1),
                     Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(source) => {
+                    Err(cause) => {
                         return Err(Error::Write {
                             kind: "ResourceSlice",
                             name: slice_name,
-                            source,
+                            cause,
                         });
                     }
                 }

@@ -14,17 +14,15 @@ const NETWORK_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Errors of connecting to a handler or to a registration socket.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid network endpoint {endpoint:?}: {source}")]
+    #[error("invalid network endpoint {endpoint:?}: {cause}")]
     InvalidUri {
         endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
+        cause: tonic::transport::Error,
     },
-    #[error("cannot connect to {endpoint}: {source}")]
+    #[error("cannot connect to {endpoint}: {cause}")]
     Connect {
         endpoint: String,
-        #[source]
-        source: tonic::transport::Error,
+        cause: tonic::transport::Error,
     },
 }
 
@@ -38,9 +36,9 @@ pub async fn channel(endpoint: &Endpoint) -> Result<Channel, Error> {
             } else {
                 format!("http://{address}")
             };
-            let invalid = |source| Error::InvalidUri {
+            let invalid = |cause| Error::InvalidUri {
                 endpoint: address.clone(),
-                source,
+                cause,
             };
             tonic::transport::Endpoint::from_shared(uri)
                 .map_err(invalid)?
@@ -48,9 +46,9 @@ pub async fn channel(endpoint: &Endpoint) -> Result<Channel, Error> {
                 .keep_alive_timeout(NETWORK_KEEPALIVE_TIMEOUT)
                 .connect()
                 .await
-                .map_err(|source| Error::Connect {
+                .map_err(|cause| Error::Connect {
                     endpoint: address.clone(),
-                    source,
+                    cause,
                 })
         }
     }
@@ -62,6 +60,6 @@ pub async fn unix_channel(path: &Path) -> Result<Channel, Error> {
         .await
         .map_err(|source| Error::Connect {
             endpoint: format!("unix:{}", path.display()),
-            source,
+            cause: source,
         })
 }

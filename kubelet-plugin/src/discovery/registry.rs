@@ -29,11 +29,10 @@ pub type Handlers = BTreeMap<String, RegisteredHandler>;
 /// Errors of starting the registry.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("registration socket {path}: {source}")]
+    #[error("registration socket {path}: {cause}")]
     Socket {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
 }
 
@@ -59,9 +58,9 @@ impl Registry {
     /// as empty: discovery must start anyway), then serves `v0.Registration` on `socket`,
     /// replacing a stale socket file and creating its directory. Needs a Tokio runtime.
     pub fn serve(socket: &Path, state_file: &Path) -> Result<Self, Error> {
-        let socket_error = |source| Error::Socket {
+        let socket_error = |cause| Error::Socket {
             path: socket.to_path_buf(),
-            source,
+            cause,
         };
         let known: Handlers = match state_file::load(state_file) {
             Ok(handlers) => handlers

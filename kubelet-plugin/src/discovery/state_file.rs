@@ -26,17 +26,15 @@ struct File {
 /// Errors of reading or writing the state file.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{path}: {source}")]
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        cause: std::io::Error,
     },
-    #[error("{path}: not a discovery-handler state file: {source}")]
+    #[error("{path}: not a discovery-handler state file: {cause}")]
     Parse {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
     #[error("{path}: unsupported version {version} (this plugin writes {VERSION})")]
     Version { path: PathBuf, version: u32 },
@@ -47,16 +45,16 @@ pub fn load(path: &Path) -> Result<Vec<RegisteredHandler>, Error> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(source) => {
+        Err(cause) => {
             return Err(Error::Io {
                 path: path.to_path_buf(),
-                source,
+                cause,
             });
         }
     };
-    let file: File = serde_json::from_slice(&bytes).map_err(|source| Error::Parse {
+    let file: File = serde_json::from_slice(&bytes).map_err(|cause| Error::Parse {
         path: path.to_path_buf(),
-        source,
+        cause,
     })?;
     if file.version != VERSION {
         return Err(Error::Version {
@@ -69,9 +67,9 @@ pub fn load(path: &Path) -> Result<Vec<RegisteredHandler>, Error> {
 
 /// Replaces `path` with `handlers`, atomically; creates the directory if needed.
 pub fn save(path: &Path, handlers: &[RegisteredHandler]) -> Result<(), Error> {
-    let io = |source| Error::Io {
+    let io = |cause| Error::Io {
         path: path.to_path_buf(),
-        source,
+        cause,
     };
     let file = File {
         version: VERSION,

@@ -96,11 +96,10 @@ pub enum StreamError {
     },
     #[error("discovery handler {handler} ended its Discover stream")]
     Ended { handler: String },
-    #[error("discovery handler {handler} sent an invalid device list: {source}")]
+    #[error("discovery handler {handler} sent an invalid device list: {cause}")]
     InvalidDevices {
         handler: String,
-        #[source]
-        source: InvalidDevices,
+        cause: InvalidDevices,
     },
 }
 
@@ -249,11 +248,11 @@ async fn session(
                     delivered = true;
                     DiscoveryEvent::Devices(devices)
                 }
-                Err(source) => {
-                    tracing::warn!(handler = %name, error = %source, "invalid device list refused");
+                Err(cause) => {
+                    tracing::warn!(handler = %name, error = %cause, "invalid device list refused");
                     DiscoveryEvent::Error(StreamError::InvalidDevices {
                         handler: name.clone(),
-                        source,
+                        cause,
                     })
                 }
             },

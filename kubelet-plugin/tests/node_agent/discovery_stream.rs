@@ -220,13 +220,13 @@ async fn garbage_is_an_error_of_its_own_stream_only() {
     match next_error(&mut bad_streams[0]).await {
         StreamError::InvalidDevices {
             handler,
-            source: InvalidDevices::EmptyId { index: 1 },
+            cause: InvalidDevices::EmptyId { index: 1 },
         } => assert_eq!(handler, "empty"),
         other => panic!("{other:?}"),
     }
     match next_error(&mut bad_streams[1]).await {
         StreamError::InvalidDevices {
-            source: InvalidDevices::DuplicateId { id },
+            cause: InvalidDevices::DuplicateId { id },
             ..
         } => assert_eq!(id, "a"),
         other => panic!("{other:?}"),
@@ -248,7 +248,7 @@ async fn too_many_devices_and_non_utf8_are_errors() {
     assert!(matches!(
         next_error(&mut stream).await,
         StreamError::InvalidDevices {
-            source: InvalidDevices::TooMany { count: 3, max: 2 },
+            cause: InvalidDevices::TooMany { count: 3, max: 2 },
             ..
         }
     ));
