@@ -191,11 +191,22 @@ async fn control_plane() -> Result<(ControlPlane, kube::Client, String), Box<dyn
     Ok((cp, client, ns))
 }
 
-/// A configuration of the embedded debugEcho handler that finds `devices` devices per node.
+/// A configuration of the embedded debugEcho handler that finds `devices` devices per node,
+/// with a discovery property from a Secret in `ns` (as cameras' credentials are): its reads
+/// count too.
 async fn echo_configuration(
     client: &kube::Client,
+    ns: &str,
     devices: usize,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "credentials" }, "stringData": { "password": "hunter2" },
+            }))?,
+        )
+        .await?;
     let descriptions: Vec<String> = (0..devices).map(|i| format!("dev{i}")).collect();
     Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
         .create(
@@ -203,7 +214,10 @@ async fn echo_configuration(
             &serde_json::from_value(json!({
                 "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
                 "metadata": { "name": "local" },
-                "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")) } },
+                "spec": { "discoveryHandler": { "name": "debugEcho",
+                    "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
+                    "discoveryProperties": [{ "name": "password", "valueFrom": { "secretKeyRef": {
+                        "name": "credentials", "namespace": ns, "key": "password" } } }] } },
             }))?,
         )
         .await?;
@@ -225,7 +239,7 @@ async fn scale(agents: usize, devices: usize) -> Result<(), Box<dyn std::error::
         // of HTTP/2 streams for everyone's watches.
         running.push(agent::start(cp.client().await?, config).await?);
     }
-    echo_configuration(&client, devices).await?;
+    echo_configuration(&client, &ns, devices).await?;
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
     // Every node's devices published, and an Instance for each: 6 hex digits name an Instance
     // (Akri's scheme), so two nodes' devices may share one (the count says so).
@@ -323,7 +337,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let _agent = agent::start(client.clone(), config).await?;
 
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
-    echo_configuration(&client, DEVICES).await?;
+    echo_configuration(&client, &ns, DEVICES).await?;
     wait_for("node-local devices published", async || {
         node_devices(&client, node).await == DEVICES
     })

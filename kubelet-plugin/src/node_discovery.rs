@@ -7,6 +7,7 @@
 use crate::discovery::{DiscoveryEvent, Handlers};
 use crate::discovery_errors::DiscoveryErrors;
 use crate::node_devices::{ConfigDevices, NodeDevices};
+use crate::properties::PropertySources;
 use crate::startup::StartupGate;
 use crate::streams::{StreamEvent, StreamSpec, Streams};
 use akri_api::v1::{DiscoveryConfiguration, DiscoveryProperty};
@@ -85,7 +86,7 @@ pub struct NodeDiscovery {
     client: kube::Client,
     node: String,
     node_uid: String,
-    property_namespaces: Option<BTreeSet<String>>,
+    sources: PropertySources,
     streams: Streams,
     /// What each running stream was started for.
     running: BTreeMap<String, Wanted>,
@@ -113,10 +114,10 @@ impl NodeDiscovery {
             .map(|sink| (*sink, StartupGate::new(startup_wait)))
             .collect();
         NodeDiscovery {
-            client,
             node: node.to_string(),
             node_uid: node_uid.to_string(),
-            property_namespaces,
+            sources: PropertySources::new(client.clone(), property_namespaces),
+            client,
             streams: Streams::default(),
             running: BTreeMap::new(),
             devices,
@@ -125,6 +126,11 @@ impl NodeDiscovery {
             refused: BTreeSet::new(),
             events,
         }
+    }
+
+    /// Notified when an object that discovery properties reference changes.
+    pub fn property_changes(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.sources.changes()
     }
 
     /// The devices a sink's configurations reported (empty for a sink this node does not run).
@@ -233,6 +239,8 @@ impl NodeDiscovery {
             changed.extend(self.forget(&before));
             tracing::info!(configuration = %key, sink = ?before.sink, "discovery stopped");
         }
+        self.sources
+            .retain(wanted.iter().flat_map(|w| &w.properties));
         changed
     }
 
@@ -274,12 +282,7 @@ impl NodeDiscovery {
 
     /// The resolved properties `config`'s stream runs with; `None`: it does not run.
     async fn properties(&mut self, config: &Wanted) -> Option<BTreeMap<String, Vec<u8>>> {
-        let resolved = crate::properties::resolve(
-            &self.client,
-            &config.properties,
-            self.property_namespaces.as_ref(),
-        )
-        .await;
+        let resolved = self.sources.resolve(&config.properties).await;
         let note = |errors: &mut DiscoveryErrors, error: Option<String>| {
             if config.sink == Sink::Dra {
                 match error {

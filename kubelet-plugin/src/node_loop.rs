@@ -1,10 +1,11 @@
 //! The node agent's one loop. In: the configurations (a watch of v1 DiscoveryConfigurations
 //! when the DRA sink runs, of v0 Configurations when the legacy sink does), the discovery
-//! handlers (un)registering, the streams' reports, the DRA sink's own wake-ups and a resync
-//! every 30 s. Out: [`NodeDiscovery`] brought in line with the configurations, then each
-//! sink's writes, once its start-up gate is open. A pass reads nothing from the API server
-//! that the watches do not already keep (the library's slice publisher and the Instance
-//! writers keep what is stored), except the Secrets and ConfigMaps of discovery properties.
+//! handlers (un)registering, the streams' reports, changes of the Secrets and ConfigMaps that
+//! discovery properties name, the DRA sink's own wake-ups and a resync every 30 s. Out:
+//! [`NodeDiscovery`] brought in line with the configurations, then each sink's writes, once
+//! its start-up gate is open. A pass reads nothing from the API server that the watches do
+//! not already keep (the library's slice publisher, the Instance writers and the property
+//! sources keep what is stored).
 
 use crate::discovery::Registry;
 use crate::discovery::debug_echo::DebugEcho;
@@ -90,6 +91,7 @@ impl NodeLoop {
         let (v1, mut v1_changes) =
             watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
         let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
+        let property_changes = self.discovery.property_changes();
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         let startup_deadline = tokio::time::sleep(self.startup_wait);
         tokio::pin!(startup_deadline);
@@ -107,6 +109,7 @@ impl NodeLoop {
                     continue;
                 },
                 _ = &mut startup_deadline, if !waited => waited = true,
+                () = property_changes.notified() => {}
                 changed = handlers.changed() => if changed.is_err() { return },
                 Some(event) = events.recv() => {
                     self.on_stream_event(event);

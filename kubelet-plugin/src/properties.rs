@@ -1,11 +1,18 @@
 //! Resolving a DiscoveryConfiguration's discoveryProperties: literal values, and keys of
-//! Secrets and ConfigMaps, read (a GET each) on every pass of the node agent's loop, so that
-//! an edited Secret restarts the discovery with its new value.
+//! Secrets and ConfigMaps. Each referenced object is kept by a watch of that one object
+//! (`metadata.name` field selector), so it is read when it changes and never per pass; an
+//! edited Secret restarts the discovery with its new value as soon as the watch says so.
 
 use akri_api::v1::{DiscoveryProperty, KeyReference};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
+use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, watch};
+use tokio_util::task::AbortOnDropHandle;
 
 /// A property that could not be resolved; the configuration's discovery does not start.
 #[derive(Debug, thiserror::Error)]
@@ -31,7 +38,7 @@ pub enum Error {
         kind: &'static str,
         namespace: String,
         name: String,
-        cause: Box<kube::Error>,
+        cause: String,
     },
     #[error("discovery property {0} has neither value nor valueFrom")]
     Empty(String),
@@ -55,109 +62,297 @@ impl Error {
     }
 }
 
-/// The properties as the handler receives them (name -> bytes). Optional references that do
-/// not resolve are left out.
-pub async fn resolve(
-    client: &kube::Client,
-    properties: &[DiscoveryProperty],
-    allowed_namespaces: Option<&BTreeSet<String>>,
-) -> Result<BTreeMap<String, Vec<u8>>, Error> {
-    for property in properties {
-        let Some(source) = &property.value_from else {
-            continue;
-        };
-        let references = [
-            ("Secret", source.secret_key_ref.as_ref()),
-            ("ConfigMap", source.config_map_key_ref.as_ref()),
-        ];
-        for (kind, reference) in references {
-            if let (Some(reference), Some(allowed)) = (reference, allowed_namespaces)
-                && !allowed.contains(&reference.namespace)
+/// One referenced object.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Source {
+    kind: &'static str,
+    namespace: String,
+    name: String,
+}
+
+/// What the watch of one object last said.
+#[derive(Clone, Debug, Default, PartialEq)]
+struct Observed {
+    /// The object's keys; `None`: it does not exist.
+    data: Option<BTreeMap<String, Vec<u8>>>,
+    /// The watch fails (outage, 403): `data` is what it last saw, possibly nothing yet.
+    failing: Option<String>,
+    /// The watch has answered at least once (listed, or failed).
+    answered: bool,
+}
+
+struct Watched {
+    observed: watch::Receiver<Observed>,
+    _task: AbortOnDropHandle<()>,
+}
+
+/// The Secrets and ConfigMaps that discovery properties reference, each kept by its own
+/// watch while some configuration names it.
+pub struct PropertySources {
+    client: kube::Client,
+    allowed_namespaces: Option<BTreeSet<String>>,
+    watched: BTreeMap<Source, Watched>,
+    changed: Arc<Notify>,
+}
+
+/// How often an object the node may read but not watch is read again.
+const POLL: Duration = Duration::from_secs(60);
+
+/// How long the first answer about a newly referenced object may take before the property
+/// counts as unreadable for now (the watch goes on; its answer causes a pass).
+const FIRST_ANSWER: Duration = Duration::from_secs(10);
+
+impl PropertySources {
+    /// Sources read through `client`; with `allowed_namespaces`, references to other
+    /// namespaces are refused without a request.
+    pub fn new(client: kube::Client, allowed_namespaces: Option<BTreeSet<String>>) -> Self {
+        PropertySources {
+            client,
+            allowed_namespaces,
+            watched: BTreeMap::new(),
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    /// Notified when a watched object changes (or its watch starts or stops failing).
+    pub fn changes(&self) -> Arc<Notify> {
+        self.changed.clone()
+    }
+
+    /// Stops watching objects that none of `properties` references.
+    pub fn retain<'a>(&mut self, properties: impl IntoIterator<Item = &'a DiscoveryProperty>) {
+        let used: BTreeSet<Source> = properties
+            .into_iter()
+            .filter_map(|p| reference(p).map(|(source, _)| source))
+            .collect();
+        self.watched.retain(|source, _| used.contains(source));
+    }
+
+    /// The properties as the handler receives them (name -> bytes). Optional references
+    /// that do not resolve are left out.
+    pub async fn resolve(
+        &mut self,
+        properties: &[DiscoveryProperty],
+    ) -> Result<BTreeMap<String, Vec<u8>>, Error> {
+        for property in properties {
+            if let (Some((source, _)), Some(allowed)) =
+                (reference(property), &self.allowed_namespaces)
+                && !allowed.contains(&source.namespace)
             {
                 return Err(Error::NamespaceNotAllowed {
                     property: property.name.clone(),
-                    kind,
-                    namespace: reference.namespace.clone(),
-                    name: reference.name.clone(),
+                    kind: source.kind,
+                    namespace: source.namespace,
+                    name: source.name,
                 });
             }
         }
-    }
-    let mut resolved = BTreeMap::new();
-    for property in properties {
-        let value = if let Some(value) = &property.value {
-            Some(value.clone().into_bytes())
-        } else if let Some(source) = &property.value_from {
-            if let Some(reference) = &source.secret_key_ref {
-                let secret = read::<Secret>(client, &property.name, "Secret", reference).await?;
-                let data = secret.and_then(|s| s.data).unwrap_or_default();
-                lookup(
-                    &property.name,
-                    "Secret",
-                    reference,
-                    data.get(&reference.key).map(|b| b.0.clone()),
-                )?
-            } else if let Some(reference) = &source.config_map_key_ref {
-                let config_map =
-                    read::<ConfigMap>(client, &property.name, "ConfigMap", reference).await?;
-                let value = config_map.and_then(|c| {
-                    c.data
-                        .and_then(|d| d.get(&reference.key).map(|v| v.clone().into_bytes()))
-                        .or_else(|| {
-                            c.binary_data
-                                .and_then(|d| d.get(&reference.key).map(|b| b.0.clone()))
-                        })
-                });
-                lookup(&property.name, "ConfigMap", reference, value)?
+        let mut resolved = BTreeMap::new();
+        for property in properties {
+            let value = if let Some(value) = &property.value {
+                Some(value.clone().into_bytes())
+            } else if let Some((source, key)) = reference(property) {
+                let observed = self.observe(&source).await;
+                let failed = |cause: String| Error::Read {
+                    property: property.name.clone(),
+                    kind: source.kind,
+                    namespace: source.namespace.clone(),
+                    name: source.name.clone(),
+                    cause,
+                };
+                if let Some(cause) = observed.failing {
+                    return Err(failed(cause));
+                }
+                if !observed.answered {
+                    return Err(failed(format!("no answer within {FIRST_ANSWER:?}")));
+                }
+                let Some(data) = observed.data else {
+                    if key.optional {
+                        continue;
+                    }
+                    return Err(Error::Missing {
+                        property: property.name.clone(),
+                        kind: source.kind,
+                        namespace: source.namespace,
+                        name: source.name,
+                    });
+                };
+                lookup(&property.name, &source, key, data.get(&key.key).cloned())?
             } else {
                 return Err(Error::Empty(property.name.clone()));
+            };
+            if let Some(value) = value {
+                resolved.insert(property.name.clone(), value);
             }
-        } else {
-            return Err(Error::Empty(property.name.clone()));
-        };
-        if let Some(value) = value {
-            resolved.insert(property.name.clone(), value);
         }
+        Ok(resolved)
     }
-    Ok(resolved)
+
+    /// What the watch of `source` says, starting it (and waiting for its first answer) if
+    /// nothing watched it yet.
+    async fn observe(&mut self, source: &Source) -> Observed {
+        let watched = self.watched.entry(source.clone()).or_insert_with(|| {
+            let (tx, observed) = watch::channel(Observed::default());
+            let changed = self.changed.clone();
+            let client = self.client.clone();
+            let source = source.clone();
+            let task = match source.kind {
+                "Secret" => tokio::spawn(keep::<Secret>(client, source, secret_data, tx, changed)),
+                _ => tokio::spawn(keep::<ConfigMap>(
+                    client,
+                    source,
+                    config_map_data,
+                    tx,
+                    changed,
+                )),
+            };
+            Watched {
+                observed,
+                _task: AbortOnDropHandle::new(task),
+            }
+        });
+        let mut observed = watched.observed.clone();
+        let _ = tokio::time::timeout(FIRST_ANSWER, observed.wait_for(|o| o.answered)).await;
+        observed.borrow().clone()
+    }
 }
 
-async fn read<K>(
-    client: &kube::Client,
-    property: &str,
-    kind: &'static str,
-    reference: &KeyReference,
-) -> Result<Option<K>, Error>
-where
-    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>
+/// The object `property` takes its value from, and the key reference.
+fn reference(property: &DiscoveryProperty) -> Option<(Source, &KeyReference)> {
+    let from = property.value_from.as_ref()?;
+    let (kind, reference) = match (&from.secret_key_ref, &from.config_map_key_ref) {
+        (Some(reference), _) => ("Secret", reference),
+        (None, Some(reference)) => ("ConfigMap", reference),
+        (None, None) => return None,
+    };
+    let source = Source {
+        kind,
+        namespace: reference.namespace.clone(),
+        name: reference.name.clone(),
+    };
+    Some((source, reference))
+}
+
+fn secret_data(secret: &Secret) -> BTreeMap<String, Vec<u8>> {
+    (secret.data.iter().flatten())
+        .map(|(key, value)| (key.clone(), value.0.clone()))
+        .collect()
+}
+
+fn config_map_data(config_map: &ConfigMap) -> BTreeMap<String, Vec<u8>> {
+    let binary = (config_map.binary_data.iter().flatten())
+        .map(|(key, value)| (key.clone(), value.0.clone()));
+    let text = (config_map.data.iter().flatten())
+        .map(|(key, value)| (key.clone(), value.clone().into_bytes()));
+    // A key in both: the text wins, as it did when a read looked in `data` first.
+    binary.chain(text).collect()
+}
+
+/// Keeps `tx` up to date with the one object `source` names, and notifies `changed` when
+/// what it says changes. Runs until dropped. A failing watch starts again from a fresh list
+/// after a backoff (1 s doubling to 30 s): a watch that merely resumes says nothing, and the
+/// list's answer is what ends the failure. Where the node may get but not list the object
+/// (the chart's cluster-wide default), it reads it every [`POLL`] instead.
+async fn keep<K>(
+    client: kube::Client,
+    source: Source,
+    data_of: fn(&K) -> BTreeMap<String, Vec<u8>>,
+    tx: watch::Sender<Observed>,
+    changed: Arc<Notify>,
+) where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
         + serde::de::DeserializeOwned
-        + std::fmt::Debug,
-    K::DynamicType: Default,
+        + std::fmt::Debug
+        + Send
+        + 'static,
 {
-    let api = Api::<K>::namespaced(client.clone(), &reference.namespace);
-    match crate::api_call(api.get_opt(&reference.name)).await {
-        Ok(Some(object)) => Ok(Some(object)),
-        Ok(None) if reference.optional => Ok(None),
-        Ok(None) => Err(Error::Missing {
-            property: property.to_string(),
-            kind,
-            namespace: reference.namespace.clone(),
-            name: reference.name.clone(),
-        }),
-        Err(source) => Err(Error::Read {
-            property: property.to_string(),
-            kind,
-            namespace: reference.namespace.clone(),
-            name: reference.name.clone(),
-            cause: Box::new(source),
-        }),
+    let api = Api::<K>::namespaced(client, &source.namespace);
+    let config = watcher::Config::default().fields(&format!("metadata.name={}", source.name));
+    let tell = |next: Observed| {
+        if tx.send_if_modified(|now| {
+            let modified = *now != next;
+            *now = next;
+            modified
+        }) {
+            changed.notify_one();
+        }
+    };
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        // Watch while the node may list (and so watch) the object.
+        loop {
+            let mut events = watcher(api.clone(), config.clone()).boxed();
+            // Between Init and InitDone the list is under way: the object is what it lists.
+            let mut listing = None;
+            let mut may_list = true;
+            while let Some(event) = events.next().await {
+                let mut next = Observed {
+                    answered: true,
+                    failing: None,
+                    ..tx.borrow().clone()
+                };
+                match event {
+                    Ok(watcher::Event::Init) => {
+                        listing = None;
+                        continue;
+                    }
+                    Ok(watcher::Event::InitApply(object)) => {
+                        listing = Some(data_of(&object));
+                        continue;
+                    }
+                    Ok(watcher::Event::InitDone) => {
+                        next.data = listing.take();
+                        backoff = Duration::from_secs(1);
+                    }
+                    Ok(watcher::Event::Apply(object)) => next.data = Some(data_of(&object)),
+                    Ok(watcher::Event::Delete(_)) => next.data = None,
+                    Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                        if status.code == 403 =>
+                    {
+                        may_list = false;
+                        break;
+                    }
+                    Err(error) => next.failing = Some(error.to_string()),
+                }
+                let failed = next.failing.is_some();
+                tell(next);
+                if failed {
+                    break;
+                }
+            }
+            if !may_list {
+                break;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(30));
+        }
+        // May not list: read it every POLL while a GET is allowed, else try the list again.
+        loop {
+            let mut next = Observed {
+                answered: true,
+                ..tx.borrow().clone()
+            };
+            let result = crate::api_call(api.get_opt(&source.name)).await;
+            next.failing = result.as_ref().err().map(ToString::to_string);
+            let forbidden = matches!(&result, Err(kube::Error::Api(s)) if s.code == 403);
+            if let Ok(object) = &result {
+                next.data = object.as_ref().map(data_of);
+            }
+            tell(next);
+            if forbidden {
+                break;
+            }
+            tokio::time::sleep(if result.is_ok() { POLL } else { backoff }).await;
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(30));
     }
 }
 
 fn lookup(
     property: &str,
-    kind: &'static str,
+    source: &Source,
     reference: &KeyReference,
     value: Option<Vec<u8>>,
 ) -> Result<Option<Vec<u8>>, Error> {
@@ -166,9 +361,9 @@ fn lookup(
         None if reference.optional => Ok(None),
         None => Err(Error::MissingKey {
             property: property.to_string(),
-            kind,
-            namespace: reference.namespace.clone(),
-            name: reference.name.clone(),
+            kind: source.kind,
+            namespace: source.namespace.clone(),
+            name: source.name.clone(),
             key: reference.key.clone(),
         }),
     }
@@ -190,9 +385,8 @@ mod tests {
         ]))
         .unwrap();
         let allowed = BTreeSet::from(["cameras".to_string()]);
-        let error = resolve(&client, &properties, Some(&allowed))
-            .await
-            .unwrap_err();
+        let mut sources = PropertySources::new(client, Some(allowed));
+        let error = sources.resolve(&properties).await.unwrap_err();
         assert!(matches!(error, Error::NamespaceNotAllowed { .. }));
         assert!(!error.is_transient(), "a definite refusal, not an outage");
         assert!(
@@ -202,11 +396,10 @@ mod tests {
             "{error}"
         );
         let literal_only = &properties[..1];
-        assert_eq!(
-            resolve(&client, literal_only, Some(&allowed))
-                .await
-                .unwrap()["plain"],
-            b"x"
+        assert_eq!(sources.resolve(literal_only).await.unwrap()["plain"], b"x");
+        assert!(
+            sources.watched.is_empty(),
+            "nothing watched for a refused reference"
         );
     }
 }

@@ -43,6 +43,13 @@ impl SlowLists {
         sent.iter().filter(|path| path.ends_with(&suffix)).count()
     }
 
+    /// How many reads (GETs of one object and LISTs, not watches) of paths containing
+    /// `fragment` (e.g. `/secrets`) the client has sent so far.
+    pub fn reads(&self, fragment: &str) -> usize {
+        let sent = self.sent.lock().expect("LIST log");
+        sent.iter().filter(|path| path.contains(fragment)).count()
+    }
+
     /// Records the request if it is a LIST, and says how long to hold its answer back.
     fn delay_of<B>(&self, request: &http::Request<B>) -> Duration {
         let watch = request

@@ -393,12 +393,13 @@ async fn discovery_errors_show_in_the_configurations_status() {
     .await;
 }
 
-/// A discovery property from a Secret that can no longer be read (the API server refuses,
-/// as it would in an outage or after an RBAC mistake) is not a change: discovery goes on with
-/// the value it has, the devices stay, and the configuration's status says why. Only when
-/// the Secret is definitely gone does discovery stop. The agent runs as the README's RBAC.
+/// A discovery property's Secret is read once and then kept by a watch: passes of the agent
+/// read it no more. One that can no longer be read (the API server refuses, as it would in an
+/// outage or after an RBAC mistake) is not a change: discovery goes on with the value it has,
+/// the devices stay, and the configuration's status says why. Only when the Secret is
+/// definitely gone does discovery stop. The agent runs as the chart's RBAC.
 #[tokio::test]
-async fn an_unreadable_secret_keeps_discovery_running() {
+async fn an_unreadable_secret_keeps_discovery_running_and_passes_do_not_read_it() {
     use k8s_openapi::api::core::v1::Secret;
     use k8s_openapi::api::rbac::v1::{ClusterRole, RoleBinding};
     use kube::api::DeleteParams;
@@ -417,7 +418,7 @@ async fn an_unreadable_secret_keeps_discovery_running() {
     Api::<ClusterRole>::all(admin.clone())
         .create(&PostParams::default(), &serde_json::from_value(json!({
             "metadata": { "name": "akri-property-reader" },
-            "rules": [{ "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["get"] }],
+            "rules": [{ "apiGroups": [""], "resources": ["secrets", "configmaps"], "verbs": ["list", "watch"] }],
         })).unwrap())
         .await
         .unwrap();
@@ -451,7 +452,12 @@ async fn an_unreadable_secret_keeps_discovery_running() {
     .await
     .unwrap();
     config.auth_info.impersonate = Some(user.into());
-    let plugin_client = kube::Client::try_from(config).unwrap();
+    // Through a proxy whose connections the test can cut, counting the agent's reads.
+    let proxy = akri_testing::TcpProxy::start(cp.api_server_address())
+        .await
+        .unwrap();
+    let reads = akri_testing::SlowLists::new();
+    let plugin_client = reads.client(proxy.client_config(&config).unwrap()).unwrap();
     let node = start_node(cp, &plugin_client, &ns).await;
     node.peer
         .wait_for_driver(DRIVER, Duration::from_secs(30))
@@ -478,6 +484,63 @@ async fn an_unreadable_secret_keeps_discovery_running() {
             .then_some(())
     })
     .await;
+
+    // Where the node may get but not list (the chart's cluster-wide default), the value is
+    // read all the same (every minute, not per pass).
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let site_ns = cp.create_namespace("site").await.unwrap();
+    Api::<ClusterRole>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "akri-property-getter" },
+                "rules": [{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"] }],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    Api::<RoleBinding>::namespaced(admin.clone(), &site_ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "akri-property-getter" },
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "akri-property-getter" },
+            "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        })).unwrap())
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(admin.clone(), &site_ns)
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "site" }, "data": { "floor": "2" },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let by_get = ControlPlane::unique_name("site");
+    configs
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": by_get },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [g0]",
+                "discoveryProperties": [{ "name": "floor", "valueFrom": { "configMapKeyRef": {
+                    "name": "site", "namespace": site_ns, "key": "floor" } } }] } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let got = akri_devices::instance_name(&by_get, "g0", false, &node.name);
+    eventually(
+        "the device of a get-only property is published",
+        async || {
+            pool_devices(&admin, &node.name)
+                .await
+                .contains(&got)
+                .then_some(())
+        },
+    )
+    .await;
+
     let error_of = async || -> Option<String> {
         let status = configs.get(&name).await.ok()?.status?;
         status
@@ -487,18 +550,31 @@ async fn an_unreadable_secret_keeps_discovery_running() {
             .map(|e| e.message)
     };
 
-    // The node may no longer read the Secret: the status says so, the device stays.
+    // Passes of the agent (each change of the configuration causes one) read no Secret.
+    let read_at_start = reads.reads("/secrets");
+    assert_eq!(read_at_start, 1, "one LIST of the one Secret");
+    for touch in 0..3 {
+        let mut changed = configs.get(&name).await.unwrap();
+        changed.metadata.labels = Some([("touched".to_string(), touch.to_string())].into());
+        configs
+            .replace(&name, &PostParams::default(), &changed)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        reads.reads("/secrets"),
+        read_at_start,
+        "passes read the Secret again"
+    );
+
+    // The node may no longer read the Secret: once its watch has to start again (the
+    // connections are cut), the status says so, and the device stays.
     bindings
         .delete("akri-property-reader", &DeleteParams::default())
         .await
         .unwrap();
-    // Any change to the configuration makes the agent read the properties again.
-    let mut changed = configs.get(&name).await.unwrap();
-    changed.metadata.labels = Some([("touched".to_string(), "1".to_string())].into());
-    configs
-        .replace(&name, &PostParams::default(), &changed)
-        .await
-        .unwrap();
+    proxy.close_open_connections();
     let message = eventually("the refusal is reported", error_of).await;
     assert!(
         message.contains("forbidden") || message.contains("Forbidden"),
@@ -512,15 +588,9 @@ async fn an_unreadable_secret_keeps_discovery_running() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
-    // Readable again: the error clears.
+    // Readable again: the error clears (the watch retries by itself).
     bindings
         .create(&PostParams::default(), &secrets_binding)
-        .await
-        .unwrap();
-    changed = configs.get(&name).await.unwrap();
-    changed.metadata.labels = Some([("touched".to_string(), "2".to_string())].into());
-    configs
-        .replace(&name, &PostParams::default(), &changed)
         .await
         .unwrap();
     eventually("the error clears", async || {
@@ -528,15 +598,9 @@ async fn an_unreadable_secret_keeps_discovery_running() {
     })
     .await;
 
-    // Definitely gone: discovery stops and says why.
+    // Definitely gone: discovery stops and says why, as soon as the watch tells.
     secrets
         .delete("camera-creds", &DeleteParams::default())
-        .await
-        .unwrap();
-    changed = configs.get(&name).await.unwrap();
-    changed.metadata.labels = Some([("touched".to_string(), "3".to_string())].into());
-    configs
-        .replace(&name, &PostParams::default(), &changed)
         .await
         .unwrap();
     eventually("the device is withdrawn", async || {

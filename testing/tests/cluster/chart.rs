@@ -1024,12 +1024,17 @@ kubelet-plugin     create  events.k8s.io/events                      other     -
 kubelet-plugin     patch   events.k8s.io/events                      other     -             yes
 kubelet-plugin     get     core/pods                                 other     -             no
 kubelet-plugin     update  core/pods                                 other     -             no
-kubelet-plugin     get     core/secrets                              property  -             yes
-kubelet-plugin     get     core/configmaps                           property  -             yes
-kubelet-plugin     list    core/secrets                              property  -             no
-kubelet-plugin     watch   core/secrets                              property  -             no
+kubelet-plugin     list    core/secrets                              property  -             yes
+kubelet-plugin     watch   core/secrets                              property  -             yes
+kubelet-plugin     list    core/configmaps                           property  -             yes
+kubelet-plugin     watch   core/configmaps                           property  -             yes
+kubelet-plugin     get     core/secrets                              property  -             no
+kubelet-plugin     create  core/secrets                              property  -             no
+kubelet-plugin     list    core/secrets                              cluster   -             no
+kubelet-plugin     list    core/secrets                              other     -             no
+kubelet-plugin     watch   core/secrets                              other     -             no
 kubelet-plugin     get     core/secrets                              other     -             no
-kubelet-plugin     get     core/configmaps                           other     -             no
+kubelet-plugin     list    core/configmaps                           other     -             no
 kubelet-plugin     create  core/serviceaccounts/token                release   -             no
 kubelet-plugin     get     coordination.k8s.io/leases                release   -             no
 driver-controller  watch   akri.sh/discoveryconfigurations           cluster   -             yes
@@ -1094,13 +1099,14 @@ broker-controller  update  coordination.k8s.io/leases                release   a
 ";
 
 /// The same for the `akri` release (default values): no propertyNamespaces, so Secret and
-/// ConfigMap reads (never lists) anywhere; the Leases under their default names; the
+/// ConfigMap gets (never lists or watches) anywhere; the Leases under their default names; the
 /// broker-controller on.
 const RBAC_DEFAULT_VALUES: &str = "
 kubelet-plugin     get     core/secrets                              other     -             yes
 kubelet-plugin     get     core/configmaps                           other     -             yes
 kubelet-plugin     list    core/secrets                              cluster   -             no
 kubelet-plugin     list    core/configmaps                           other     -             no
+kubelet-plugin     watch   core/secrets                              other     -             no
 driver-controller  update  coordination.k8s.io/leases                release   akri-driver-controller  yes
 broker-controller  list    akri.sh/brokertemplates                   cluster   -             yes
 broker-controller  watch   core/pods                                 cluster   -             yes
