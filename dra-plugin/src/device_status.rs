@@ -15,17 +15,23 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 /// One prepared device's entry.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct DeviceStatus {
     /// The pool of the device, as in the claim's allocation.
     pub pool: String,
     /// The device's name within its pool.
     pub device: String,
     /// The allocation's share ID, for a device allocated with consumable capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
     /// Driver-specific data (any JSON object) for workloads and operators.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Value>,
 }
 
@@ -132,19 +138,48 @@ pub const BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(2
 /// per claim and only if it differs from what it last wrote there (a claim prepared and
 /// unprepared within the window costs no write at all), retrying a failure with backoff (1 s
 /// doubling to 30 s) until the claim takes it or is gone. A prepare then waits for no API call
-/// of its own, and an outage loses no status. The task ends when the last clone of the writer
-/// is dropped and nothing is left to write.
+/// of its own, and an outage loses no status. With a journal
+/// ([`start_journaled`](Writer::start_journaled)) a restart loses none either: what is asked
+/// and not yet applied is kept in a file, and the next process applies it. The task ends when
+/// the last clone of the writer is dropped and nothing is left to write.
 #[derive(Clone, Debug)]
 pub struct Writer {
     requests: tokio::sync::mpsc::UnboundedSender<(crate::ClaimRef, Vec<DeviceStatus>)>,
 }
 
 impl Writer {
-    /// Starts the writer of `driver`'s entries (also its field manager).
+    /// Starts the writer of `driver`'s entries (also its field manager), keeping its queue in
+    /// memory only.
     pub fn start(client: kube::Client, driver: &str) -> Writer {
+        Writer::spawn(client, driver, None)
+    }
+
+    /// Starts the writer of `driver`'s entries with its queue kept in the file `journal`,
+    /// first applying what the file holds from an earlier process (an unreadable file is set
+    /// aside with a warning: the statuses it held are then only written again when asked).
+    pub fn start_journaled(client: kube::Client, driver: &str, journal: PathBuf) -> Writer {
+        Writer::spawn(client, driver, Some(journal))
+    }
+
+    fn spawn(client: kube::Client, driver: &str, journal: Option<PathBuf>) -> Writer {
         let (requests, received) = tokio::sync::mpsc::unbounded_channel();
-        tokio::spawn(write_all(client, driver.to_string(), received));
-        Writer { requests }
+        let writer = Writer { requests };
+        if let Some(path) = &journal {
+            for entry in Journal::read(path) {
+                let claim = crate::ClaimRef {
+                    namespace: entry.namespace,
+                    name: entry.name,
+                    uid: entry.uid,
+                };
+                writer.write(&claim, entry.devices);
+            }
+        }
+        let queue = Queue {
+            journal,
+            ..Queue::default()
+        };
+        tokio::spawn(write_all(client, driver.to_string(), received, queue));
+        writer
     }
 
     /// Makes `devices` the driver's entries of `claim`'s status, soon.
@@ -154,45 +189,166 @@ impl Writer {
     }
 }
 
+/// One claim's status as the journal keeps it.
+#[derive(Debug, Serialize, Deserialize)]
+struct JournalEntry {
+    namespace: String,
+    name: String,
+    uid: String,
+    devices: Vec<DeviceStatus>,
+}
+
+/// The journal file: every status asked and not yet applied (or found unneeded).
+#[derive(Debug, Default, Serialize, Deserialize)]
+struct Journal {
+    unapplied: Vec<JournalEntry>,
+}
+
+impl Journal {
+    fn read(path: &Path) -> Vec<JournalEntry> {
+        let bytes = match std::fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "status journal unreadable; starting without it");
+                return Vec::new();
+            }
+        };
+        match serde_json::from_slice::<Journal>(&bytes) {
+            Ok(journal) => journal.unapplied,
+            Err(error) => {
+                let mut aside = path.as_os_str().to_owned();
+                aside.push(".unusable");
+                let aside = PathBuf::from(aside);
+                let _ = std::fs::rename(path, &aside);
+                tracing::warn!(path = %path.display(), moved_to = %aside.display(), %error, "status journal unusable; set aside");
+                Vec::new()
+            }
+        }
+    }
+}
+
+type Pending = BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)>;
+
+/// The writer task's state.
+#[derive(Default)]
+struct Queue {
+    /// Asked and not yet tried, by claim UID (the latest ask per claim).
+    pending: Pending,
+    /// Asked and not yet applied or found unneeded: `pending` and what is being applied.
+    unapplied: Pending,
+    /// What it last wrote into each claim.
+    written: BTreeMap<String, Vec<DeviceStatus>>,
+    /// The claims it was asked a status for. A claim neither written nor asked may hold
+    /// entries an earlier process wrote, so an empty status for it is written.
+    asked: BTreeSet<String>,
+    journal: Option<PathBuf>,
+    /// `unapplied` changed since the journal was written.
+    dirty: bool,
+}
+
+impl Queue {
+    /// Queues `devices` for `claim` (replacing what was queued).
+    fn take(&mut self, claim: crate::ClaimRef, devices: Vec<DeviceStatus>) {
+        if !devices.is_empty() {
+            self.asked.insert(claim.uid.clone());
+        }
+        let entry = (claim.clone(), devices);
+        self.unapplied.insert(claim.uid.clone(), entry.clone());
+        self.pending.insert(claim.uid, entry);
+        self.dirty = true;
+    }
+
+    /// The pending statuses that need an apply; the others are done with.
+    fn batch(&mut self) -> Vec<(crate::ClaimRef, Vec<DeviceStatus>)> {
+        let mut batch = Vec::new();
+        for (uid, (claim, devices)) in std::mem::take(&mut self.pending) {
+            let ours = match devices.is_empty() {
+                true => self.asked.remove(&uid),
+                false => true,
+            };
+            let needed = match self.written.get(&uid) {
+                Some(before) => *before != devices,
+                // Prepared and unprepared before its status was written: nothing to undo.
+                None => !devices.is_empty() || !ours,
+            };
+            if needed {
+                batch.push((claim, devices));
+            } else {
+                self.unapplied.remove(&uid);
+                self.dirty = true;
+            }
+        }
+        batch
+    }
+
+    /// `devices` is now what `claim` holds of this driver.
+    fn applied(&mut self, claim: crate::ClaimRef, devices: Vec<DeviceStatus>) {
+        self.unapplied.remove(&claim.uid);
+        self.dirty = true;
+        match devices.is_empty() {
+            true => self.written.remove(&claim.uid),
+            false => self.written.insert(claim.uid, devices),
+        };
+    }
+
+    /// Writes the journal if `unapplied` changed (removes it when empty). A journal that
+    /// cannot be written costs only the restart guarantee, so it is logged, not fatal.
+    fn sync_journal(&mut self) {
+        let Some(path) = &self.journal else { return };
+        if !std::mem::take(&mut self.dirty) {
+            return;
+        }
+        let result = if self.unapplied.is_empty() {
+            match std::fs::remove_file(path) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+                _ => Ok(()),
+            }
+        } else {
+            let journal = Journal {
+                unapplied: (self.unapplied.values())
+                    .map(|(claim, devices)| JournalEntry {
+                        namespace: claim.namespace.clone(),
+                        name: claim.name.clone(),
+                        uid: claim.uid.clone(),
+                        devices: devices.clone(),
+                    })
+                    .collect(),
+            };
+            let bytes = serde_json::to_vec(&journal).expect("a journal serializes");
+            node_io::files::write_atomically(path, &bytes, 0o600)
+        };
+        if let Err(error) = result {
+            tracing::warn!(path = %path.display(), %error, "could not write the status journal");
+        }
+    }
+}
+
 /// The writer's task: what is asked, by claim UID, applied until it sticks.
 async fn write_all(
     client: kube::Client,
     driver: String,
     mut received: tokio::sync::mpsc::UnboundedReceiver<(crate::ClaimRef, Vec<DeviceStatus>)>,
+    mut queue: Queue,
 ) {
     use futures::StreamExt;
-    let mut pending: std::collections::BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)> =
-        Default::default();
-    // What it last wrote into each claim, and the claims it was asked a status for: a claim
-    // in neither may hold entries an earlier process wrote, so an empty status is written.
-    let mut written: std::collections::BTreeMap<String, Vec<DeviceStatus>> = Default::default();
-    let mut asked: std::collections::BTreeSet<String> = Default::default();
     let mut backoff = std::time::Duration::from_secs(1);
     let mut open = true;
     loop {
-        if pending.is_empty() {
+        if queue.pending.is_empty() {
             match received.recv().await {
-                Some((claim, devices)) => take(&mut pending, &mut asked, claim, devices),
+                Some((claim, devices)) => queue.take(claim, devices),
                 None => return,
             };
+            // Journaled at once, not after the window: a crash now loses nothing asked.
+            queue.sync_journal();
             tokio::time::sleep(BATCH_WINDOW).await;
         }
         while let Ok((claim, devices)) = received.try_recv() {
-            take(&mut pending, &mut asked, claim, devices);
+            queue.take(claim, devices);
         }
-        let batch: Vec<_> = (std::mem::take(&mut pending).into_values())
-            .filter(|(claim, devices)| {
-                let ours = match devices.is_empty() {
-                    true => asked.remove(&claim.uid),
-                    false => true,
-                };
-                match written.get(&claim.uid) {
-                    Some(before) => before != devices,
-                    // Prepared and unprepared before its status was written: nothing to undo.
-                    None => !devices.is_empty() || !ours,
-                }
-            })
-            .collect();
+        let batch = queue.batch();
+        queue.sync_journal();
         let results: Vec<_> = futures::stream::iter(batch)
             .map(|(claim, devices)| {
                 let (client, driver) = (&client, driver.as_str());
@@ -218,22 +374,21 @@ async fn write_all(
         let mut failed = Vec::new();
         for result in results {
             match result {
-                Ok((claim, devices)) if devices.is_empty() => {
-                    written.remove(&claim.uid);
-                }
-                Ok((claim, devices)) => {
-                    written.insert(claim.uid, devices);
-                }
+                Ok((claim, devices)) => queue.applied(claim, devices),
                 Err(failure) => failed.push(failure),
             }
         }
+        queue.sync_journal();
         if failed.is_empty() {
             backoff = std::time::Duration::from_secs(1);
             continue;
         }
         // Retried after the backoff, unless asked something newer for the claim meanwhile.
         for (claim, devices) in failed {
-            pending.entry(claim.uid.clone()).or_insert((claim, devices));
+            queue
+                .pending
+                .entry(claim.uid.clone())
+                .or_insert((claim, devices));
         }
         let sleep = tokio::time::sleep(backoff);
         tokio::pin!(sleep);
@@ -241,7 +396,10 @@ async fn write_all(
             tokio::select! {
                 _ = &mut sleep => break,
                 request = received.recv() => match request {
-                    Some((claim, devices)) => take(&mut pending, &mut asked, claim, devices),
+                    Some((claim, devices)) => {
+                        queue.take(claim, devices);
+                        queue.sync_journal();
+                    }
                     None => open = false,
                 },
             }
@@ -251,17 +409,4 @@ async fn write_all(
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
-}
-
-/// Queues `devices` for `claim` (replacing what was queued), noting a claim asked a status.
-fn take(
-    pending: &mut std::collections::BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)>,
-    asked: &mut std::collections::BTreeSet<String>,
-    claim: crate::ClaimRef,
-    devices: Vec<DeviceStatus>,
-) {
-    if !devices.is_empty() {
-        asked.insert(claim.uid.clone());
-    }
-    pending.insert(claim.uid.clone(), (claim, devices));
 }

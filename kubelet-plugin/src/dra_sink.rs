@@ -203,7 +203,15 @@ impl DraSink {
             cdi_class: handler.to_ascii_lowercase(),
             cdi,
             devices: self.devices.clone(),
-            status: dra_plugin::device_status::Writer::start(self.client.clone(), driver),
+            // Journaled beside the checkpoint: a status asked just before a restart is
+            // applied by the next process.
+            status: dra_plugin::device_status::Writer::start_journaled(
+                self.client.clone(),
+                driver,
+                options
+                    .state_dir
+                    .join(format!("{driver}-status-journal.json")),
+            ),
         };
         let checkpoint = options.state_dir.join(format!("{driver}-checkpoint.json"));
         let timed = Timed {

@@ -179,3 +179,82 @@ async fn the_writer_applies_the_latest_status_and_skips_what_was_undone() {
     })
     .await;
 }
+
+/// A status asked for and not yet applied when the process dies (here: its runtime is dropped
+/// while the API server cannot be reached) is applied by the next process's writer, from the
+/// journal; the journal is gone once nothing is left to apply.
+#[tokio::test]
+async fn a_status_asked_before_a_crash_is_applied_by_the_next_process() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("journal").await.unwrap();
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
+    let driver = "j.status.example.com";
+    let claim: ResourceClaim = from_json(json!({
+        "metadata": { "name": "journaled" },
+        "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
+    }));
+    let created = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let allocation = json!({ "status": { "allocation": { "devices": { "results": [
+        { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
+    ] } } } });
+    claims
+        .patch_status(
+            "journaled",
+            &PatchParams::default(),
+            &Patch::Merge(&allocation),
+        )
+        .await
+        .unwrap();
+    let claim = dra_plugin::ClaimRef {
+        namespace: ns.clone(),
+        name: "journaled".into(),
+        uid: created.metadata.uid.unwrap(),
+    };
+    let status = vec![DeviceStatus {
+        pool: "pool".into(),
+        device: "dev".into(),
+        data: Some(json!({ "survived": true })),
+        ..DeviceStatus::default()
+    }];
+    let dir = tempfile::tempdir().unwrap();
+    let journal = dir.path().join("status-journal.json");
+
+    // The first process: asked, cannot apply, dies.
+    let unreachable =
+        kube::Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
+    let (path, asked, ask) = (journal.clone(), claim.clone(), status.clone());
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(async {
+            let writer = device_status::Writer::start_journaled(unreachable, driver, path.clone());
+            writer.write(&asked, ask);
+            akri_testing::eventually("the journal holds the status", async || {
+                std::fs::read_to_string(&path)
+                    .ok()
+                    .filter(|text| text.contains(&asked.uid))
+            })
+            .await;
+        });
+        // Dropping the runtime ends the writer's task, as a crash would.
+    })
+    .join()
+    .unwrap();
+    assert!(entries(&claims, "journaled").await.is_empty());
+
+    // The next process applies it without being asked again.
+    let _writer = device_status::Writer::start_journaled(client.clone(), driver, journal.clone());
+    let expected = vec![(
+        driver.to_string(),
+        "dev".to_string(),
+        json!({ "survived": true }),
+    )];
+    akri_testing::eventually("the status from the journal", async || {
+        (entries(&claims, "journaled").await == expected).then_some(())
+    })
+    .await;
+    akri_testing::eventually("the journal removed", async || {
+        (!journal.exists()).then_some(())
+    })
+    .await;
+}
