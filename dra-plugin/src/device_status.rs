@@ -292,19 +292,17 @@ impl Queue {
         };
     }
 
-    /// Writes the journal if `unapplied` changed (removes it when empty). A journal that
-    /// cannot be written costs only the restart guarantee, so it is logged, not fatal.
-    fn sync_journal(&mut self) {
-        let Some(path) = &self.journal else { return };
+    /// Writes the journal if `unapplied` changed (removes it when empty), on a blocking
+    /// thread: the fsync must not hold up a runtime thread that serves prepares. A journal
+    /// that cannot be written costs only the restart guarantee, so it is logged, not fatal.
+    async fn sync_journal(&mut self) {
+        let Some(path) = self.journal.clone() else {
+            return;
+        };
         if !std::mem::take(&mut self.dirty) {
             return;
         }
-        let result = if self.unapplied.is_empty() {
-            match std::fs::remove_file(path) {
-                Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
-                _ => Ok(()),
-            }
-        } else {
+        let contents = (!self.unapplied.is_empty()).then(|| {
             let journal = Journal {
                 unapplied: (self.unapplied.values())
                     .map(|(claim, devices)| JournalEntry {
@@ -315,11 +313,24 @@ impl Queue {
                     })
                     .collect(),
             };
-            let bytes = serde_json::to_vec(&journal).expect("a journal serializes");
-            node_io::files::write_atomically(path, &bytes, 0o600)
+            serde_json::to_vec(&journal).expect("a journal serializes")
+        });
+        let write = move || {
+            match contents {
+                Some(bytes) => node_io::files::write_atomically(&path, &bytes, 0o600),
+                None => match std::fs::remove_file(&path) {
+                    Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
+                    _ => Ok(()),
+                },
+            }
+            .map_err(|error| (path, error))
         };
-        if let Err(error) = result {
-            tracing::warn!(path = %path.display(), %error, "could not write the status journal");
+        match tokio::task::spawn_blocking(write).await {
+            Ok(Err((path, error))) => {
+                tracing::warn!(path = %path.display(), %error, "could not write the status journal")
+            }
+            Err(error) => tracing::warn!(%error, "the status journal's write did not finish"),
+            Ok(Ok(())) => {}
         }
     }
 }
@@ -341,14 +352,14 @@ async fn write_all(
                 None => return,
             };
             // Journaled at once, not after the window: a crash now loses nothing asked.
-            queue.sync_journal();
+            queue.sync_journal().await;
             tokio::time::sleep(BATCH_WINDOW).await;
         }
         while let Ok((claim, devices)) = received.try_recv() {
             queue.take(claim, devices);
         }
         let batch = queue.batch();
-        queue.sync_journal();
+        queue.sync_journal().await;
         let results: Vec<_> = futures::stream::iter(batch)
             .map(|(claim, devices)| {
                 let (client, driver) = (&client, driver.as_str());
@@ -378,7 +389,7 @@ async fn write_all(
                 Err(failure) => failed.push(failure),
             }
         }
-        queue.sync_journal();
+        queue.sync_journal().await;
         if failed.is_empty() {
             backoff = std::time::Duration::from_secs(1);
             continue;
@@ -398,7 +409,7 @@ async fn write_all(
                 request = received.recv() => match request {
                     Some((claim, devices)) => {
                         queue.take(claim, devices);
-                        queue.sync_journal();
+                        queue.sync_journal().await;
                     }
                     None => open = false,
                 },

@@ -50,6 +50,7 @@ impl Driver for AkriDriver {
         // One CDI device per allocated device: a device with consumable capacity can be the
         // result of two requests of one claim, and both requests then get the same CDI id.
         let mut cdi_devices: Vec<CdiDevice> = Vec::new();
+        let mut found: Vec<KnownDevice> = Vec::new();
         for result in results {
             if cdi_devices.iter().any(|d| d.name == result.device) {
                 continue;
@@ -87,20 +88,23 @@ impl Driver for AkriDriver {
                     })
                     .collect(),
             });
+            found.push(known);
         }
         let spec = self
             .cdi
             .write_claim_spec(&self.cdi_class, &claim.uid, &cdi_devices)?;
         let statuses: Vec<DeviceStatus> = results
             .iter()
-            .filter_map(|result| {
-                let known = self.devices.lookup(&self.driver, &result.device)?;
-                Some(DeviceStatus {
+            .map(|result| {
+                let index = (cdi_devices.iter())
+                    .position(|d| d.name == result.device)
+                    .expect("every result has its CDI device");
+                DeviceStatus {
                     pool: result.pool.clone(),
                     device: result.device.clone(),
                     share_id: result.share_id.clone(),
-                    data: Some(status_data(&known)),
-                })
+                    data: Some(status_data(&found[index])),
+                }
             })
             .collect();
         // Written by the status writer's task: the container waits for no API call.

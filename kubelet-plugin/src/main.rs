@@ -96,7 +96,7 @@ struct Args {
     process: akri_runtime::ProcessArgs,
 }
 
-#[tokio::main]
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(

@@ -293,12 +293,22 @@ impl NodeDevices {
     /// The discovered device behind a DRA device name of a driver (an Instance name, or a slot
     /// device `<instance>-<slot>`), if this node sees it now.
     pub fn lookup(&self, driver: &str, dra_device: &str) -> Option<KnownDevice> {
-        self.known(driver).into_iter().find(|known| {
-            dra_device == known.instance
-                || dra_device
-                    .strip_prefix(known.instance.as_str())
-                    .and_then(|rest| rest.strip_prefix('-'))
-                    .is_some_and(|slot| slot.parse::<u32>().is_ok())
+        // On every prepare: searched in place, only the device found is cloned.
+        let drivers = self.drivers.read().expect("lock");
+        drivers.get(driver)?.values().find_map(|named| {
+            let device = named.devices.devices.iter().find(|device| {
+                let instance = named.names[&device.id].as_str();
+                dra_device == instance
+                    || dra_device
+                        .strip_prefix(instance)
+                        .and_then(|rest| rest.strip_prefix('-'))
+                        .is_some_and(|slot| slot.parse::<u32>().is_ok())
+            })?;
+            Some(KnownDevice {
+                instance: named.names[&device.id].clone(),
+                configuration: named.devices.configuration.clone(),
+                device: device.clone(),
+            })
         })
     }
 }
