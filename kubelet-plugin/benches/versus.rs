@@ -5,6 +5,9 @@
 //! the Go driver). The kubelet-plugin is its release binary with the embedded debugEcho
 //! handler; its devices are discovered and published as on a node; its prepare also writes
 //! the claim's `status.devices` (off the kubelet's path) and its Instances exist.
+//! `BENCH_AGENT_BIN=<path>` runs another build of the kubelet-plugin, e.g. the static musl
+//! binary the image ships (`cargo build --release --target x86_64-unknown-linux-musl -p
+//! akri-kubelet-plugin`), whose allocator is musl's.
 
 use akri_testing::side_by_side::{self, Contender, published_devices, start};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
@@ -22,11 +25,16 @@ async fn agent(cp: &ControlPlane, node: &str) -> Result<Contender, Box<dyn std::
     let ns = cp.create_namespace("versus").await?;
     let dir = tempfile::Builder::new().prefix("versus-").tempdir()?.keep();
     let kubelet = [dir.join("registry"), dir.join("plugins"), dir.join("cdi")];
-    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_akri-kubelet-plugin"));
+    // BENCH_AGENT_BIN: another build, e.g. the image's static musl binary.
+    let bin = std::env::var_os("BENCH_AGENT_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_akri-kubelet-plugin").into());
+    let bin = std::fs::canonicalize(&bin)?;
     let nodes = (node, ns.as_str());
-    let child = akri_testing::components::agent_command(bin, cp.kubeconfig(), nodes, kubelet, &dir)
-        .env("RUST_LOG", "warn")
-        .spawn()?;
+    let child =
+        akri_testing::components::agent_command(&bin, cp.kubeconfig(), nodes, kubelet, &dir)
+            .env("RUST_LOG", "warn")
+            .spawn()?;
     let descriptions: Vec<String> = (0..DEVICES).map(|i| format!("dev{i}")).collect();
     let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
         "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
