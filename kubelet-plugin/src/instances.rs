@@ -7,14 +7,14 @@
 //! What is stored comes from a watch ([`Mine`]), not a read per pass: a node at rest makes no
 //! requests for its Instances beyond that watch, however many Instances the cluster has.
 
-use crate::node_devices::KnownDevice;
-use akri_api::v0::{Instance, InstanceSpec};
+use crate::instance_plan::{self, Departure, Seen, Step};
+use akri_api::v0::Instance;
 use akri_api::v1::{
-    INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
+    INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
     instance_source_selector,
 };
 use futures::StreamExt;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -202,115 +202,82 @@ impl InstanceWriter {
 
     /// Applies the Instances of `known` devices (with this node in `nodes`), and takes this
     /// node out of Instances it no longer sees once the grace period passed; the last node
-    /// deletes the Instance. Returns the names of unshared devices that another node's
-    /// Instance has (Akri's 6 hex digits collide across nodes too): the caller renames them.
-    pub async fn sync(
-        &mut self,
-        known: &[(KnownDevice, i32, bool)],
-    ) -> Result<Vec<String>, kube::Error> {
+    /// deletes the Instance ([`instance_plan`](crate::instance_plan) decides which). Returns
+    /// the names of unshared devices that another node's Instance has: the caller renames
+    /// them.
+    pub async fn sync(&mut self, known: &[Seen]) -> Result<Vec<String>, kube::Error> {
         let params = PatchParams::apply(&self.field_manager).force();
         let unforced = PatchParams::apply(&self.field_manager);
         // What is stored: an Instance that already says what this node would apply is not
         // written again, so a node at rest makes no writes (it did one per Instance per pass).
         let stored = self.stored_mine().await?;
-        let mut seen = BTreeSet::new();
+        let writer = instance_plan::Writer {
+            node: &self.node,
+            source: self.source,
+            grace: self.grace,
+        };
+        let plan = {
+            let mine = self.mine.lock().expect("not poisoned");
+            writer.plan(
+                known,
+                &stored,
+                &mine.others,
+                &mut self.vanished,
+                Instant::now(),
+            )
+        };
         let mut contested = Vec::new();
-        for (device, capacity, shared) in known {
-            seen.insert(device.instance.clone());
-            self.vanished.remove(&device.instance);
-            let (_, left_out) = akri_devices::property_attributes(&device.device.properties);
-            let annotations = (!left_out.is_empty()).then(|| {
-                BTreeMap::from([(
-                    akri_devices::UNPUBLISHED_PROPERTIES.to_string(),
-                    left_out.join(","),
-                )])
-            });
-            let instance = Instance {
-                metadata: ObjectMeta {
-                    name: Some(device.instance.clone()),
-                    labels: Some(BTreeMap::from([(
-                        INSTANCE_SOURCE_LABEL.to_string(),
-                        self.source.to_string(),
-                    )])),
-                    annotations,
-                    ..ObjectMeta::default()
-                },
-                spec: InstanceSpec {
-                    configuration_name: device.configuration.clone(),
-                    cdi_name: format!("{}={}", akri_devices::DRIVER_DOMAIN, device.instance),
-                    capacity: (*capacity).max(1) as usize,
-                    broker_properties: device.device.properties.clone(),
-                    shared: *shared,
-                    nodes: vec![self.node.clone()],
-                    device_usage: Default::default(),
-                },
-            };
-            // An unshared device's name another node's Instance has: that device's, not ours.
-            let elsewhere = |mine: &Mine| mine.others.contains(&device.instance);
-            if !*shared && elsewhere(&self.mine.lock().expect("not poisoned")) {
-                contested.push(device.instance.clone());
-                continue;
-            }
-            let current = match stored.get(&device.instance) {
-                Some(current) if says_already(current, &instance, &self.node) => current.clone(),
-                current => {
-                    // An unshared device's Instance new to this node is applied unforced: a
-                    // field another node's device set otherwise is then a conflict, and that
-                    // node's Instance is left as it was.
-                    let first = current.is_none() && !*shared;
+        for step in plan.steps {
+            let current = match step {
+                Step::Contested(name) => {
+                    contested.push(name);
+                    continue;
+                }
+                Step::Unchanged(current) => current,
+                Step::Apply {
+                    instance,
+                    unforced: first,
+                } => {
+                    let name = instance.metadata.name.clone().unwrap_or_default();
                     let params = if first { &unforced } else { &params };
                     let patch = Patch::Apply(&instance);
-                    match crate::api_call(self.api.patch(&device.instance, params, &patch)).await {
+                    match crate::api_call(self.api.patch(&name, params, &patch)).await {
                         Ok(applied) => {
                             self.wrote(&applied);
                             applied
                         }
                         Err(kube::Error::Api(status)) if first && status.code == 409 => {
-                            contested.push(device.instance.clone());
+                            contested.push(name);
                             continue;
                         }
                         Err(error) => return Err(error),
                     }
                 }
             };
+            let name = current.metadata.name.clone().unwrap_or_default();
             // Both wrote it before either saw the other's: the first in `nodes` keeps it.
-            if !*shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
-                self.give_up(&device.instance, &params).await?;
-                contested.push(device.instance.clone());
+            if !current.spec.shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
+                self.give_up(&name, &params).await?;
+                contested.push(name);
                 continue;
             }
             if self.slots {
                 self.add_missing_slots(&current).await?;
             }
         }
-
-        // Instances this node wrote before that it no longer sees.
-        let now = Instant::now();
-        for (name, instance) in &stored {
-            if seen.contains(name) {
-                continue;
-            }
-            let name = name.clone();
-            let since = *self.vanished.entry(name.clone()).or_insert(now);
-            if now.duration_since(since) < self.grace {
-                continue;
-            }
-            self.vanished.remove(&name);
-            let others: Vec<&String> = instance
-                .spec
-                .nodes
-                .iter()
-                .filter(|n| **n != self.node)
-                .collect();
-            if others.is_empty() {
-                match crate::api_call(self.api.delete(&name, &DeleteParams::default())).await {
-                    Ok(_) => tracing::info!(instance = %name, "deleted Instance: no node sees it"),
-                    Err(kube::Error::Api(s)) if s.code == 404 => {}
-                    Err(e) => return Err(e),
+        for departure in plan.departures {
+            match departure {
+                Departure::Delete(name) => {
+                    match crate::api_call(self.api.delete(&name, &DeleteParams::default())).await {
+                        Ok(_) => {
+                            tracing::info!(instance = %name, "deleted Instance: no node sees it")
+                        }
+                        Err(kube::Error::Api(s)) if s.code == 404 => {}
+                        Err(e) => return Err(e),
+                    }
+                    self.mine.lock().expect("not poisoned").deleted(&name);
                 }
-                self.mine.lock().expect("not poisoned").deleted(&name);
-            } else {
-                self.give_up(&name, &params).await?;
+                Departure::Leave(name) => self.give_up(&name, &params).await?,
             }
         }
         Ok(contested)
@@ -373,63 +340,10 @@ impl InstanceWriter {
     }
 }
 
-/// Whether the stored Instance `current` already says everything `desired` (what `node`
-/// applies) does: its labels and annotations, its spec, `node` among its `nodes`.
-fn says_already(current: &Instance, desired: &Instance, node: &str) -> bool {
-    let (c, d) = (&current.spec, &desired.spec);
-    let has_all = |current: &Option<BTreeMap<String, String>>,
-                   desired: &Option<BTreeMap<String, String>>| {
-        desired
-            .iter()
-            .flatten()
-            .all(|(k, v)| current.as_ref().and_then(|c| c.get(k)) == Some(v))
-    };
-    c.nodes.iter().any(|n| n == node)
-        && c.configuration_name == d.configuration_name
-        && c.cdi_name == d.cdi_name
-        && c.capacity == d.capacity
-        && c.shared == d.shared
-        && c.broker_properties == d.broker_properties
-        && has_all(&current.metadata.labels, &desired.metadata.labels)
-        && has_all(&current.metadata.annotations, &desired.metadata.annotations)
-        // An annotation this node no longer sets must go: only an apply removes it.
-        && (desired.metadata.annotations.is_some()
-            || !current
-                .metadata
-                .annotations
-                .iter()
-                .flatten()
-                .any(|(k, _)| k == akri_devices::UNPUBLISHED_PROPERTIES))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn instance(nodes: &[&str], annotation: Option<&str>) -> Instance {
-        Instance {
-            metadata: ObjectMeta {
-                name: Some("cam-abcdef".into()),
-                labels: Some(BTreeMap::from([(
-                    INSTANCE_SOURCE_LABEL.to_string(),
-                    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
-                )])),
-                annotations: annotation.map(|a| {
-                    BTreeMap::from([(akri_devices::UNPUBLISHED_PROPERTIES.to_string(), a.into())])
-                }),
-                ..ObjectMeta::default()
-            },
-            spec: InstanceSpec {
-                configuration_name: "cam".into(),
-                cdi_name: "akri.sh=cam-abcdef".into(),
-                capacity: 2,
-                broker_properties: [("IP".to_string(), "10.0.0.1".to_string())].into(),
-                shared: true,
-                nodes: nodes.iter().map(|n| n.to_string()).collect(),
-                device_usage: Default::default(),
-            },
-        }
-    }
+    use crate::instance_plan::tests::instance;
 
     fn named(name: &str, nodes: &[&str]) -> Instance {
         let mut i = instance(nodes, None);
@@ -473,31 +387,5 @@ mod tests {
         assert_eq!(names(&mine), ["w"]);
         mine.deleted("w");
         assert!(names(&mine).is_empty());
-    }
-
-    #[test]
-    fn an_instance_that_says_it_all_is_not_written_again() {
-        let desired = instance(&["a"], None);
-        assert!(says_already(&instance(&["b", "a"], None), &desired, "a"));
-        assert!(
-            !says_already(&instance(&["b"], None), &desired, "a"),
-            "not among its nodes"
-        );
-        let mut changed = instance(&["a"], None);
-        changed
-            .spec
-            .broker_properties
-            .insert("IP".into(), "10.0.0.2".into());
-        assert!(!says_already(&changed, &desired, "a"), "a property differs");
-        let mut unlabelled = instance(&["a"], None);
-        unlabelled.metadata.labels = None;
-        assert!(!says_already(&unlabelled, &desired, "a"));
-        assert!(
-            !says_already(&instance(&["a"], Some("X")), &desired, "a"),
-            "an annotation to remove"
-        );
-        let annotated = instance(&["a"], Some("X"));
-        assert!(says_already(&instance(&["a"], Some("X")), &annotated, "a"));
-        assert!(!says_already(&instance(&["a"], Some("Y")), &annotated, "a"));
     }
 }

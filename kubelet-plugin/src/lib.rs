@@ -7,6 +7,7 @@ pub mod discovery_errors;
 pub mod dra_sink;
 pub mod driver;
 pub mod embedded;
+pub mod instance_plan;
 pub mod instances;
 mod kubelet_registration;
 pub mod legacy;

@@ -1,0 +1,328 @@
+//! What a pass of the [`InstanceWriter`](crate::instances::InstanceWriter) writes, decided
+//! apart from the API server as `slices::plan` is: from the devices this node sees, the
+//! Instances stored that name it, and the names of other nodes' unshared Instances.
+
+use crate::node_devices::KnownDevice;
+use akri_api::v0::{Instance, InstanceSpec};
+use akri_api::v1::INSTANCE_SOURCE_LABEL;
+use kube::api::ObjectMeta;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// A device this node sees: its Instance's capacity and whether it is shared.
+pub type Seen = (KnownDevice, i32, bool);
+
+/// What to do for one device this node sees.
+#[derive(Debug, PartialEq)]
+pub enum Step {
+    /// An unshared device whose name another node's Instance has: that device's, not ours
+    /// (Akri's 6 hex digits collide across nodes too). The caller renames it.
+    Contested(String),
+    /// The stored Instance says everything this node would apply: no write.
+    Unchanged(Instance),
+    /// Apply `instance`. `unforced` for an unshared Instance new to this node: a field
+    /// another node's device set otherwise is then a conflict, and that Instance stays.
+    Apply { instance: Instance, unforced: bool },
+}
+
+/// What to do with an Instance this node no longer sees, once its grace is over.
+#[derive(Debug, PartialEq)]
+pub enum Departure {
+    /// This node is its only node: delete it.
+    Delete(String),
+    /// Other nodes still see it: give up this node's entry.
+    Leave(String),
+}
+
+#[derive(Debug, Default, PartialEq)]
+pub struct Plan {
+    /// One step per device seen, in order.
+    pub steps: Vec<Step>,
+    pub departures: Vec<Departure>,
+}
+
+/// Where the Instances are written from.
+pub struct Writer<'a> {
+    pub node: &'a str,
+    /// [`INSTANCE_SOURCE_LABEL`]'s value.
+    pub source: &'a str,
+    pub grace: Duration,
+}
+
+impl Writer<'_> {
+    /// The pass's plan. `vanished` (the Instances this node stopped seeing, and since when)
+    /// is brought up to date: a device seen again leaves it, one gone longer than the grace
+    /// departs.
+    pub fn plan(
+        &self,
+        seen: &[Seen],
+        stored: &BTreeMap<String, Instance>,
+        others: &BTreeSet<String>,
+        vanished: &mut BTreeMap<String, Instant>,
+        now: Instant,
+    ) -> Plan {
+        let mut plan = Plan::default();
+        let mut names = BTreeSet::new();
+        for (device, capacity, shared) in seen {
+            names.insert(device.instance.as_str());
+            vanished.remove(&device.instance);
+            if !*shared && others.contains(&device.instance) {
+                plan.steps.push(Step::Contested(device.instance.clone()));
+                continue;
+            }
+            let desired = self.instance(device, *capacity, *shared);
+            plan.steps.push(match stored.get(&device.instance) {
+                Some(current) if says_already(current, &desired, self.node) => {
+                    Step::Unchanged(current.clone())
+                }
+                current => Step::Apply {
+                    instance: desired,
+                    unforced: current.is_none() && !*shared,
+                },
+            });
+        }
+        for (name, instance) in stored {
+            if names.contains(name.as_str()) {
+                continue;
+            }
+            let since = *vanished.entry(name.clone()).or_insert(now);
+            if now.duration_since(since) < self.grace {
+                continue;
+            }
+            vanished.remove(name);
+            let alone = instance.spec.nodes.iter().all(|n| n == self.node);
+            plan.departures.push(match alone {
+                true => Departure::Delete(name.clone()),
+                false => Departure::Leave(name.clone()),
+            });
+        }
+        plan
+    }
+
+    /// The Instance this node applies for `device`.
+    pub fn instance(&self, device: &KnownDevice, capacity: i32, shared: bool) -> Instance {
+        let (_, left_out) = akri_devices::property_attributes(&device.device.properties);
+        let annotations = (!left_out.is_empty()).then(|| {
+            BTreeMap::from([(
+                akri_devices::UNPUBLISHED_PROPERTIES.to_string(),
+                left_out.join(","),
+            )])
+        });
+        Instance {
+            metadata: ObjectMeta {
+                name: Some(device.instance.clone()),
+                labels: Some(BTreeMap::from([(
+                    INSTANCE_SOURCE_LABEL.to_string(),
+                    self.source.to_string(),
+                )])),
+                annotations,
+                ..ObjectMeta::default()
+            },
+            spec: InstanceSpec {
+                configuration_name: device.configuration.clone(),
+                cdi_name: format!("{}={}", akri_devices::DRIVER_DOMAIN, device.instance),
+                capacity: capacity.max(1) as usize,
+                broker_properties: device.device.properties.clone(),
+                shared,
+                nodes: vec![self.node.to_string()],
+                device_usage: Default::default(),
+            },
+        }
+    }
+}
+
+/// Whether the stored Instance `current` already says everything `desired` (what `node`
+/// applies) does: its labels and annotations, its spec, `node` among its `nodes`.
+pub fn says_already(current: &Instance, desired: &Instance, node: &str) -> bool {
+    let (c, d) = (&current.spec, &desired.spec);
+    let has_all = |current: &Option<BTreeMap<String, String>>,
+                   desired: &Option<BTreeMap<String, String>>| {
+        desired
+            .iter()
+            .flatten()
+            .all(|(k, v)| current.as_ref().and_then(|c| c.get(k)) == Some(v))
+    };
+    c.nodes.iter().any(|n| n == node)
+        && c.configuration_name == d.configuration_name
+        && c.cdi_name == d.cdi_name
+        && c.capacity == d.capacity
+        && c.shared == d.shared
+        && c.broker_properties == d.broker_properties
+        && has_all(&current.metadata.labels, &desired.metadata.labels)
+        && has_all(&current.metadata.annotations, &desired.metadata.annotations)
+        // An annotation this node no longer sets must go: only an apply removes it.
+        && (desired.metadata.annotations.is_some()
+            || !current
+                .metadata
+                .annotations
+                .iter()
+                .flatten()
+                .any(|(k, _)| k == akri_devices::UNPUBLISHED_PROPERTIES))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::discovery::DiscoveredDevice;
+    use akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION;
+
+    pub(crate) fn instance(nodes: &[&str], annotation: Option<&str>) -> Instance {
+        Instance {
+            metadata: ObjectMeta {
+                name: Some("cam-abcdef".into()),
+                labels: Some(BTreeMap::from([(
+                    INSTANCE_SOURCE_LABEL.to_string(),
+                    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
+                )])),
+                annotations: annotation.map(|a| {
+                    BTreeMap::from([(akri_devices::UNPUBLISHED_PROPERTIES.to_string(), a.into())])
+                }),
+                ..ObjectMeta::default()
+            },
+            spec: InstanceSpec {
+                configuration_name: "cam".into(),
+                cdi_name: "akri.sh=cam-abcdef".into(),
+                capacity: 2,
+                broker_properties: [("IP".to_string(), "10.0.0.1".to_string())].into(),
+                shared: true,
+                nodes: nodes.iter().map(|n| n.to_string()).collect(),
+                device_usage: Default::default(),
+            },
+        }
+    }
+
+    fn seen(name: &str, shared: bool) -> Seen {
+        let device = KnownDevice {
+            configuration: "cam".into(),
+            instance: name.into(),
+            device: DiscoveredDevice {
+                id: name.into(),
+                properties: [("IP".to_string(), "10.0.0.1".to_string())].into(),
+                ..DiscoveredDevice::default()
+            },
+        };
+        (device, 2, shared)
+    }
+
+    const WRITER: Writer = Writer {
+        node: "a",
+        source: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+        grace: Duration::from_secs(30),
+    };
+
+    #[test]
+    fn what_is_stored_as_wanted_is_not_written_and_new_unshared_ones_go_unforced() {
+        let mut stored = BTreeMap::new();
+        stored.insert("cam-abcdef".to_string(), instance(&["b", "a"], None));
+        let seen = [
+            seen("cam-abcdef", true),
+            seen("cam-123456", true),
+            seen("cam-777777", false),
+        ];
+        let mut vanished = BTreeMap::new();
+        let plan = WRITER.plan(
+            &seen,
+            &stored,
+            &BTreeSet::new(),
+            &mut vanished,
+            Instant::now(),
+        );
+        assert!(matches!(&plan.steps[0], Step::Unchanged(i) if i.spec.nodes == ["b", "a"]));
+        assert!(
+            matches!(&plan.steps[1], Step::Apply { instance, unforced: false } if instance.spec.nodes == ["a"]),
+            "a shared Instance is applied forced: every node owns its entry"
+        );
+        assert!(
+            matches!(&plan.steps[2], Step::Apply { unforced: true, .. }),
+            "an unshared Instance new to this node is applied unforced"
+        );
+        assert!(plan.departures.is_empty());
+    }
+
+    #[test]
+    fn an_unshared_name_another_node_has_is_contested_not_written() {
+        let others = BTreeSet::from(["cam-777777".to_string(), "cam-abcdef".to_string()]);
+        let seen = [seen("cam-777777", false), seen("cam-abcdef", true)];
+        let plan = WRITER.plan(
+            &seen,
+            &BTreeMap::new(),
+            &others,
+            &mut BTreeMap::new(),
+            Instant::now(),
+        );
+        assert_eq!(plan.steps[0], Step::Contested("cam-777777".into()));
+        assert!(
+            matches!(&plan.steps[1], Step::Apply { .. }),
+            "a shared device joins the Instance of its name"
+        );
+    }
+
+    #[test]
+    fn a_vanished_device_departs_after_the_grace_and_only_the_last_node_deletes() {
+        let stored = BTreeMap::from([
+            ("alone".to_string(), named("alone", &["a"])),
+            ("with-b".to_string(), named("with-b", &["a", "b"])),
+            ("back".to_string(), named("back", &["a"])),
+        ]);
+        let mut vanished = BTreeMap::new();
+        let start = Instant::now();
+        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        assert!(
+            plan.departures.is_empty(),
+            "within the grace nothing departs"
+        );
+        assert_eq!(vanished.len(), 3);
+        // "back" is seen again before the grace ends: it is no longer vanished.
+        let later = start + Duration::from_secs(31);
+        let plan = WRITER.plan(
+            &[seen("back", true)],
+            &stored,
+            &BTreeSet::new(),
+            &mut vanished,
+            later,
+        );
+        assert_eq!(
+            plan.departures,
+            [
+                Departure::Delete("alone".into()),
+                Departure::Leave("with-b".into())
+            ]
+        );
+        assert!(
+            vanished.is_empty(),
+            "departed or seen again: none left waiting"
+        );
+    }
+
+    fn named(name: &str, nodes: &[&str]) -> Instance {
+        let mut i = instance(nodes, None);
+        i.metadata.name = Some(name.into());
+        i
+    }
+
+    #[test]
+    fn an_instance_that_says_it_all_is_not_written_again() {
+        let desired = instance(&["a"], None);
+        assert!(says_already(&instance(&["b", "a"], None), &desired, "a"));
+        assert!(
+            !says_already(&instance(&["b"], None), &desired, "a"),
+            "not among its nodes"
+        );
+        let mut changed = instance(&["a"], None);
+        changed
+            .spec
+            .broker_properties
+            .insert("IP".into(), "10.0.0.2".into());
+        assert!(!says_already(&changed, &desired, "a"), "a property differs");
+        let mut unlabelled = instance(&["a"], None);
+        unlabelled.metadata.labels = None;
+        assert!(!says_already(&unlabelled, &desired, "a"));
+        assert!(
+            !says_already(&instance(&["a"], Some("X")), &desired, "a"),
+            "an annotation to remove"
+        );
+        let annotated = instance(&["a"], Some("X"));
+        assert!(says_already(&instance(&["a"], Some("X")), &annotated, "a"));
+        assert!(!says_already(&instance(&["a"], Some("Y")), &annotated, "a"));
+    }
+}
