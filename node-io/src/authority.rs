@@ -60,6 +60,20 @@ pub fn bind(path: &std::path::Path, mode: u32) -> io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// Like [`bind`], but refuses a path that another live process serves (a connection to it is
+/// accepted), with [`io::ErrorKind::AddrInUse`]: for a socket another program may use at the
+/// same path, as Akri's agent does with the discovery-handler registration socket. A socket
+/// file whose server is gone (the connection is refused) is replaced, as after a crash.
+pub fn bind_unless_served(path: &std::path::Path, mode: u32) -> io::Result<UnixListener> {
+    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            "another live process serves this socket",
+        ));
+    }
+    bind(path, mode)
+}
+
 /// A gRPC channel to a server on the Unix socket at `path` (the client side of [`bind`]).
 pub async fn connect(
     path: &std::path::Path,

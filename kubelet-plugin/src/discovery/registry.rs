@@ -34,6 +34,10 @@ pub enum Error {
         path: PathBuf,
         cause: std::io::Error,
     },
+    #[error(
+        "another process serves the discovery-handler registration socket {path} (a running Akri agent uses the same default path); not taking it over. Stop that process, or give this plugin another path (--discovery-socket; chart value kubeletPlugin.discoveryHandlersDir) and its discovery handlers the same one"
+    )]
+    InUse { path: PathBuf },
 }
 
 /// A served registration socket. Dropping it stops serving and removes the socket file; the
@@ -56,7 +60,8 @@ struct Shared {
 impl Registry {
     /// Loads the handlers recorded in `state_file` (an unreadable file is logged and treated
     /// as empty: discovery must start anyway), then serves `v0.Registration` on `socket`,
-    /// replacing a stale socket file and creating its directory. Needs a Tokio runtime.
+    /// replacing a stale socket file and creating its directory; a socket another live
+    /// process serves is refused ([`Error::InUse`]). Needs a Tokio runtime.
     pub fn serve(socket: &Path, state_file: &Path) -> Result<Self, Error> {
         let socket_error = |cause| Error::Socket {
             path: socket.to_path_buf(),
@@ -84,7 +89,14 @@ impl Registry {
             state_file = %state_file.display(),
             "discovery handlers known from the last run"
         );
-        let listener = dra_plugin::authority::bind(socket, SOCKET_MODE).map_err(socket_error)?;
+        let listener = match node_io::authority::bind_unless_served(socket, SOCKET_MODE) {
+            Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(Error::InUse {
+                    path: socket.to_path_buf(),
+                });
+            }
+            bound => bound.map_err(socket_error)?,
+        };
         let shared = Arc::new(Shared {
             state_file: state_file.to_path_buf(),
             handlers: watch::Sender::new(known),

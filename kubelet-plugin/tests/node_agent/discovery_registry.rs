@@ -219,3 +219,68 @@ async fn a_corrupt_state_file_is_not_fatal() {
     let registry = Registry::serve(&socket, &state).unwrap();
     assert_eq!(registry.handlers().get("udev"), Some(&udev));
 }
+
+/// Akri's agent serves the same default path. A socket another live process serves is never
+/// taken: the registry refuses, naming the path and how to move ours, and the other process
+/// keeps its socket. Once that process is gone, its stale socket file is replaced as after a
+/// crash of our own.
+#[tokio::test]
+async fn a_socket_another_live_process_serves_is_not_taken() {
+    use std::io::BufRead;
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent-registration.sock");
+    let state = dir.path().join("state/handlers.json");
+    // Another process (as a running Akri agent would be) listening on the path.
+    // Killed when the test ends, however it ends.
+    struct Other(std::process::Child);
+    impl Drop for Other {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut other = Other(
+        std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import socket, sys, time\n\
+             s = socket.socket(socket.AF_UNIX)\n\
+             s.bind(sys.argv[1])\n\
+             s.listen(16)\n\
+             print('listening', flush=True)\n\
+             time.sleep(120)",
+            ])
+            .arg(&socket)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("python3 runs"),
+    );
+    let mut line = String::new();
+    std::io::BufReader::new(other.0.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line.trim(), "listening");
+
+    let error = Registry::serve(&socket, &state).unwrap_err().to_string();
+    assert!(
+        error.contains(&socket.display().to_string()) && error.contains("--discovery-socket"),
+        "names the path and the way out: {error}"
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+        "the other process still serves its socket"
+    );
+
+    // Gone, its socket file left behind: taken over.
+    drop(other);
+    assert!(socket.exists(), "the stale socket file stays behind");
+    let registry = Registry::serve(&socket, &state).unwrap();
+    let echo = handler(
+        "debugEcho",
+        Endpoint::Uds(dir.path().join("echo.sock")),
+        false,
+    );
+    handler::register(&socket, &echo).await.unwrap();
+    assert_eq!(registry.handlers().get("debugEcho"), Some(&echo));
+}
