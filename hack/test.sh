@@ -16,8 +16,8 @@ echo "== Helm, for the chart tests (built from the Go module proxy, reused when 
 hack/helm.sh >/dev/null
 echo "== the discovery handlers' protocol peers (a Python virtualenv from PyPI, reused when up to date)"
 hack/peers.sh >/dev/null
-echo "== cargo test"
-cargo test --workspace
+echo "== cargo test (legacy_only:: runs on Kubernetes 1.33 below)"
+cargo test --workspace -- --skip legacy_only::
 echo "== OCI images: static release binaries, packed without a Docker engine and checked (the demo installs them)"
 hack/images.sh
 echo "== the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
@@ -31,3 +31,7 @@ echo "== the real node (containerd + kubelet) on Kubernetes 1.34: devices reach 
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-kubelet-plugin --test node_agent real_node::
 echo "== the Helm chart on Kubernetes 1.34, the oldest release it supports (kubeVersion)"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test cluster chart::
+echo "== Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
+hack/k8s-bins.sh 1.33.13 >/dev/null
+echo "== the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"
+AKRI_K8S_VERSION=1.33.13 cargo test -p akri-testing --test cluster -- legacy_only:: startup::

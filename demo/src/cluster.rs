@@ -182,7 +182,7 @@ impl Cluster {
         }
         step(
             "helm install akri charts/akri: kubelet-plugin DaemonSet, driver-controller, broker-controller",
-            async { chart::install(self.cp.kubeconfig(), images) },
+            chart::install(self.cp.kubeconfig(), images),
         )
         .await
         .map_err(|e| e.context(self.diagnostics()))?;

@@ -143,6 +143,7 @@ pub async fn upgrade(cluster: &Cluster, images: &Images) -> anyhow::Result<Vec<S
                     "3m",
                 ],
             )
+            .await
         },
     )
     .await?;

@@ -26,6 +26,12 @@ pub enum Error {
         /// The API server's error.
         cause: kube::Error,
     },
+    /// Asking which resources `resource.k8s.io/v1` serves failed other than by a 404.
+    #[error("asking the API server whether it serves resource.k8s.io/v1: {cause}")]
+    Discovery {
+        /// The API server's error.
+        cause: kube::Error,
+    },
 }
 
 /// The optional DRA fields the API server keeps.
@@ -53,6 +59,18 @@ impl ApiSupport {
             extended_resource_name: extended_resource_name(client).await?,
             device_taints: device_taints(client).await?,
         })
+    }
+}
+
+/// Whether the API server serves `resource.k8s.io/v1` ResourceSlices at all: not where DRA is
+/// off (Kubernetes 1.33 and older by default, or an operator's choice), where every other
+/// probe here would fail with a 404. Reads the API discovery document; needs no permission
+/// beyond an authenticated client's.
+pub async fn serves_v1(client: &kube::Client) -> Result<bool, Error> {
+    match client.list_api_group_resources("resource.k8s.io/v1").await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "resourceslices")),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(false),
+        Err(cause) => Err(Error::Discovery { cause }),
     }
 }
 

@@ -61,8 +61,10 @@ pub struct AgentConfig {
     /// Namespaces whose Secrets and ConfigMaps discovery properties may name; `None`: any.
     pub property_namespaces: Option<BTreeSet<String>>,
     /// Serve DRA: v1 DiscoveryConfigurations published as ResourceSlices and Instances, a
-    /// kubelet plugin per discovery handler ([`crate::dra_sink`]).
-    pub dra: bool,
+    /// kubelet plugin per discovery handler ([`crate::dra_sink`]). `None` asks the API server
+    /// at start: DRA is off where it serves no `resource.k8s.io/v1` (1.33 and older), and
+    /// the legacy device plugins, if asked for, run alone.
+    pub dra: Option<bool>,
     /// Also serve `akri.sh/v0` Configurations as device plugins ([`crate::legacy`]).
     pub legacy: Option<LegacyOptions>,
     /// How long a served DRA driver may wait for a kubelet to take it before the agent is
@@ -98,7 +100,7 @@ impl AgentConfig {
             device_taints: None,
             startup_wait: Duration::from_secs(10),
             property_namespaces: None,
-            dra: true,
+            dra: Some(true),
             legacy: None,
             kubelet_registration_timeout: Duration::from_secs(60),
         }
@@ -134,6 +136,11 @@ pub enum Error {
     Node { node: String, cause: kube::Error },
     #[error("asking the API server what it supports: {0}")]
     ApiSupport(dra_plugin::api_support::Error),
+    #[error(
+        "nothing to serve: {0}, and the legacy device plugins are off (--legacy-device-plugins, \
+         chart value legacyDevicePlugin.enabled)"
+    )]
+    NothingToServe(&'static str),
     #[error("CDI directory: {0}")]
     Cdi(dra_plugin::cdi::Error),
     #[error("kubelet plugin: {0}")]
@@ -211,8 +218,25 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         })?;
     let node_uid = node.metadata.uid.unwrap_or_default();
     let (metrics, readiness) = (Metrics::default(), Readiness::default());
+    let serve_dra = match config.dra {
+        Some(forced) => forced,
+        None => dra_plugin::api_support::serves_v1(&client)
+            .await
+            .map_err(Error::ApiSupport)?,
+    };
+    if !serve_dra {
+        let why = match config.dra {
+            Some(_) => "DRA is off (--dra=off)",
+            None => "DRA is off: the API server serves no resource.k8s.io/v1",
+        };
+        if config.legacy.is_none() {
+            return Err(Error::NothingToServe(why));
+        }
+        tracing::warn!("{why}; serving Akri v0 Configurations as device plugins only");
+        readiness.note(format!("{why}; legacy device plugins only"));
+    }
     let mut devices = BTreeMap::new();
-    let dra = match config.dra {
+    let dra = match serve_dra {
         true => {
             let sink = dra_sink(&client, &config, &node_uid, &metrics).await?;
             devices.insert(Sink::Dra, sink.devices().clone());

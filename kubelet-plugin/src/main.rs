@@ -75,10 +75,11 @@ struct Args {
     #[arg(long, value_delimiter = ',')]
     property_namespaces: Vec<String>,
     /// Serve DRA (`resource.k8s.io/v1`): DiscoveryConfigurations published as ResourceSlices,
-    /// a kubelet plugin per discovery handler. `--dra=false` with --legacy-device-plugins runs
-    /// the device plugins alone.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
-    dra: bool,
+    /// a kubelet plugin per discovery handler. `auto` serves it where the API server serves
+    /// resource.k8s.io/v1; where it does not (1.33 and older), or with `off`, the legacy
+    /// device plugins (--legacy-device-plugins) run alone.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    dra: Switch,
     /// Also serve Akri v0 Configurations (`akri.sh/v0`) as device plugins, for clusters
     /// without DRA: Instance- and Configuration-level resources sharing `deviceUsage` slots.
     #[arg(long)]
@@ -100,8 +101,8 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
-        args.dra || args.legacy_device_plugins,
-        "nothing to serve: --dra=false needs --legacy-device-plugins"
+        args.dra != Switch::Off || args.legacy_device_plugins,
+        "nothing to serve: --dra=off needs --legacy-device-plugins"
     );
     akri_runtime::init_logging(args.process.log_json);
     let client = kube::Client::try_default().await?;
@@ -130,7 +131,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
-        dra: args.dra,
+        dra: args.dra.forced(),
         legacy: args.legacy_device_plugins.then(|| LegacyOptions {
             device_plugin_dir: args.device_plugin_dir,
             pod_resources_socket: Some(args.pod_resources_socket),

@@ -11,32 +11,67 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 /// Whether the component is ready, and if not why; shared with the code that knows. Starts
-/// not ready ("starting").
+/// not ready ("starting"). A note (a part of the component that is off, and why) shows beside
+/// either answer.
 #[derive(Clone, Debug)]
-pub struct Readiness(Arc<Mutex<Option<String>>>);
+pub struct Readiness(Arc<Mutex<State>>);
+
+#[derive(Debug)]
+struct State {
+    not_ready: Option<String>,
+    note: Option<String>,
+}
 
 impl Default for Readiness {
     fn default() -> Self {
-        Readiness(Arc::new(Mutex::new(Some("starting".into()))))
+        Readiness(Arc::new(Mutex::new(State {
+            not_ready: Some("starting".into()),
+            note: None,
+        })))
     }
 }
 
 impl Readiness {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.0.lock().expect("readiness lock")
+    }
+
     pub fn ready(&self) {
-        *self.0.lock().expect("readiness lock") = None;
+        self.state().not_ready = None;
     }
 
     pub fn not_ready(&self, reason: impl Into<String>) {
-        *self.0.lock().expect("readiness lock") = Some(reason.into());
+        self.state().not_ready = Some(reason.into());
     }
 
     pub fn is_ready(&self) -> bool {
-        self.0.lock().expect("readiness lock").is_none()
+        self.state().not_ready.is_none()
     }
 
     /// Why it is not ready; `None` when it is.
     pub fn reason(&self) -> Option<String> {
-        self.0.lock().expect("readiness lock").clone()
+        self.state().not_ready.clone()
+    }
+
+    /// Says on every answer of `/readyz` what is off and why (ready or not).
+    pub fn note(&self, note: impl Into<String>) {
+        self.state().note = Some(note.into());
+    }
+
+    /// What `/readyz` answers: `ok` or `not ready: <reason>`, then `; <note>`.
+    fn answer(&self) -> (StatusCode, String) {
+        let state = self.state();
+        let (status, mut body) = match &state.not_ready {
+            None => (StatusCode::OK, "ok".to_string()),
+            Some(reason) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("not ready: {reason}"),
+            ),
+        };
+        if let Some(note) = &state.note {
+            body = format!("{body}; {note}");
+        }
+        (status, body)
     }
 }
 
@@ -89,13 +124,7 @@ fn respond(
     let (status, body) = match path {
         "/metrics" => (StatusCode::OK, metrics()),
         "/healthz" | "/livez" => (StatusCode::OK, "ok".to_string()),
-        "/readyz" => match readiness.reason() {
-            None => (StatusCode::OK, "ok".to_string()),
-            Some(reason) => (
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("not ready: {reason}"),
-            ),
-        },
+        "/readyz" => readiness.answer(),
         _ => (StatusCode::NOT_FOUND, "not found".to_string()),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -143,6 +172,19 @@ mod tests {
         assert_eq!(
             get(address, "/readyz").await,
             (503, "not ready: the API server is unreachable".into())
+        );
+        readiness.note("DRA is off");
+        assert_eq!(
+            get(address, "/readyz").await,
+            (
+                503,
+                "not ready: the API server is unreachable; DRA is off".into()
+            )
+        );
+        readiness.ready();
+        assert_eq!(
+            get(address, "/readyz").await,
+            (200, "ok; DRA is off".into())
         );
         assert_eq!(get(address, "/metrics").await, (200, "up 1\n".into()));
         assert_eq!(get(address, "/nothing").await.0, 404);

@@ -80,7 +80,9 @@ where
 pub enum Switch {
     #[default]
     Auto,
+    #[value(alias = "true")]
     On,
+    #[value(alias = "false")]
     Off,
 }
 

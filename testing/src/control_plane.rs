@@ -72,6 +72,7 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     kubeconfig_yaml: Kubeconfig,
     feature_gates: String,
+    serves_dra: bool,
     // Field order is drop order: clients of the API server go first, etcd last.
     _kube_proxy: Option<KubeProxy>,
     controller_manager: Option<Component>,
@@ -131,7 +132,7 @@ impl ControlPlane {
             .as_ref()
             .map_or(std::net::Ipv4Addr::LOCALHOST, |a| a.address);
         let certs = Certs::generate(dir.path(), host)?;
-        let feature_gates = feature_gates(&bins, &options)?;
+        let (feature_gates, dra) = feature_gates(&bins, &options)?;
 
         let etcd_port = free_port()?;
         let mut etcd = Component::start(
@@ -150,38 +151,45 @@ impl ControlPlane {
         etcd.check_running()?;
 
         let apiserver_port = free_port()?;
-        let mut runtime_config = vec!["resource.k8s.io/v1beta2=true".to_string()];
+        // The older DRA API beside v1, for the tests of its conversions; none where DRA is off.
+        let mut runtime_config = match dra {
+            true => vec!["resource.k8s.io/v1beta2=true".to_string()],
+            false => Vec::new(),
+        };
         runtime_config.extend(options.runtime_config.iter().cloned());
+        let mut args = vec![
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            format!("--bind-address={host}"),
+            format!("--advertise-address={host}"),
+            format!("--secure-port={apiserver_port}"),
+            format!("--cert-dir={}", dir.path().display()),
+            format!("--tls-cert-file={}", certs.serving_cert.display()),
+            format!("--tls-private-key-file={}", certs.serving_key.display()),
+            format!("--client-ca-file={}", certs.ca_cert.display()),
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+            format!("--service-account-key-file={}", certs.sa_pub.display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                certs.sa_key.display()
+            ),
+            format!("--service-cluster-ip-range={SERVICE_RANGE}"),
+            "--authorization-mode=Node,RBAC".into(),
+            "--allow-privileged=true".into(),
+            // A real test node's kubelet serves on loopback and reports it as its
+            // InternalIP; its Hostname (the node name) resolves nowhere. Logs and exec
+            // reach it by the address.
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
+            "--enable-priority-and-fairness=false".into(),
+            format!("--feature-gates={feature_gates}"),
+            "--v=1".into(),
+        ];
+        if !runtime_config.is_empty() {
+            args.push(format!("--runtime-config={}", runtime_config.join(",")));
+        }
         let mut apiserver = Component::start(
             "kube-apiserver",
             &bins.require("kube-apiserver")?,
-            &[
-                format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                format!("--bind-address={host}"),
-                format!("--advertise-address={host}"),
-                format!("--secure-port={apiserver_port}"),
-                format!("--cert-dir={}", dir.path().display()),
-                format!("--tls-cert-file={}", certs.serving_cert.display()),
-                format!("--tls-private-key-file={}", certs.serving_key.display()),
-                format!("--client-ca-file={}", certs.ca_cert.display()),
-                "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
-                format!("--service-account-key-file={}", certs.sa_pub.display()),
-                format!(
-                    "--service-account-signing-key-file={}",
-                    certs.sa_key.display()
-                ),
-                format!("--service-cluster-ip-range={SERVICE_RANGE}"),
-                "--authorization-mode=Node,RBAC".into(),
-                "--allow-privileged=true".into(),
-                // A real test node's kubelet serves on loopback and reports it as its
-                // InternalIP; its Hostname (the node name) resolves nowhere. Logs and exec
-                // reach it by the address.
-                "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
-                "--enable-priority-and-fairness=false".into(),
-                format!("--runtime-config={}", runtime_config.join(",")),
-                format!("--feature-gates={feature_gates}"),
-                "--v=1".into(),
-            ],
+            &args,
             dir.path(),
         )?;
 
@@ -255,6 +263,7 @@ impl ControlPlane {
             kubeconfig,
             kubeconfig_yaml,
             feature_gates,
+            serves_dra: dra,
             _kube_proxy: kube_proxy,
             controller_manager,
             scheduler,
@@ -367,6 +376,12 @@ impl ControlPlane {
     /// The binaries this control plane runs.
     pub fn bins(&self) -> &BinDir {
         &self.bins
+    }
+
+    /// Whether DRA is on (`resource.k8s.io/v1` served): not on 1.33 and older, where it is
+    /// beta and off by default.
+    pub fn serves_dra(&self) -> bool {
+        self.serves_dra
     }
 
     /// The `--feature-gates` value every component got.
@@ -547,31 +562,52 @@ async fn start_client_component(
 }
 
 /// `--feature-gates`: every beta DRA gate the binary knows is on (some are beta but off by
-/// default), then the test's own gates.
-fn feature_gates(bins: &BinDir, options: &ControlPlaneOptions) -> Result<String, Error> {
+/// default), then the test's own gates. Where DRA itself is still beta and off by default
+/// (`DynamicResourceAllocation`, 1.32 and 1.33), it stays off with every other DRA gate, as
+/// on the clusters of that release: their API server serves no `resource.k8s.io`, and with
+/// the gates on it would not become ready either. Returns the gates and whether DRA is on.
+fn feature_gates(bins: &BinDir, options: &ControlPlaneOptions) -> Result<(String, bool), Error> {
     let help = std::process::Command::new(bins.require("kube-apiserver")?)
         .arg("--help")
         .output()
         .map_err(Error::io("run kube-apiserver --help"))?;
     let help = String::from_utf8_lossy(&help.stdout);
-    let mut gates = BTreeMap::new();
-    for line in help.lines() {
-        let line = line.trim();
-        let Some(rest) = line.strip_prefix("kube:") else {
-            continue;
-        };
-        if let Some((name, _)) = rest.split_once("=true|false (BETA")
-            && (name.starts_with("DRA") || name == "DynamicResourceAllocation")
-        {
-            gates.insert(name.to_string(), true);
-        }
-    }
+    let (beta_gates, dra) = dra_gates(&help);
+    let mut gates: BTreeMap<String, bool> = match dra {
+        true => beta_gates.into_iter().map(|gate| (gate, true)).collect(),
+        false => BTreeMap::new(),
+    };
     gates.extend(options.feature_gates.clone());
-    Ok(gates
+    let gates = gates
         .iter()
         .map(|(name, on)| format!("{name}={on}"))
         .collect::<Vec<_>>()
-        .join(","))
+        .join(",");
+    Ok((gates, dra))
+}
+
+/// The beta DRA gates `kube-apiserver --help` lists, and whether DRA is on by default (GA, or
+/// beta and on).
+fn dra_gates(help: &str) -> (Vec<String>, bool) {
+    let mut gates = Vec::new();
+    let mut dra = true;
+    for line in help.lines() {
+        let Some(rest) = line.trim().strip_prefix("kube:") else {
+            continue;
+        };
+        let Some((name, stage)) = rest.split_once("=true|false (") else {
+            continue;
+        };
+        if name == "DynamicResourceAllocation" && stage.starts_with("BETA - default=false") {
+            dra = false;
+        }
+        if stage.starts_with("BETA")
+            && (name.starts_with("DRA") || name == "DynamicResourceAllocation")
+        {
+            gates.push(name.to_string());
+        }
+    }
+    (gates, dra)
 }
 
 fn kubeconfig_yaml(server: &str, certs: &Certs) -> String {
@@ -718,5 +754,29 @@ mod tests {
         sweep_orphans_in(temp.path());
         assert!(!dead.exists());
         assert!(alive.exists() && unowned.exists() && other.exists());
+    }
+
+    /// Lines as `kube-apiserver --help` prints them (1.33.13 and 1.36.3).
+    #[test]
+    fn dra_stays_off_where_it_is_beta_and_off_by_default() {
+        let v1_33 = "      kube:DRAAdminAccess=true|false (ALPHA - default=false)
+      kube:DRAResourceClaimDeviceStatus=true|false (BETA - default=true)
+      kube:DynamicResourceAllocation=true|false (BETA - default=false)";
+        assert_eq!(
+            dra_gates(v1_33),
+            (
+                vec![
+                    "DRAResourceClaimDeviceStatus".to_string(),
+                    "DynamicResourceAllocation".to_string()
+                ],
+                false
+            )
+        );
+        let v1_36 = "      kube:DRAConsumableCapacity=true|false (BETA - default=true)
+      kube:DRADeviceTaintRules=true|false (BETA - default=false)
+      kube:DRAPartitionableDevices=true|false (ALPHA - default=false)";
+        let (gates, dra) = dra_gates(v1_36);
+        assert!(dra);
+        assert_eq!(gates, ["DRAConsumableCapacity", "DRADeviceTaintRules"]);
     }
 }

@@ -32,6 +32,7 @@ mod kubelet_peer;
 mod loop_device;
 pub mod peers;
 mod process;
+pub mod product;
 mod proxy;
 pub mod rbac;
 mod real_node;

@@ -90,6 +90,17 @@ with (list $ .Values.kubeletPlugin.image). */}}
 {{- printf "system:serviceaccount:%s:%s" (index . 0).Release.Namespace (include "akri.componentName" .) -}}
 {{- end -}}
 
+{{/*
+"true" where DRA is served (the `dra` value; `auto`: where the API server serves
+resource.k8s.io/v1, 1.34 and later), "" elsewhere (1.33 and older, where only the legacy
+device plugins run). `helm template` answers `auto` from Helm's own list of APIs.
+*/}}
+{{- define "akri.servesDra" -}}
+{{- if eq .Values.dra "on" }}true
+{{- else if and (eq .Values.dra "auto") (.Capabilities.APIVersions.Has "resource.k8s.io/v1") }}true
+{{- end -}}
+{{- end -}}
+
 {{/* The driver-controller's Lease name. */}}
 {{- define "akri.leaseName" -}}
 {{- default (include "akri.componentName" (list . "driver-controller")) .Values.driverController.leaseName -}}

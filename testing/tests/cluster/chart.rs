@@ -13,15 +13,9 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
-use std::path::{Path, PathBuf};
 use tokio::sync::OnceCell;
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("testing/ is in the repository")
-        .to_path_buf()
-}
+use akri_testing::product::{self, repo};
 
 fn chart() -> String {
     repo().join("charts/akri").display().to_string()
@@ -36,64 +30,22 @@ fn full_values() -> String {
 
 use akri_testing::from_json;
 
-/// Helm as a process, with its own config, cache and data directories.
-struct Helm {
-    bin: PathBuf,
-    home: tempfile::TempDir,
-}
-
-/// What a Helm run printed.
-struct Run {
-    success: bool,
-    stdout: String,
-    stderr: String,
-}
+/// Helm (`akri_testing::product::Helm`), failing the test (never skipping) when it is missing
+/// or a run that must succeed fails.
+struct Helm(product::Helm);
 
 impl Helm {
-    /// The binary `hack/helm.sh` builds; a test fails (never skips) without it.
     fn new() -> Helm {
-        let bin = repo().join("_output/tools/bin/helm");
-        assert!(
-            bin.is_file(),
-            "Helm is missing at {}: run `hack/helm.sh` first (it builds Helm from the Go module proxy)",
-            bin.display()
-        );
-        Helm {
-            bin,
-            home: tempfile::tempdir().expect("a temporary directory"),
-        }
+        Helm(product::Helm::new().unwrap())
     }
 
-    async fn run(&self, args: &[&str]) -> Run {
-        let output = tokio::process::Command::new(&self.bin)
-            .args(args)
-            // Relative chart paths, as the docs write them, are from the repository root.
-            .current_dir(repo())
-            .env("HELM_CACHE_HOME", self.home.path().join("cache"))
-            .env("HELM_CONFIG_HOME", self.home.path().join("config"))
-            .env("HELM_DATA_HOME", self.home.path().join("data"))
-            .env_remove("KUBECONFIG")
-            .output()
-            .await
-            .expect("helm runs");
-        Run {
-            success: output.status.success(),
-            stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-        }
+    async fn run(&self, args: &[&str]) -> product::Run {
+        self.0.run(args).await.unwrap()
     }
 
     /// Runs Helm and returns its stdout, failing the test with its output if it fails.
     async fn ok(&self, args: &[&str]) -> String {
-        let run = self.run(args).await;
-        assert!(
-            run.success,
-            "helm {} failed:\n{}\n{}",
-            args.join(" "),
-            run.stdout,
-            run.stderr
-        );
-        run.stdout
+        self.0.ok(args).await.unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// `helm template` as objects.
@@ -634,6 +586,68 @@ async fn a_zero_slot_reclaim_grace_stays_zero() {
         let flag = format!("--slot-reclaim-grace-seconds={want}");
         assert!(args.contains(&flag), "{flag} missing: {args:?}");
     }
+}
+
+/// `dra: off` (a cluster without DRA, rendered offline) renders the legacy device plugins
+/// alone: no DRA component, no DiscoveryConfiguration, no ResourceSlice policy, the plugin told
+/// `--dra=off`; without legacy mode it refuses, saying what to set. (On a real 1.33 API server
+/// `auto` does the same: `legacy_only`.)
+#[tokio::test]
+async fn dra_off_renders_only_the_legacy_device_plugins_and_refuses_without_them() {
+    let helm = Helm::new();
+    let objects = helm
+        .template(
+            "akri",
+            "akri",
+            &[
+                "--set",
+                "dra=off",
+                "--set",
+                "legacyDevicePlugin.enabled=true",
+            ],
+        )
+        .await;
+    for kind in ["Deployment", "DiscoveryConfiguration"] {
+        assert!(
+            of_kind(&objects, kind).is_empty(),
+            "{kind}: {:?}",
+            names(&objects)
+        );
+    }
+    let policies: Vec<&str> = of_kind(&objects, "ValidatingAdmissionPolicy")
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    assert_eq!(
+        policies,
+        [
+            "akri-kubelet-plugin-instances",
+            "akri-kubelet-plugin-discovery-errors"
+        ]
+    );
+    let daemon_set = find(&objects, "DaemonSet", "akri-kubelet-plugin");
+    let args = strings(&daemon_set["spec"]["template"]["spec"]["containers"][0]["args"]);
+    for flag in ["--dra=off", "--legacy-device-plugins"] {
+        assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+    }
+    let default = helm.template("akri", "akri", &[]).await;
+    let args = strings(
+        &find(&default, "DaemonSet", "akri-kubelet-plugin")["spec"]["template"]["spec"]["containers"]
+            [0]["args"],
+    );
+    assert!(!args.iter().any(|a| a.starts_with("--dra")), "{args:?}");
+
+    let chart = chart();
+    let run = helm
+        .run(&["template", "akri", &chart, "--set", "dra=off"])
+        .await;
+    assert!(!run.success);
+    assert!(
+        run.stderr
+            .contains("dra=off leaves only the legacy device plugins, which are off: set legacyDevicePlugin.enabled=true"),
+        "{}",
+        run.stderr
+    );
 }
 
 /// One value names every image: a user with a private registry sets `image.registry` and

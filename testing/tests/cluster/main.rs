@@ -2,6 +2,7 @@
 //! planes starting, the network, a real node, and the Helm chart.
 
 mod chart;
+mod legacy_only;
 mod network;
 mod real_node;
 mod startup;
