@@ -6,6 +6,7 @@ use crate::discovery::Registry;
 use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
 use crate::dra_sink::{DraOptions, DraSink};
 use crate::embedded::Embedded;
+use crate::instance_plan::Grace;
 use crate::legacy::{LegacyOptions, LegacySink};
 use crate::metrics::Metrics;
 use crate::node_devices::NodeDevices;
@@ -48,8 +49,9 @@ pub struct AgentConfig {
     /// probe). Decides, with each configuration's `uniqueDevices`, how capacity > 1 is
     /// modelled ([`akri_devices::Sharing::for_configuration`]).
     pub consumable_capacity: Option<bool>,
-    /// How long an Instance outlives its device's disappearance from this node.
-    pub instance_grace: Duration,
+    /// How long an Instance outlives its device's disappearance from this node (node-local
+    /// and shared devices).
+    pub instance_grace: Grace,
     /// How long a device that vanished while a claim holds it stays `NoSchedule`-tainted
     /// before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
     pub vanished_grace: Duration,
@@ -95,7 +97,7 @@ impl AgentConfig {
             debug_echo: Some(echo),
             embedded_handlers: Vec::new(),
             consumable_capacity: None,
-            instance_grace: Duration::ZERO,
+            instance_grace: Grace::uniform(Duration::ZERO),
             vanished_grace: Duration::from_secs(300),
             device_taints: None,
             startup_wait: Duration::from_secs(10),

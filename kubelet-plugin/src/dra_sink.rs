@@ -25,7 +25,7 @@ pub struct DraOptions {
     pub plugins_dir: PathBuf,
     pub cdi_dir: PathBuf,
     pub state_dir: PathBuf,
-    pub instance_grace: Duration,
+    pub instance_grace: crate::instance_plan::Grace,
     pub vanished_grace: Duration,
     /// Whether the API server keeps device taints.
     pub device_taints: bool,

@@ -41,12 +41,41 @@ pub struct Plan {
     pub departures: Vec<Departure>,
 }
 
+/// How long an Instance outlives its device's disappearance from this node, so that a device
+/// that comes back keeps its Instance (and the brokers and claims that follow it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Grace {
+    /// Node-local devices: a USB device that flaps.
+    pub unshared: Duration,
+    /// Shared (network) devices: an IP camera rebooting takes 60-120 s; Akri keeps their
+    /// Instances 300 s.
+    pub shared: Duration,
+}
+
+impl Grace {
+    /// One grace for every Instance.
+    pub const fn uniform(grace: Duration) -> Self {
+        Grace {
+            unshared: grace,
+            shared: grace,
+        }
+    }
+
+    /// The grace of an Instance that is `shared` or not.
+    pub fn of(&self, shared: bool) -> Duration {
+        match shared {
+            true => self.shared,
+            false => self.unshared,
+        }
+    }
+}
+
 /// Where the Instances are written from.
 pub struct Writer<'a> {
     pub node: &'a str,
     /// [`INSTANCE_SOURCE_LABEL`]'s value.
     pub source: &'a str,
-    pub grace: Duration,
+    pub grace: Grace,
 }
 
 impl Writer<'_> {
@@ -86,7 +115,7 @@ impl Writer<'_> {
                 continue;
             }
             let since = *vanished.entry(name.clone()).or_insert(now);
-            if now.duration_since(since) < self.grace {
+            if now.duration_since(since) < self.grace.of(instance.spec.shared) {
                 continue;
             }
             vanished.remove(name);
@@ -207,7 +236,10 @@ pub(crate) mod tests {
     const WRITER: Writer = Writer {
         node: "a",
         source: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
-        grace: Duration::from_secs(30),
+        grace: Grace {
+            unshared: Duration::from_secs(30),
+            shared: Duration::from_secs(300),
+        },
     };
 
     #[test]
@@ -260,9 +292,9 @@ pub(crate) mod tests {
     #[test]
     fn a_vanished_device_departs_after_the_grace_and_only_the_last_node_deletes() {
         let stored = BTreeMap::from([
-            ("alone".to_string(), named("alone", &["a"])),
-            ("with-b".to_string(), named("with-b", &["a", "b"])),
-            ("back".to_string(), named("back", &["a"])),
+            ("alone".to_string(), named("alone", &["a"], false)),
+            ("with-b".to_string(), named("with-b", &["a", "b"], false)),
+            ("back".to_string(), named("back", &["a"], false)),
         ]);
         let mut vanished = BTreeMap::new();
         let start = Instant::now();
@@ -275,7 +307,7 @@ pub(crate) mod tests {
         // "back" is seen again before the grace ends: it is no longer vanished.
         let later = start + Duration::from_secs(31);
         let plan = WRITER.plan(
-            &[seen("back", true)],
+            &[seen("back", false)],
             &stored,
             &BTreeSet::new(),
             &mut vanished,
@@ -294,9 +326,48 @@ pub(crate) mod tests {
         );
     }
 
-    fn named(name: &str, nodes: &[&str]) -> Instance {
+    /// A rebooting IP camera (60-120 s) keeps its Instance, and so its brokers: a shared
+    /// Instance waits for the shared grace (Akri's 300 s), an unshared one only its own.
+    #[test]
+    fn a_shared_instance_outlives_a_reboot_that_an_unshared_one_does_not() {
+        let stored = BTreeMap::from([
+            ("camera".to_string(), named("camera", &["a"], true)),
+            ("usb".to_string(), named("usb", &["a"], false)),
+        ]);
+        let mut vanished = BTreeMap::new();
+        let start = Instant::now();
+        WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        let rebooted = start + Duration::from_secs(120);
+        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, rebooted);
+        assert_eq!(plan.departures, [Departure::Delete("usb".into())]);
+        let back = WRITER.plan(
+            &[seen("camera", true)],
+            &stored,
+            &BTreeSet::new(),
+            &mut vanished,
+            rebooted,
+        );
+        assert!(
+            back.departures.is_empty() && !vanished.contains_key("camera"),
+            "seen again: it waits no more"
+        );
+
+        // Gone for good: it departs once the shared grace is over.
+        vanished.clear();
+        let stored = BTreeMap::from([("camera".to_string(), named("camera", &["a"], true))]);
+        WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        let within = start + Duration::from_secs(299);
+        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, within);
+        assert!(plan.departures.is_empty());
+        let after = start + Duration::from_secs(300);
+        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, after);
+        assert_eq!(plan.departures, [Departure::Delete("camera".into())]);
+    }
+
+    fn named(name: &str, nodes: &[&str], shared: bool) -> Instance {
         let mut i = instance(nodes, None);
         i.metadata.name = Some(name.into());
+        i.spec.shared = shared;
         i
     }
 

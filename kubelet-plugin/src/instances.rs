@@ -7,7 +7,7 @@
 //! What is stored comes from a watch ([`Mine`]), not a read per pass: a node at rest makes no
 //! requests for its Instances beyond that watch, however many Instances the cluster has.
 
-use crate::instance_plan::{self, Departure, Seen, Step};
+use crate::instance_plan::{self, Departure, Grace, Seen, Step};
 use akri_api::v0::Instance;
 use akri_api::v1::{
     INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
@@ -18,14 +18,14 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Writes this node's Instances.
 pub struct InstanceWriter {
     api: Api<Instance>,
     node: String,
     field_manager: String,
-    grace: Duration,
+    grace: Grace,
     /// [`INSTANCE_SOURCE_LABEL`]'s value: which path the Instances belong to.
     source: &'static str,
     /// Whether the Instances have `deviceUsage` slots (the legacy path).
@@ -126,7 +126,7 @@ async fn watch_mine(api: Api<Instance>, selector: String, node: String, mine: Ar
 
 impl InstanceWriter {
     /// The writer of the DRA path. Starts watching the namespace's Instances of that path.
-    pub fn new(client: kube::Client, namespace: &str, node: &str, grace: Duration) -> Self {
+    pub fn new(client: kube::Client, namespace: &str, node: &str, grace: Grace) -> Self {
         Self::of_source(
             client,
             namespace,
@@ -138,7 +138,7 @@ impl InstanceWriter {
 
     /// The writer of the legacy path: Instances of v0 Configurations in `namespace` (theirs),
     /// with `deviceUsage` slots.
-    pub fn legacy(client: kube::Client, namespace: &str, node: &str, grace: Duration) -> Self {
+    pub fn legacy(client: kube::Client, namespace: &str, node: &str, grace: Grace) -> Self {
         Self::of_source(
             client,
             namespace,
@@ -152,7 +152,7 @@ impl InstanceWriter {
         client: kube::Client,
         namespace: &str,
         node: &str,
-        grace: Duration,
+        grace: Grace,
         source: &'static str,
     ) -> Self {
         let api = Api::namespaced(client, namespace);

@@ -8,6 +8,7 @@
 //! v1 and v0 paths run side by side and never see each other's Instances.
 
 use crate::discovery::DiscoveredDevice;
+use crate::instance_plan::Grace;
 use crate::instances::InstanceWriter;
 use crate::node_devices::{KnownDevice, NodeDevices};
 use akri_api::v0::Configuration;
@@ -38,7 +39,7 @@ pub struct LegacyOptions {
 pub struct LegacySink {
     client: kube::Client,
     node: String,
-    instance_grace: Duration,
+    instance_grace: Grace,
     plugins: LegacyPlugins,
     writers: BTreeMap<String, InstanceWriter>,
 }
@@ -50,7 +51,7 @@ impl LegacySink {
         client: kube::Client,
         node: &str,
         options: &LegacyOptions,
-        instance_grace: Duration,
+        instance_grace: Grace,
         counters: &std::sync::OnceLock<Arc<Counters>>,
     ) -> Self {
         let plugins = LegacyPlugins::start(

@@ -3,6 +3,7 @@
 
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_kubelet_plugin::discovery::debug_echo::DebugEchoConfig;
+use akri_kubelet_plugin::instance_plan::Grace;
 use akri_kubelet_plugin::legacy::LegacyOptions;
 use akri_runtime::Switch;
 use clap::Parser;
@@ -56,9 +57,14 @@ struct Args {
     /// it with a dry-run probe at start.
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
     consumable_capacity: Switch,
-    /// Seconds an Instance outlives its device's disappearance (flapping devices).
+    /// Seconds an Instance of a node-local device outlives its disappearance (flapping
+    /// devices).
     #[arg(long, default_value_t = 30)]
     instance_grace_seconds: u64,
+    /// Seconds an Instance of a shared (network) device outlives its disappearance from this
+    /// node: a rebooting IP camera keeps its Instance and its brokers (Akri: 300).
+    #[arg(long, default_value_t = 300)]
+    shared_instance_grace_seconds: u64,
     #[command(flatten)]
     vanished: akri_runtime::VanishedArgs,
     /// Seconds a (re)started plugin leaves the node's slices and Instances untouched while it
@@ -122,7 +128,10 @@ async fn main() -> anyhow::Result<()> {
         debug_echo,
         embedded_handlers: args.embed_handlers,
         consumable_capacity: args.consumable_capacity.forced(),
-        instance_grace: Duration::from_secs(args.instance_grace_seconds),
+        instance_grace: Grace {
+            unshared: Duration::from_secs(args.instance_grace_seconds),
+            shared: Duration::from_secs(args.shared_instance_grace_seconds),
+        },
         vanished_grace: args.vanished.grace(),
         device_taints: args.vanished.device_taints.forced(),
         startup_wait: Duration::from_secs(args.startup_wait_seconds),

@@ -14,6 +14,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use crate::support;
 use support::SimNode;
@@ -44,11 +45,17 @@ impl Drop for Cluster {
 
 impl Cluster {
     async fn start(offline: [&str; 2]) -> Cluster {
+        Self::start_with(offline, Duration::ZERO).await
+    }
+
+    /// With Instances of shared devices outliving their disappearance by `shared_grace`.
+    async fn start_with(offline: [&str; 2], shared_grace: Duration) -> Cluster {
         let (cp, client, akri, apps) = support::akri_and_apps(ControlPlaneOptions::full()).await;
         let mut nodes = Vec::new();
         for hidden in offline {
             let node = support::start_node(&cp, &client, &akri, |config, _| {
                 std::fs::write(&config.debug_echo_mut().availability_file, hidden).unwrap();
+                config.instance_grace.shared = shared_grace;
             })
             .await;
             nodes.push(node);
@@ -388,5 +395,64 @@ async fn a_job_per_instance_runs_once() {
         pods.items
             .iter()
             .all(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+    );
+}
+
+/// An IP camera rebooting (60-120 s in the field) is gone from discovery for a while: within
+/// the shared-device grace (Akri's 300 s; 20 s here) its Instance stays, so its broker pod and
+/// Service are not redeployed; gone for good, they go once the grace is over.
+#[tokio::test]
+async fn a_camera_rebooting_within_the_shared_grace_keeps_its_brokers() {
+    let grace = Duration::from_secs(20);
+    let c = Cluster::start_with(["", "cam"], grace).await;
+    let reach = c.discovery("echo", "cam").await;
+    let (instance, nodes) = reach.iter().next().expect("one camera");
+    assert_eq!(nodes, &[c.nodes[0].name.clone()]);
+    c.apply_example("pod-per-node.yaml").await;
+    let pod = format!("{}-{instance}-pod", c.nodes[0].name);
+    c.bound_with_device(&pod).await;
+    let services = Api::<Service>::namespaced(c.client.clone(), &c.apps);
+    let service = format!("{instance}-svc");
+    let uids = async || {
+        let pod = c.pods().get_opt(&pod).await.unwrap();
+        let service = services.get_opt(&service).await.unwrap();
+        let instance = c.instances().get_opt(instance).await.unwrap();
+        let live = |deleting: Option<_>| deleting.is_none();
+        (
+            pod.filter(|p| live(p.metadata.deletion_timestamp.clone()))
+                .map(|p| p.uid()),
+            service.map(|s| s.uid()),
+            instance.map(|i| i.uid()),
+        )
+    };
+    let before = uids().await;
+    assert!(
+        before.0.is_some() && before.1.is_some() && before.2.is_some(),
+        "{before:?}"
+    );
+
+    // The reboot: 8 s offline, checked every second, then back.
+    std::fs::write(&c.nodes[0].availability, "cam\n").unwrap();
+    for _ in 0..8 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert_eq!(uids().await, before, "during the reboot");
+    }
+    std::fs::write(&c.nodes[0].availability, "").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(uids().await, before, "after the reboot");
+
+    // Gone for good: the Instance, and with it the broker and its Service, leave after the
+    // grace and not before.
+    std::fs::write(&c.nodes[0].availability, "cam\n").unwrap();
+    let gone_at = std::time::Instant::now();
+    eventually(
+        "the Instance, its broker and its Service gone",
+        async || (uids().await == (None, None, None)).then_some(()),
+    )
+    .await;
+    assert!(
+        gone_at.elapsed() >= grace,
+        "gone after {:?}, before the grace ({grace:?})",
+        gone_at.elapsed()
     );
 }

@@ -3,6 +3,7 @@
 //! device deletes the Instance, after the grace period.
 
 use akri_kubelet_plugin::discovery::DiscoveredDevice;
+use akri_kubelet_plugin::instance_plan::Grace;
 use akri_kubelet_plugin::instances::InstanceWriter;
 use akri_kubelet_plugin::node_devices::KnownDevice;
 use akri_testing::ControlPlane;
@@ -37,7 +38,7 @@ async fn shared_instances_follow_their_nodes() {
             ..DiscoveredDevice::default()
         },
     };
-    let grace = Duration::from_millis(500);
+    let grace = Grace::uniform(Duration::from_millis(500));
     let mut a = InstanceWriter::new(client.clone(), &ns, "node-a", grace);
     let mut b = InstanceWriter::new(client.clone(), &ns, "node-b", grace);
     let seen = vec![(camera.clone(), 2, true)];
@@ -64,7 +65,7 @@ async fn shared_instances_follow_their_nodes() {
         nodes(&instances.get(&camera.instance).await.unwrap()),
         ["node-a", "node-b"]
     );
-    tokio::time::sleep(grace).await;
+    tokio::time::sleep(grace.unshared).await;
     a.sync(&[]).await.unwrap();
     assert_eq!(
         nodes(&instances.get(&camera.instance).await.unwrap()),
@@ -73,7 +74,7 @@ async fn shared_instances_follow_their_nodes() {
 
     // Node B, the last one, deletes the Instance after its grace period.
     b.sync(&[]).await.unwrap();
-    tokio::time::sleep(grace).await;
+    tokio::time::sleep(grace.unshared).await;
     b.sync(&[]).await.unwrap();
     assert!(
         instances.get_opt(&camera.instance).await.unwrap().is_none(),
@@ -99,7 +100,7 @@ async fn nodes_with_the_longest_names_write_instances() {
     };
     let seen = vec![(camera.clone(), 1, true)];
     for node in [&node_a, &node_b] {
-        InstanceWriter::new(client.clone(), &ns, node, Duration::ZERO)
+        InstanceWriter::new(client.clone(), &ns, node, Grace::uniform(Duration::ZERO))
             .sync(&seen)
             .await
             .expect("the field manager is valid (kube-rs checks the API server's 128-byte limit before sending)");
@@ -150,10 +151,15 @@ async fn a_device_with_too_many_properties_is_published() {
         .await
         .expect("the API server takes the device");
 
-    InstanceWriter::new(client.clone(), &ns, "node-p", Duration::ZERO)
-        .sync(&[(camera.clone(), 2, false)])
-        .await
-        .unwrap();
+    InstanceWriter::new(
+        client.clone(),
+        &ns,
+        "node-p",
+        Grace::uniform(Duration::ZERO),
+    )
+    .sync(&[(camera.clone(), 2, false)])
+    .await
+    .unwrap();
     let instance = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
         .get(&camera.instance)
         .await
@@ -186,7 +192,12 @@ async fn an_instance_deleted_or_edited_behind_its_back_is_written_again() {
             ..DiscoveredDevice::default()
         },
     };
-    let mut writer = InstanceWriter::new(client.clone(), &ns, "node-a", Duration::ZERO);
+    let mut writer = InstanceWriter::new(
+        client.clone(),
+        &ns,
+        "node-a",
+        Grace::uniform(Duration::ZERO),
+    );
     let known = vec![(device.clone(), 1, false)];
     writer.sync(&known).await.unwrap();
     assert!(instances.get_opt(&device.instance).await.unwrap().is_some());
@@ -275,7 +286,7 @@ async fn an_unshared_device_never_joins_another_nodes_instance_of_that_name() {
             ..DiscoveredDevice::default()
         },
     };
-    let grace = Duration::from_secs(300);
+    let grace = Grace::uniform(Duration::from_secs(300));
     let mut a = InstanceWriter::new(client.clone(), &ns, "node-a", grace);
     let mut b = InstanceWriter::new(client.clone(), &ns, "node-b", grace);
     let contested_a = a.sync(&[(device(&id_a), 1, false)]).await.unwrap();

@@ -155,6 +155,7 @@ async fn template_renders_the_components_with_default_values() {
         "--discovery-socket=/var/lib/akri/agent-registration.sock",
         "--consumable-capacity=auto",
         "--instance-grace-seconds=30",
+        "--shared-instance-grace-seconds=300",
         "--startup-wait-seconds=30",
         "--metrics-address=0.0.0.0:8080",
     ] {
@@ -336,6 +337,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--metrics-address=[::]:9090",
         "--log-json",
         "--instance-grace-seconds=60",
+        "--shared-instance-grace-seconds=120",
         "--device-taints=on",
         "--vanished-device-grace-seconds=120",
     ] {
