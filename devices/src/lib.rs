@@ -11,6 +11,9 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeMap;
 
+mod nodes;
+pub use nodes::node_lost;
+
 /// The domain of every DRA driver of this project: `<handler>.akri.sh`.
 pub const DRIVER_DOMAIN: &str = "akri.sh";
 /// Device attribute: the DiscoveryConfiguration a device belongs to.

@@ -89,7 +89,7 @@ pub struct ControllerConfig {
     /// `NoSchedule`-tainted before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
     pub vanished_grace: Duration,
     /// How long a node may stay not Ready before its shared devices are no longer offered
-    /// there ([`crate::shared_devices::node_lost`]).
+    /// there ([`akri_devices::node_lost`]).
     pub node_lost_grace: Duration,
     /// Changes arriving within this window are reconciled together.
     pub debounce: Duration,

@@ -11,11 +11,9 @@
 use akri_api::v0::Instance;
 use akri_devices::{InstanceDevice, Sharing};
 use dra_plugin::slices::PoolScope;
-use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
+use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::Device;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use std::collections::BTreeSet;
-use std::time::Duration;
 
 /// One pool of shared devices to publish.
 #[derive(Clone, Debug, PartialEq)]
@@ -71,29 +69,6 @@ pub fn selected_nodes(selector: &NodeSelector) -> Vec<String> {
         })
         .flat_map(|requirement| requirement.values.clone().unwrap_or_default())
         .collect()
-}
-
-/// Whether a node is lost: not Ready (`False`, or `Unknown` when its kubelet stopped
-/// reporting) for longer than `grace`. Its kubelet-plugin cannot take it out of the Instances
-/// it saw, so its devices are no longer offered there; it counts again once Ready. A node
-/// without a Ready condition yet (just registered) is not lost.
-pub fn node_lost(node: &Node, grace: Duration, now: Timestamp) -> bool {
-    let Some(ready) = node
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
-    else {
-        return false;
-    };
-    if ready.status == "True" {
-        return false;
-    }
-    let grace = SignedDuration::try_from(grace).unwrap_or(SignedDuration::MAX);
-    ready
-        .last_transition_time
-        .as_ref()
-        .is_none_or(|since| since.0.saturating_add(grace).is_ok_and(|t| t <= now))
 }
 
 /// The pools of a configuration's shared Instances, offered on their nodes but the `lost`
@@ -293,47 +268,5 @@ mod tests {
                 .collect();
             assert_eq!(selectors, [["n1"]], "per device: {per_device}");
         }
-    }
-
-    fn node(ready: Option<(&str, i64)>) -> Node {
-        let conditions = ready.map(|(status, at)| {
-            vec![k8s_openapi::api::core::v1::NodeCondition {
-                type_: "Ready".into(),
-                status: status.into(),
-                last_transition_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    Timestamp::from_second(at).unwrap(),
-                )),
-                ..Default::default()
-            }]
-        });
-        Node {
-            status: Some(k8s_openapi::api::core::v1::NodeStatus {
-                conditions,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn a_node_is_lost_when_not_ready_past_the_grace() {
-        let grace = Duration::from_secs(60);
-        let now = Timestamp::from_second(1_000_000).unwrap();
-        assert!(
-            !node_lost(&node(None), grace, now),
-            "no Ready condition yet"
-        );
-        assert!(!node_lost(&node(Some(("True", 0))), grace, now));
-        assert!(!node_lost(
-            &node(Some(("False", 1_000_000 - 59))),
-            grace,
-            now
-        ));
-        assert!(node_lost(
-            &node(Some(("False", 1_000_000 - 60))),
-            grace,
-            now
-        ));
-        assert!(node_lost(&node(Some(("Unknown", 0))), grace, now));
     }
 }

@@ -118,8 +118,15 @@ impl Writer<'_> {
             if now.duration_since(since) < self.grace.of(instance.spec.shared) {
                 continue;
             }
-            vanished.remove(name);
             let alone = instance.spec.nodes.iter().all(|n| n == self.node);
+            // A held slot (the legacy path): its container may still run. Deleted, the slot's
+            // holder would be forgotten and the Instance, back with its device, recreated with
+            // every slot free. It stays until the slot is freed (no container behind it).
+            let held = instance.spec.device_usage.values().any(|u| !u.is_empty());
+            if alone && held {
+                continue;
+            }
+            vanished.remove(name);
             plan.departures.push(match alone {
                 true => Departure::Delete(name.clone()),
                 false => Departure::Leave(name.clone()),
@@ -362,6 +369,37 @@ pub(crate) mod tests {
         let after = start + Duration::from_secs(300);
         let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, after);
         assert_eq!(plan.departures, [Departure::Delete("camera".into())]);
+    }
+
+    /// The last node of an Instance whose slot a container still holds keeps it (deleted, the
+    /// slot would come back free); leaving it to other nodes is safe, the slot stays held.
+    #[test]
+    fn an_instance_with_a_held_slot_is_not_deleted_until_the_slot_is_free() {
+        let mut held = named("held", &["a"], false);
+        held.spec.device_usage = BTreeMap::from([
+            ("held-0".to_string(), "a".to_string()),
+            ("held-1".to_string(), String::new()),
+        ]);
+        let mut shared = named("shared", &["a", "b"], false);
+        shared.spec.device_usage = held.spec.device_usage.clone();
+        let stored = BTreeMap::from([
+            ("held".to_string(), held.clone()),
+            ("shared".to_string(), shared),
+        ]);
+        let mut vanished = BTreeMap::new();
+        let start = Instant::now();
+        WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        let later = start + Duration::from_secs(60);
+        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, later);
+        assert_eq!(plan.departures, [Departure::Leave("shared".into())]);
+        assert!(vanished.contains_key("held"), "still waiting: passes go on");
+
+        held.spec
+            .device_usage
+            .insert("held-0".into(), String::new());
+        let stored = BTreeMap::from([("held".to_string(), held)]);
+        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, later);
+        assert_eq!(plan.departures, [Departure::Delete("held".into())]);
     }
 
     fn named(name: &str, nodes: &[&str], shared: bool) -> Instance {

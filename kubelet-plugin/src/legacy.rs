@@ -32,6 +32,8 @@ pub struct LegacyOptions {
     pub reclaim_grace: Duration,
     /// How often held slots are checked.
     pub reclaim_interval: Duration,
+    /// How long a node stays NotReady before the slots it holds are freed by the others.
+    pub node_lost_grace: Duration,
 }
 
 /// The legacy sink: the device plugins over the v0 Configurations' devices, and their
@@ -62,6 +64,7 @@ impl LegacySink {
                 pod_resources_socket: options.pod_resources_socket.clone(),
                 reclaim_grace: options.reclaim_grace,
                 reclaim_interval: options.reclaim_interval,
+                node_lost_grace: options.node_lost_grace,
             },
         );
         let _ = counters.set(plugins.counters());

@@ -99,6 +99,10 @@ struct Args {
     /// Seconds a slot with no container behind it stays held before it is freed.
     #[arg(long, default_value_t = 300)]
     slot_reclaim_grace_seconds: u64,
+    /// Seconds a node stays NotReady (powered off, its Node object kept) before the slots it
+    /// holds are freed by the other nodes' plugins.
+    #[arg(long, default_value_t = 300)]
+    node_lost_grace_seconds: u64,
     #[command(flatten)]
     process: akri_runtime::ProcessArgs,
 }
@@ -146,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
             pod_resources_socket: Some(args.pod_resources_socket),
             reclaim_grace: Duration::from_secs(args.slot_reclaim_grace_seconds),
             reclaim_interval: Duration::from_secs(10),
+            node_lost_grace: Duration::from_secs(args.node_lost_grace_seconds),
         }),
     };
     let agent = agent::start(client, config).await?;

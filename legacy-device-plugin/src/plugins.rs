@@ -68,6 +68,8 @@ pub struct LegacyConfig {
     pub reclaim_grace: Duration,
     /// How often slots are checked.
     pub reclaim_interval: Duration,
+    /// How long a node stays NotReady before the slots it holds count as its pods' no more.
+    pub node_lost_grace: Duration,
 }
 
 /// Allocation counters, for `/metrics` and the benchmark.
@@ -602,7 +604,8 @@ async fn watch_instances(shared: Arc<Shared>) {
 }
 
 /// Frees slots this node holds with no container behind them, and slots of nodes that are
-/// gone, once they stayed so for the grace period.
+/// gone (deleted, or NotReady past the node-lost grace: [`akri_devices::node_lost`]), once
+/// they stayed so for the grace period.
 async fn reclaim(shared: Arc<Shared>) {
     let socket = shared
         .config
@@ -658,7 +661,15 @@ async fn reclaim(shared: Arc<Shared>) {
                         .is_some_and(|ids| ids.contains(id))
                 } else {
                     if !gone_nodes.contains_key(holder) {
-                        let gone = matches!(nodes.get_opt(holder).await, Ok(None));
+                        let gone = match nodes.get_opt(holder).await {
+                            Ok(None) => true,
+                            Ok(Some(node)) => akri_devices::node_lost(
+                                &node,
+                                shared.config.node_lost_grace,
+                                k8s_openapi::jiff::Timestamp::now(),
+                            ),
+                            Err(_) => false,
+                        };
                         gone_nodes.insert(holder.to_string(), gone);
                     }
                     gone_nodes[holder]

@@ -1,4 +1,4 @@
-//! Lost nodes: not Ready past a grace ([`crate::shared_devices::node_lost`]). Their
+//! Lost nodes: not Ready past a grace ([`akri_devices::node_lost`]). Their
 //! kubelet-plugins cannot take them out of the Instances they saw, so the shared devices are
 //! no longer offered there, and a held device only lost nodes saw is kept tainted like any
 //! vanished one. Nothing is written for a lost node itself: it counts again once Ready.
@@ -7,7 +7,7 @@
 //! [`CHECK`] and every configuration reconciled when it changes.
 
 use super::{Context, STORES_POLL};
-use crate::shared_devices::node_lost;
+use akri_devices::node_lost;
 use kube::ResourceExt;
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -63,6 +63,7 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
                 pod_resources_socket: Some(peer.pod_resources_socket()),
                 reclaim_grace: Duration::from_secs(300),
                 reclaim_interval: Duration::from_secs(1),
+                node_lost_grace: Duration::from_secs(300),
             });
         })
         .await

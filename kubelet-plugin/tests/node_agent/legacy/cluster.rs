@@ -14,6 +14,9 @@ use std::time::Duration;
 
 pub use akri_testing::eventually;
 
+/// How long a node stays NotReady before the others free its slots.
+pub const NODE_LOST_GRACE: Duration = Duration::from_secs(6);
+
 pub struct Cluster {
     pub cp: ControlPlane,
     pub client: kube::Client,
@@ -56,6 +59,7 @@ pub async fn start_node(
             pod_resources_socket: Some(peer.pod_resources_socket()),
             reclaim_grace,
             reclaim_interval: Duration::from_millis(200),
+            node_lost_grace: NODE_LOST_GRACE,
         });
     })
     .await

@@ -8,10 +8,11 @@ mod cluster;
 use akri_api::v0::Configuration;
 use akri_testing::ControlPlane;
 use cluster::{
-    Healthy, allocated_slot, cluster, eventually, expect_view, kubelet_view, registered, slot,
+    Healthy, NODE_LOST_GRACE, allocated_slot, cluster, eventually, expect_view, kubelet_view,
+    registered, slot,
 };
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -294,6 +295,111 @@ async fn slots_of_a_node_that_left_are_freed_by_the_others() {
         (c.usage(&cam1, false).await == ["", ""]).then_some(())
     })
     .await;
+    expect_view(a, &il, 2, Healthy::Count(2)).await;
+}
+
+/// A camera that vanishes (longer than the Instance grace) while a container holds its only
+/// slot: the Instance, and with it the slot's holder, stays until the slot is free. It used to
+/// be deleted and, when the camera came back, recreated with every slot free, so the other
+/// node took the slot still in use.
+#[tokio::test]
+async fn a_held_slot_outlives_its_vanished_device_and_is_never_given_twice() {
+    let c = cluster(2, Duration::from_secs(1)).await;
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let config = ControlPlane::unique_name("cam");
+    let [cam] = c.configuration(&config, &["cam0"], 1, true).await;
+    let il = format!("akri.sh/{cam}");
+    registered(a, &il, 1).await;
+    c.pod("holder", &[("broker", &il, 1)]).await;
+    a.peer.allocate(&c.ns, "holder", "broker").await.unwrap();
+    assert_eq!(c.usage(&cam, false).await, [a.name.as_str()]);
+
+    // The camera reboots: gone from both nodes past the Instance grace (0 here).
+    for node in [a, b] {
+        std::fs::write(&node.availability, "cam0\n").unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let kept = c.instances().get_opt(&cam).await.unwrap();
+    assert_eq!(
+        kept.map(|i| i.spec.device_usage.into_values().collect::<Vec<_>>()),
+        Some(vec![a.name.clone()]),
+        "the Instance of a held slot stays, with its holder"
+    );
+    for node in [a, b] {
+        std::fs::write(&node.availability, "").unwrap();
+    }
+    // node-b serves the camera again and sees its slot taken.
+    expect_view(b, &il, 1, Healthy::Count(0)).await;
+    c.pod("taker", &[("broker", &il, 1)]).await;
+    assert!(
+        b.peer.allocate(&c.ns, "taker", "broker").await.is_err(),
+        "node-b was given a slot a running container holds"
+    );
+
+    // Released: the slot is freed, and a camera gone again takes its Instance with it.
+    a.peer.release(&c.ns, "holder").await.unwrap();
+    eventually("the slot freed", async || {
+        (c.usage(&cam, false).await == [""]).then_some(())
+    })
+    .await;
+    for node in [a, b] {
+        std::fs::write(&node.availability, "cam0\n").unwrap();
+    }
+    eventually("the free Instance gone with its camera", async || {
+        c.instances()
+            .get_opt(&cam)
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+/// A node that stays NotReady (powered off, its Node object kept) past the node-lost grace
+/// has its slots freed by the others, and not before; it used to keep them for ever.
+#[tokio::test]
+async fn slots_of_a_node_not_ready_past_the_grace_are_freed_by_the_others() {
+    let c = cluster(2, Duration::from_secs(1)).await;
+    let (a, b) = (&c.nodes[0], &c.nodes[1]);
+    let config = ControlPlane::unique_name("cams");
+    let [cam1, _] = c.cameras(&config, true).await;
+    let il = format!("akri.sh/{cam1}");
+    registered(b, &il, 2).await;
+    c.pod("on-b", &[("broker", &il, 1)]).await;
+    b.peer.allocate(&c.ns, "on-b", "broker").await.unwrap();
+
+    // What the node-lifecycle controller does when a kubelet stops reporting.
+    let unknown = serde_json::json!({ "status": { "conditions": [{
+        "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": k8s_openapi::jiff::Timestamp::now(),
+        "lastTransitionTime": k8s_openapi::jiff::Timestamp::now(),
+    }] } });
+    Api::<Node>::all(c.client.clone())
+        .patch_status(
+            &b.name,
+            &PatchParams::default(),
+            &Patch::Strategic(&unknown),
+        )
+        .await
+        .unwrap();
+    let since = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        c.usage(&cam1, false).await,
+        ["", b.name.as_str()],
+        "freed before the node-lost grace"
+    );
+    eventually("the slot of the lost node freed", async || {
+        (c.usage(&cam1, false).await == ["", ""]).then_some(())
+    })
+    .await;
+    assert!(
+        since.elapsed() >= NODE_LOST_GRACE,
+        "freed after {:?}, before the grace",
+        since.elapsed()
+    );
     expect_view(a, &il, 2, Healthy::Count(2)).await;
 }
 

@@ -61,6 +61,7 @@ impl Cluster {
             pod_resources_socket: Some(node.pod_resources_socket()),
             reclaim_grace: Duration::from_secs(5),
             reclaim_interval: Duration::from_secs(1),
+            node_lost_grace: Duration::from_secs(300),
         });
         let registration = config.discovery_socket.clone();
         let agent = agent::start(client.clone(), config)
