@@ -9,8 +9,12 @@ use std::collections::{BTreeMap, BTreeSet};
 pub struct DiscoveryErrors {
     /// Configurations whose discovery (the handler's stream) fails here, with why.
     pub discovery: BTreeMap<String, String>,
-    /// Configurations whose discovery properties cannot be read now, with why (shown first).
+    /// Configurations whose discovery properties cannot be read now, with why (shown before
+    /// a discovery error).
     pub properties: BTreeMap<String, String>,
+    /// Configurations not discovered here on purpose, with why (shown first): a v1
+    /// configuration held back for its v0 namesake ([`crate::same_name`]).
+    pub held_back: BTreeMap<String, String>,
     /// What this node last wrote into each configuration's `status.discoveryErrors`.
     reported: BTreeMap<String, String>,
 }
@@ -35,13 +39,13 @@ impl DiscoveryErrors {
             .discovery
             .keys()
             .chain(self.properties.keys())
+            .chain(self.held_back.keys())
             .chain(self.reported.keys())
             .cloned()
             .collect();
         for name in names {
-            let now = self
-                .properties
-                .get(&name)
+            let now = (self.held_back.get(&name))
+                .or_else(|| self.properties.get(&name))
                 .or_else(|| self.discovery.get(&name))
                 .cloned();
             let now = now.as_ref();

@@ -357,7 +357,7 @@ impl DraSink {
                 drivers.push(driver.clone());
             }
         }
-        let contested = match self.instances.sync(&known).await {
+        let contested = match self.instances.sync(&known, None).await {
             Ok(contested) => contested,
             Err(error) => {
                 tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");

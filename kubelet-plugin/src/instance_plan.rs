@@ -76,6 +76,9 @@ pub struct Writer<'a> {
     /// [`INSTANCE_SOURCE_LABEL`]'s value.
     pub source: &'a str,
     pub grace: Grace,
+    /// The configurations that exist, where known: an Instance of another one (its
+    /// configuration deleted) departs without a grace, which is for devices that flap.
+    pub live: Option<&'a BTreeSet<String>>,
 }
 
 impl Writer<'_> {
@@ -115,7 +118,10 @@ impl Writer<'_> {
                 continue;
             }
             let since = *vanished.entry(name.clone()).or_insert(now);
-            if now.duration_since(since) < self.grace.of(instance.spec.shared) {
+            let deleted = self
+                .live
+                .is_some_and(|live| !live.contains(&instance.spec.configuration_name));
+            if !deleted && now.duration_since(since) < self.grace.of(instance.spec.shared) {
                 continue;
             }
             let alone = instance.spec.nodes.iter().all(|n| n == self.node);
@@ -247,6 +253,7 @@ pub(crate) mod tests {
             unshared: Duration::from_secs(30),
             shared: Duration::from_secs(300),
         },
+        live: None,
     };
 
     #[test]
@@ -400,6 +407,48 @@ pub(crate) mod tests {
         let stored = BTreeMap::from([("held".to_string(), held)]);
         let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, later);
         assert_eq!(plan.departures, [Departure::Delete("held".into())]);
+    }
+
+    /// The grace is for devices that flap: an Instance whose configuration is deleted departs
+    /// at once (a held slot still keeps it).
+    #[test]
+    fn an_instance_of_a_deleted_configuration_departs_without_a_grace() {
+        let mut held = named("held", &["a"], true);
+        held.spec.device_usage = BTreeMap::from([("held-0".to_string(), "a".to_string())]);
+        let stored = BTreeMap::from([
+            ("gone".to_string(), named("gone", &["a"], true)),
+            ("held".to_string(), held),
+        ]);
+        let live = BTreeSet::from(["other".to_string()]);
+        let writer = Writer {
+            live: Some(&live),
+            ..WRITER
+        };
+        let mut vanished = BTreeMap::new();
+        let plan = writer.plan(
+            &[],
+            &stored,
+            &BTreeSet::new(),
+            &mut vanished,
+            Instant::now(),
+        );
+        assert_eq!(plan.departures, [Departure::Delete("gone".into())]);
+        let live = BTreeSet::from(["cam".to_string()]);
+        let writer = Writer {
+            live: Some(&live),
+            ..WRITER
+        };
+        let plan = writer.plan(
+            &[],
+            &stored,
+            &BTreeSet::new(),
+            &mut BTreeMap::new(),
+            Instant::now(),
+        );
+        assert!(
+            plan.departures.is_empty(),
+            "its configuration exists: the grace applies"
+        );
     }
 
     fn named(name: &str, nodes: &[&str], shared: bool) -> Instance {

@@ -205,7 +205,14 @@ impl InstanceWriter {
     /// deletes the Instance ([`instance_plan`](crate::instance_plan) decides which). Returns
     /// the names of unshared devices that another node's Instance has: the caller renames
     /// them.
-    pub async fn sync(&mut self, known: &[Seen]) -> Result<Vec<String>, kube::Error> {
+    ///
+    /// `live`, where known, are the configurations that exist: Instances of others depart at
+    /// once.
+    pub async fn sync(
+        &mut self,
+        known: &[Seen],
+        live: Option<&BTreeSet<String>>,
+    ) -> Result<Vec<String>, kube::Error> {
         let params = PatchParams::apply(&self.field_manager).force();
         let unforced = PatchParams::apply(&self.field_manager);
         // What is stored: an Instance that already says what this node would apply is not
@@ -215,6 +222,7 @@ impl InstanceWriter {
             node: &self.node,
             source: self.source,
             grace: self.grace,
+            live,
         };
         let plan = {
             let mine = self.mine.lock().expect("not poisoned");

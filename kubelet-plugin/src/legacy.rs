@@ -77,6 +77,11 @@ impl LegacySink {
         }
     }
 
+    /// Every legacy Instance, `(namespace, name)` per configuration name.
+    pub fn instances_by_configuration(&self) -> BTreeMap<String, Vec<(String, String)>> {
+        self.plugins.instances_by_configuration()
+    }
+
     /// Writes the Instances of every namespace's devices, then serves the plugins over them.
     pub async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
         let namespaces: BTreeSet<String> = configs
@@ -92,9 +97,13 @@ impl LegacySink {
             });
             // A device renamed because another node's has its name is written under its new
             // name at once (a second round at most).
+            let live: BTreeSet<String> = (configs.iter())
+                .filter(|c| c.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .filter_map(|c| c.metadata.name.clone())
+                .collect();
             let mut known = known(devices, &namespace);
             for _ in 0..2 {
-                let contested = match writer.sync(&known).await {
+                let contested = match writer.sync(&known, Some(&live)).await {
                     Ok(contested) => contested,
                     Err(error) => {
                         tracing::warn!(%namespace, %error, "writing legacy Instances failed; retrying on the next change or resync");

@@ -17,6 +17,7 @@ pub mod node_discovery;
 pub mod node_events;
 mod node_loop;
 pub mod properties;
+pub mod same_name;
 pub mod startup;
 pub mod state_dir;
 pub mod streams;

@@ -13,6 +13,7 @@ use crate::dra_sink::DraSink;
 use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
 use crate::node_discovery::{NodeDiscovery, Sink, Wanted};
+use crate::same_name;
 use crate::streams::StreamEvent;
 use akri_api::v0::Configuration;
 use akri_api::v1::DiscoveryConfiguration;
@@ -121,13 +122,26 @@ impl NodeLoop {
                 _ = resync.tick() => if let Some(dra) = &mut self.dra { dra.resync() },
                 _ = wake(self.dra.as_mut()) => {}
             }
-            let wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
+            let mut wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
                 .chain(v0.state().iter().filter_map(|c| Wanted::of_v0(c)))
                 .collect();
+            let held = match &self.legacy {
+                Some(legacy) => {
+                    let v0_names: Vec<(String, String)> = (v0.state().iter())
+                        .filter_map(|c| {
+                            Some((c.metadata.namespace.clone()?, c.metadata.name.clone()?))
+                        })
+                        .collect();
+                    same_name::held_back(&wanted, &v0_names, &legacy.instances_by_configuration())
+                }
+                None => Default::default(),
+            };
+            wanted.retain(|w| w.sink != Sink::Dra || !held.contains_key(&w.name));
             let registered = handlers.borrow().clone();
             for (sink, group) in self.discovery.sync(&wanted, &registered).await {
                 self.changed(sink, group);
             }
+            self.discovery.errors.held_back = held;
             let mut starting = false;
             let mut problem = None;
             if let Some(dra) = &mut self.dra {

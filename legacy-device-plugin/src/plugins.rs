@@ -150,6 +150,18 @@ impl LegacyPlugins {
         self.shared.counters.clone()
     }
 
+    /// Every legacy Instance as last seen, `(namespace, name)` per configuration name: what
+    /// still holds a configuration's devices for the device plugins.
+    pub fn instances_by_configuration(&self) -> BTreeMap<String, Vec<(String, String)>> {
+        let mut by_configuration: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        for (key, instance) in self.shared.instances.lock().expect("instances").iter() {
+            (by_configuration.entry(instance.spec.configuration_name.clone()))
+                .or_default()
+                .push(key.clone());
+        }
+        by_configuration
+    }
+
     /// The resources served now.
     pub fn resources(&self) -> Vec<String> {
         self.served.keys().cloned().collect()

@@ -42,8 +42,8 @@ async fn shared_instances_follow_their_nodes() {
     let mut a = InstanceWriter::new(client.clone(), &ns, "node-a", grace);
     let mut b = InstanceWriter::new(client.clone(), &ns, "node-b", grace);
     let seen = vec![(camera.clone(), 2, true)];
-    a.sync(&seen).await.unwrap();
-    b.sync(&seen).await.unwrap();
+    a.sync(&seen, None).await.unwrap();
+    b.sync(&seen, None).await.unwrap();
     let nodes = |i: &akri_api::v0::Instance| {
         let mut nodes = i.spec.nodes.clone();
         nodes.sort();
@@ -59,23 +59,23 @@ async fn shared_instances_follow_their_nodes() {
     assert!(instance.spec.shared);
 
     // Node A stops seeing the camera: nothing changes within the grace period, then A leaves.
-    a.sync(&[]).await.unwrap();
+    a.sync(&[], None).await.unwrap();
     assert!(a.pending());
     assert_eq!(
         nodes(&instances.get(&camera.instance).await.unwrap()),
         ["node-a", "node-b"]
     );
     tokio::time::sleep(grace.unshared).await;
-    a.sync(&[]).await.unwrap();
+    a.sync(&[], None).await.unwrap();
     assert_eq!(
         nodes(&instances.get(&camera.instance).await.unwrap()),
         ["node-b"]
     );
 
     // Node B, the last one, deletes the Instance after its grace period.
-    b.sync(&[]).await.unwrap();
+    b.sync(&[], None).await.unwrap();
     tokio::time::sleep(grace.unshared).await;
-    b.sync(&[]).await.unwrap();
+    b.sync(&[], None).await.unwrap();
     assert!(
         instances.get_opt(&camera.instance).await.unwrap().is_none(),
         "the last node deleted it"
@@ -101,7 +101,7 @@ async fn nodes_with_the_longest_names_write_instances() {
     let seen = vec![(camera.clone(), 1, true)];
     for node in [&node_a, &node_b] {
         InstanceWriter::new(client.clone(), &ns, node, Grace::uniform(Duration::ZERO))
-            .sync(&seen)
+            .sync(&seen, None)
             .await
             .expect("the field manager is valid (kube-rs checks the API server's 128-byte limit before sending)");
     }
@@ -157,7 +157,7 @@ async fn a_device_with_too_many_properties_is_published() {
         "node-p",
         Grace::uniform(Duration::ZERO),
     )
-    .sync(&[(camera.clone(), 2, false)])
+    .sync(&[(camera.clone(), 2, false)], None)
     .await
     .unwrap();
     let instance = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
@@ -199,7 +199,7 @@ async fn an_instance_deleted_or_edited_behind_its_back_is_written_again() {
         Grace::uniform(Duration::ZERO),
     );
     let known = vec![(device.clone(), 1, false)];
-    writer.sync(&known).await.unwrap();
+    writer.sync(&known, None).await.unwrap();
     assert!(instances.get_opt(&device.instance).await.unwrap().is_some());
 
     // Passes until the watch has told the writer (a bounded wait, not a timing assertion).
@@ -210,7 +210,7 @@ async fn an_instance_deleted_or_edited_behind_its_back_is_written_again() {
         mut done: impl AsyncFnMut() -> Option<T>,
     ) -> T {
         for _ in 0..80 {
-            writer.sync(known).await.unwrap();
+            writer.sync(known, None).await.unwrap();
             if let Some(value) = done().await {
                 return value;
             }
@@ -289,8 +289,8 @@ async fn an_unshared_device_never_joins_another_nodes_instance_of_that_name() {
     let grace = Grace::uniform(Duration::from_secs(300));
     let mut a = InstanceWriter::new(client.clone(), &ns, "node-a", grace);
     let mut b = InstanceWriter::new(client.clone(), &ns, "node-b", grace);
-    let contested_a = a.sync(&[(device(&id_a), 1, false)]).await.unwrap();
-    let contested_b = b.sync(&[(device(&id_b), 1, false)]).await.unwrap();
+    let contested_a = a.sync(&[(device(&id_a), 1, false)], None).await.unwrap();
+    let contested_b = b.sync(&[(device(&id_b), 1, false)], None).await.unwrap();
     assert!(contested_a.is_empty(), "{contested_a:?}");
     assert_eq!(
         contested_b,
@@ -302,7 +302,7 @@ async fn an_unshared_device_never_joins_another_nodes_instance_of_that_name() {
     assert_eq!(stored.spec.broker_properties["ID"], id_a);
     // Node-a writing again keeps it, unchanged.
     assert!(
-        a.sync(&[(device(&id_a), 1, false)])
+        a.sync(&[(device(&id_a), 1, false)], None)
             .await
             .unwrap()
             .is_empty()

@@ -61,7 +61,9 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
             config.legacy = Some(LegacyOptions {
                 device_plugin_dir: peer.device_plugin_dir(),
                 pod_resources_socket: Some(peer.pod_resources_socket()),
-                reclaim_grace: Duration::from_secs(300),
+                // The v1 configuration is held back until the v0 one's slots are freed
+                // (kubelet_plugin::same_name): soon after Akri's brokers go.
+                reclaim_grace: Duration::from_secs(1),
                 reclaim_interval: Duration::from_secs(1),
                 node_lost_grace: Duration::from_secs(300),
             });

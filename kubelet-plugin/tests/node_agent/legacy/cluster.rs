@@ -50,7 +50,17 @@ pub async fn start_node(
     client: &kube::Client,
     reclaim_grace: Duration,
 ) -> SimNode {
-    SimNode::start(cp, client, "unused-by-the-legacy-path", |config, peer| {
+    start_node_in(cp, client, "unused-by-the-legacy-path", reclaim_grace).await
+}
+
+/// [`start_node`] whose DRA sink writes its Instances to `instance_namespace`.
+pub async fn start_node_in(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    instance_namespace: &str,
+    reclaim_grace: Duration,
+) -> SimNode {
+    SimNode::start(cp, client, instance_namespace, |config, peer| {
         config.debug_echo_mut().shared = true;
         config.consumable_capacity = Some(false);
         config.startup_wait = Duration::from_secs(5);

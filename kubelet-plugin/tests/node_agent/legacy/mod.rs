@@ -6,13 +6,15 @@
 mod cluster;
 
 use akri_api::v0::Configuration;
+use akri_api::v1::DiscoveryConfiguration;
 use akri_testing::ControlPlane;
 use cluster::{
     Healthy, NODE_LOST_GRACE, allocated_slot, cluster, eventually, expect_view, kubelet_view,
     registered, slot,
 };
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicI64, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
@@ -401,6 +403,130 @@ async fn slots_of_a_node_not_ready_past_the_grace_are_freed_by_the_others() {
         since.elapsed()
     );
     expect_view(a, &il, 2, Healthy::Count(2)).await;
+}
+
+/// A v0 Configuration and the DiscoveryConfiguration `akri-migrate` made of it (same name,
+/// same devices) on a node that serves both paths, its DRA Instances in the v0 one's
+/// namespace: the device is never offered to DRA while a legacy slot holds it or the v0
+/// Configuration is there (the v1 one is held back, saying why in its status), and nothing
+/// is written at rest. It used to be published to DRA at once, and the two writers flipped the
+/// shared Instance's labels on every pass.
+#[tokio::test]
+async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
+    let mut c = cluster(0, Duration::from_secs(1)).await;
+    c.nodes
+        .push(cluster::start_node_in(&c.cp, &c.client, &c.ns, Duration::from_secs(1)).await);
+    let a = &c.nodes[0];
+    let name = ControlPlane::unique_name("cams");
+    let [cam] = c.configuration(&name, &["cam0"], 1, true).await;
+    let il = format!("akri.sh/{cam}");
+    registered(a, &il, 1).await;
+    c.pod("holder", &[("broker", &il, 1)]).await;
+    a.peer.allocate(&c.ns, "holder", "broker").await.unwrap();
+
+    let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
+    v1.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    // Offered to DRA: a DRA Instance of the configuration, or a device in the node's pool.
+    let offered = async || {
+        let dra = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns)
+            .list(
+                &ListParams::default().labels(&akri_api::v1::instance_source_selector(
+                    akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+                )),
+            )
+            .await
+            .unwrap();
+        let slices = Api::<ResourceSlice>::all(c.client.clone())
+            .list(&ListParams::default())
+            .await
+            .unwrap();
+        let published = slices
+            .items
+            .iter()
+            .flat_map(|s| s.spec.devices.clone().unwrap_or_default());
+        dra.items.iter().any(|i| i.spec.configuration_name == name)
+            || published.into_iter().any(|d| {
+                d.attributes
+                    .unwrap_or_default()
+                    .get(akri_devices::ATTR_CONFIGURATION)
+                    .and_then(|a| a.string.clone())
+                    == Some(name.clone())
+            })
+    };
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !offered().await,
+            "offered to DRA while the v0 Configuration serves it"
+        );
+    }
+    let status = async || {
+        let config = v1.get(&name).await.ok()?;
+        let errors = config.status?.discovery_errors;
+        errors
+            .into_iter()
+            .find(|e| e.node == a.name)
+            .map(|e| e.message)
+    };
+    let held = eventually("the v1 configuration held back on the node", status).await;
+    assert!(
+        held.contains(&format!(
+            "the v0 Configuration {}/{name} of the same name",
+            c.ns
+        )),
+        "{held}"
+    );
+    let version = async || {
+        c.instances()
+            .get(&cam)
+            .await
+            .unwrap()
+            .metadata
+            .resource_version
+    };
+    let at_rest = version().await;
+    // At rest for a minute (two resyncs): never offered, the Instance never written.
+    for _ in 0..30 {
+        assert!(
+            !offered().await,
+            "offered to DRA while the v0 Configuration serves it"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    assert_eq!(version().await, at_rest, "the Instance changed at rest");
+
+    // The v0 Configuration deleted: still not offered while the container holds its slot.
+    Api::<Configuration>::namespaced(c.client.clone(), &c.ns)
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !offered().await,
+            "offered to DRA while a legacy slot holds it"
+        );
+    }
+    // Released: the legacy Instance goes with its slot, and the device moves to DRA.
+    a.peer.release(&c.ns, "holder").await.unwrap();
+    eventually("the device offered to DRA", async || {
+        offered().await.then_some(())
+    })
+    .await;
+    eventually("the hold cleared from the status", async || {
+        status().await.is_none().then_some(())
+    })
+    .await;
 }
 
 #[tokio::test]
