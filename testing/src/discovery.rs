@@ -175,3 +175,26 @@ pub async fn apply_configuration(
         .await?;
     Ok(())
 }
+
+/// A v0 Configuration (as JSON) of the debugEcho handler's `descriptions`, with `capacity`
+/// slots each and `brokerProperties` `RESOLUTION=1080p`: the legacy path's test subject.
+pub fn v0_debug_echo(
+    name: &str,
+    descriptions: &[&str],
+    capacity: usize,
+    unique_devices: bool,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "akri.sh/v0", "kind": "Configuration",
+        "metadata": { "name": name },
+        "spec": {
+            "discoveryHandler": {
+                "name": "debugEcho",
+                "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
+            },
+            "capacity": capacity,
+            "uniqueDevices": unique_devices,
+            "brokerProperties": { "RESOLUTION": "1080p" },
+        },
+    })
+}

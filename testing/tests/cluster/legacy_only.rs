@@ -194,19 +194,12 @@ impl Cluster {
         capacity: usize,
         unique: bool,
     ) -> [String; N] {
-        let config: Configuration = from_json(json!({
-            "apiVersion": "akri.sh/v0", "kind": "Configuration",
-            "metadata": { "name": name },
-            "spec": {
-                "discoveryHandler": {
-                    "name": "debugEcho",
-                    "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
-                },
-                "capacity": capacity,
-                "uniqueDevices": unique,
-                "brokerProperties": { "RESOLUTION": "1080p" },
-            },
-        }));
+        let config: Configuration = from_json(akri_testing::discovery::v0_debug_echo(
+            name,
+            &descriptions,
+            capacity,
+            unique,
+        ));
         Api::<Configuration>::namespaced(self.client.clone(), &self.ns)
             .create(&PostParams::default(), &config)
             .await
@@ -407,7 +400,9 @@ async fn the_chart_runs_the_legacy_device_plugins_alone_and_says_dra_is_off() {
             .status
             .and_then(|s| s.pod_ip)
             .expect("the pod's address");
-        let (status, body) = get(&format!("{ip}:8080"), "/readyz").await;
+        let (status, body) = akri_testing::http_get(format!("{ip}:8080"), "/readyz")
+            .await
+            .unwrap();
         assert_eq!(
             (status, body.as_str()),
             (
@@ -417,19 +412,6 @@ async fn the_chart_runs_the_legacy_device_plugins_alone_and_says_dra_is_off() {
             "{name}'s /readyz"
         );
     }
-}
-
-/// A plain HTTP/1.1 GET: status and body.
-async fn get(address: &str, path: &str) -> (u16, String) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.unwrap();
-    let (head, body) = response.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    (status, body.to_string())
 }
 
 /// Seed 000's first walkthrough, in real containers: a configuration-level request takes one

@@ -5,7 +5,7 @@
 use akri_api::v0::{Configuration, Instance};
 use akri_kubelet_plugin::legacy::LegacyOptions;
 pub use akri_testing::components::SimNode;
-use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
+use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
@@ -91,20 +91,12 @@ impl Cluster {
         capacity: usize,
         unique: bool,
     ) -> [String; N] {
-        let config: Configuration = serde_json::from_value(json!({
-            "apiVersion": "akri.sh/v0", "kind": "Configuration",
-            "metadata": { "name": name },
-            "spec": {
-                "discoveryHandler": {
-                    "name": "debugEcho",
-                    "discoveryDetails": format!("descriptions: [{}]", descriptions.join(", ")),
-                },
-                "capacity": capacity,
-                "uniqueDevices": unique,
-                "brokerProperties": { "RESOLUTION": "1080p" },
-            },
-        }))
-        .unwrap();
+        let config: Configuration = from_json(akri_testing::discovery::v0_debug_echo(
+            name,
+            descriptions,
+            capacity,
+            unique,
+        ));
         Api::<Configuration>::namespaced(self.client.clone(), &self.ns)
             .create(&PostParams::default(), &config)
             .await
@@ -123,6 +115,21 @@ impl Cluster {
             ready.try_into().ok()
         })
         .await
+    }
+
+    /// Two cameras of capacity 2, one slot of the first held by pod `on-b` on `node`; returns
+    /// that camera's Instance and its instance-level resource.
+    pub async fn one_slot_held_by(&self, node: &SimNode) -> (String, String) {
+        let config = ControlPlane::unique_name("cams");
+        let [cam1, _] = self.cameras(&config, true).await;
+        let il = format!("akri.sh/{cam1}");
+        registered(node, &il, 2).await;
+        self.pod("on-b", &[("broker", &il, 1)]).await;
+        node.peer
+            .allocate(&self.ns, "on-b", "broker")
+            .await
+            .unwrap();
+        (cam1, il)
     }
 
     pub fn instances(&self) -> Api<Instance> {

@@ -279,12 +279,7 @@ async fn slots_return_after_the_pod_and_plugins_survive_restarts_and_deletion() 
 async fn slots_of_a_node_that_left_are_freed_by_the_others() {
     let c = cluster(2, Duration::from_secs(1)).await;
     let (a, b) = (&c.nodes[0], &c.nodes[1]);
-    let config = ControlPlane::unique_name("cams");
-    let [cam1, _] = c.cameras(&config, true).await;
-    let il = format!("akri.sh/{cam1}");
-    registered(b, &il, 2).await;
-    c.pod("on-b", &[("broker", &il, 1)]).await;
-    b.peer.allocate(&c.ns, "on-b", "broker").await.unwrap();
+    let (cam1, il) = c.one_slot_held_by(b).await;
     // node-a does not touch the slot of a node that is still there, past the grace period.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(c.usage(&cam1, false).await, ["", b.name.as_str()]);
@@ -364,12 +359,7 @@ async fn a_held_slot_outlives_its_vanished_device_and_is_never_given_twice() {
 async fn slots_of_a_node_not_ready_past_the_grace_are_freed_by_the_others() {
     let c = cluster(2, Duration::from_secs(1)).await;
     let (a, b) = (&c.nodes[0], &c.nodes[1]);
-    let config = ControlPlane::unique_name("cams");
-    let [cam1, _] = c.cameras(&config, true).await;
-    let il = format!("akri.sh/{cam1}");
-    registered(b, &il, 2).await;
-    c.pod("on-b", &[("broker", &il, 1)]).await;
-    b.peer.allocate(&c.ns, "on-b", "broker").await.unwrap();
+    let (cam1, il) = c.one_slot_held_by(b).await;
 
     // What the node-lifecycle controller does when a kubelet stops reporting.
     let unknown = serde_json::json!({ "status": { "conditions": [{
