@@ -270,7 +270,7 @@ impl InstanceWriter {
                 continue;
             }
             if self.slots {
-                self.add_missing_slots(&current).await?;
+                self.complete(&current).await?;
             }
         }
         for departure in plan.departures {
@@ -302,31 +302,28 @@ impl InstanceWriter {
         Ok(())
     }
 
-    /// Adds the slots `<instance>-<i>` (i < capacity) that `instance` lacks, free. The patch
+    /// Completes a legacy Instance: adds the slots `<instance>-<i>` (i < capacity) it lacks,
+    /// free, and releases what Akri's agent left on an Instance it wrote: this node's
+    /// finalizer (no Akri agent will remove it) and the owner reference to its Configuration
+    /// (through which garbage collection would delete it, held slots and all, with the
+    /// Configuration; this path deletes an Instance only once its slots are free). The patch
     /// tests the resourceVersion it was computed from, so it can never overwrite a claim
     /// written meanwhile; on such a conflict the Instance is read again and the patch retried.
-    async fn add_missing_slots(&self, instance: &Instance) -> Result<(), kube::Error> {
+    async fn complete(&self, instance: &Instance) -> Result<(), kube::Error> {
         let name = instance.metadata.name.clone().unwrap_or_default();
         let mut instance = instance.clone();
         for _ in 0..5 {
-            let missing: Vec<String> = (0..instance.spec.capacity)
-                .map(|i| akri_devices::slot_device_name(&name, i as i32))
-                .filter(|slot| !instance.spec.device_usage.contains_key(slot))
-                .collect();
-            if missing.is_empty() {
+            let ops = completion(&instance, &name, &self.node);
+            if ops.is_empty() {
                 return Ok(());
             }
-            let mut ops = vec![serde_json::json!({
+            let mut patch = vec![serde_json::json!({
                 "op": "test", "path": "/metadata/resourceVersion",
                 "value": instance.metadata.resource_version,
             })];
-            for slot in &missing {
-                ops.push(serde_json::json!({
-                    "op": "add", "path": format!("/spec/deviceUsage/{slot}"), "value": "",
-                }));
-            }
+            patch.extend(ops);
             let patch: json_patch::Patch =
-                serde_json::from_value(serde_json::Value::Array(ops)).expect("valid JSON patch");
+                serde_json::from_value(serde_json::Value::Array(patch)).expect("valid JSON patch");
             let params = PatchParams::default();
             match crate::api_call(self.api.patch(&name, &params, &Patch::<()>::Json(patch))).await {
                 Ok(patched) => {
@@ -346,6 +343,36 @@ impl InstanceWriter {
     pub fn pending(&self) -> bool {
         !self.vanished.is_empty()
     }
+}
+
+/// The JSON patch operations that complete a legacy Instance ([`InstanceWriter::complete`]):
+/// its missing slots added free, `node`'s finalizer and owner references to a v0
+/// Configuration (what Akri's agent left) removed.
+fn completion(instance: &Instance, name: &str, node: &str) -> Vec<serde_json::Value> {
+    let mut ops: Vec<serde_json::Value> = (0..instance.spec.capacity)
+        .map(|i| akri_devices::slot_device_name(name, i as i32))
+        .filter(|slot| !instance.spec.device_usage.contains_key(slot))
+        .map(|slot| {
+            serde_json::json!({ "op": "add", "path": format!("/spec/deviceUsage/{slot}"), "value": "" })
+        })
+        .collect();
+    let metadata = &instance.metadata;
+    let finalizers = metadata.finalizers.clone().unwrap_or_default();
+    if finalizers.iter().any(|f| f == node) {
+        let kept: Vec<&String> = finalizers.iter().filter(|f| *f != node).collect();
+        ops.push(
+            serde_json::json!({ "op": "replace", "path": "/metadata/finalizers", "value": kept }),
+        );
+    }
+    let owners = metadata.owner_references.clone().unwrap_or_default();
+    let by_configuration = |o: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
+        o.kind == "Configuration" && o.api_version.starts_with("akri.sh/")
+    };
+    if owners.iter().any(|o| by_configuration(&o)) {
+        let kept: Vec<_> = owners.iter().filter(|o| !by_configuration(o)).collect();
+        ops.push(serde_json::json!({ "op": "replace", "path": "/metadata/ownerReferences", "value": kept }));
+    }
+    ops
 }
 
 #[cfg(test)]
@@ -395,5 +422,43 @@ mod tests {
         assert_eq!(names(&mine), ["w"]);
         mine.deleted("w");
         assert!(names(&mine).is_empty());
+    }
+
+    #[test]
+    fn an_instance_akri_left_is_completed_and_released() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let owner = |api_version: &str, kind: &str| OwnerReference {
+            api_version: api_version.into(),
+            kind: kind.into(),
+            name: "x".into(),
+            uid: "u".into(),
+            ..OwnerReference::default()
+        };
+        let mut akris = named("cam-abcdef", &["a"]);
+        akris.spec.capacity = 2;
+        akris.spec.device_usage = [("cam-abcdef-1".to_string(), "a".to_string())].into();
+        akris.metadata.finalizers = Some(vec!["a".into(), "example.com/keep".into()]);
+        akris.metadata.owner_references = Some(vec![
+            owner("akri.sh/v0", "Configuration"),
+            owner("apps/v1", "Deployment"),
+        ]);
+        let ops = completion(&akris, "cam-abcdef", "a");
+        assert_eq!(
+            ops,
+            [
+                serde_json::json!({ "op": "add", "path": "/spec/deviceUsage/cam-abcdef-0", "value": "" }),
+                serde_json::json!({ "op": "replace", "path": "/metadata/finalizers", "value": ["example.com/keep"] }),
+                serde_json::json!({ "op": "replace", "path": "/metadata/ownerReferences", "value": [
+                    { "apiVersion": "apps/v1", "kind": "Deployment", "name": "x", "uid": "u" }
+                ] }),
+            ]
+        );
+        // Another node's finalizer is that node's to release; a complete Instance of ours
+        // needs nothing.
+        assert_eq!(completion(&akris, "cam-abcdef", "b").len(), 3 - 1);
+        let mut ours = named("cam-abcdef", &["a"]);
+        ours.spec.capacity = 1;
+        ours.spec.device_usage = [("cam-abcdef-0".to_string(), String::new())].into();
+        assert!(completion(&ours, "cam-abcdef", "a").is_empty());
     }
 }

@@ -31,6 +31,18 @@ impl SimNode {
         adjust: impl FnOnce(&mut AgentConfig, &KubeletPeer),
     ) -> SimNode {
         let name = ControlPlane::unique_name("node");
+        Self::start_named(cp, client, &name, instance_namespace, adjust).await
+    }
+
+    /// [`start`](Self::start) as Node `name` (one that objects already name).
+    pub async fn start_named(
+        cp: &ControlPlane,
+        client: &kube::Client,
+        name: &str,
+        instance_namespace: &str,
+        adjust: impl FnOnce(&mut AgentConfig, &KubeletPeer),
+    ) -> SimNode {
+        let name = name.to_string();
         cp.create_node(&name).await.expect("node created");
         let peer = KubeletPeer::start(cp, &name).await.expect("kubelet peer");
         let dir = tempfile::tempdir().expect("temporary directory");

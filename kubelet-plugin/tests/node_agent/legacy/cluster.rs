@@ -3,6 +3,7 @@
 //! device plugins; shared by the legacy tests and the legacy benchmark.
 
 use akri_api::v0::{Configuration, Instance};
+use akri_kubelet_plugin::agent::AgentConfig;
 use akri_kubelet_plugin::legacy::LegacyOptions;
 pub use akri_testing::components::SimNode;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer, from_json};
@@ -53,6 +54,23 @@ pub async fn start_node(
     start_node_in(cp, client, "unused-by-the-legacy-path", reclaim_grace).await
 }
 
+/// [`start_node`] with the Node name given (one that Instances already name).
+pub async fn start_named(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    name: &str,
+    reclaim_grace: Duration,
+) -> SimNode {
+    SimNode::start_named(
+        cp,
+        client,
+        name,
+        "unused-by-the-legacy-path",
+        |config, peer| legacy(config, peer, reclaim_grace),
+    )
+    .await
+}
+
 /// [`start_node`] whose DRA sink writes its Instances to `instance_namespace`.
 pub async fn start_node_in(
     cp: &ControlPlane,
@@ -61,18 +79,23 @@ pub async fn start_node_in(
     reclaim_grace: Duration,
 ) -> SimNode {
     SimNode::start(cp, client, instance_namespace, |config, peer| {
-        config.debug_echo_mut().shared = true;
-        config.consumable_capacity = Some(false);
-        config.startup_wait = Duration::from_secs(5);
-        config.legacy = Some(LegacyOptions {
-            device_plugin_dir: peer.device_plugin_dir(),
-            pod_resources_socket: Some(peer.pod_resources_socket()),
-            reclaim_grace,
-            reclaim_interval: Duration::from_millis(200),
-            node_lost_grace: NODE_LOST_GRACE,
-        });
+        legacy(config, peer, reclaim_grace)
     })
     .await
+}
+
+/// Both sinks, shared debugEcho devices, the legacy device plugins on the peer's kubelet.
+fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration) {
+    config.debug_echo_mut().shared = true;
+    config.consumable_capacity = Some(false);
+    config.startup_wait = Duration::from_secs(5);
+    config.legacy = Some(LegacyOptions {
+        device_plugin_dir: peer.device_plugin_dir(),
+        pod_resources_socket: Some(peer.pod_resources_socket()),
+        reclaim_grace,
+        reclaim_interval: Duration::from_millis(200),
+        node_lost_grace: NODE_LOST_GRACE,
+    });
 }
 
 impl Cluster {

@@ -519,6 +519,82 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
     .await;
 }
 
+/// An Instance as Akri's agent left it (no label of ours, owned by its Configuration, held by
+/// this node's finalizer, a freed slot's key gone, a running broker's slot held): the node
+/// agent that takes over adopts it: the held slot stays held, the missing slot comes back
+/// free, and neither Akri's finalizer nor its owner reference is left to let garbage
+/// collection delete it (and forget the held slot) when the Configuration goes.
+#[tokio::test]
+async fn an_instance_akri_wrote_is_adopted_with_its_held_slot() {
+    let mut c = cluster(0, Duration::from_secs(300)).await;
+    let node = ControlPlane::unique_name("node");
+    let config = ControlPlane::unique_name("cam");
+    let configuration: Configuration = akri_testing::from_json(
+        akri_testing::discovery::v0_debug_echo(&config, &["cam0"], 2, true),
+    );
+    let configuration = Api::<Configuration>::namespaced(c.client.clone(), &c.ns)
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    let name = akri_devices::instance_name(&config, "cam0", true, &node);
+    let held = slot(&name, 1);
+    let akris: akri_api::v0::Instance = akri_testing::from_json(serde_json::json!({
+        "apiVersion": "akri.sh/v0", "kind": "Instance",
+        "metadata": {
+            "name": name,
+            "finalizers": [node],
+            "ownerReferences": [{
+                "apiVersion": "akri.sh/v0", "kind": "Configuration", "name": config,
+                "uid": configuration.metadata.uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "configurationName": config, "cdiName": format!("akri.sh/{config}={}", name.rsplit('-').next().unwrap()),
+            "capacity": 2, "shared": true, "nodes": [node],
+            "brokerProperties": { "DEBUG_ECHO_DESCRIPTION": "cam0" },
+            "deviceUsage": { held.clone(): node },
+        },
+    }));
+    c.instances()
+        .create(&PostParams::default(), &akris)
+        .await
+        .unwrap();
+    c.nodes
+        .push(cluster::start_named(&c.cp, &c.client, &node, Duration::from_secs(300)).await);
+    let a = &c.nodes[0];
+    let il = format!("akri.sh/{name}");
+    // Both slots offered on this node: the free one, and the one its own broker holds.
+    expect_view(a, &il, 2, Healthy::Count(2)).await;
+    let adopted = eventually("the Instance adopted", async || {
+        let instance = c.instances().get(&name).await.ok()?;
+        let labels = instance.metadata.labels.clone().unwrap_or_default();
+        let released = instance
+            .metadata
+            .finalizers
+            .clone()
+            .unwrap_or_default()
+            .is_empty()
+            && instance
+                .metadata
+                .owner_references
+                .clone()
+                .unwrap_or_default()
+                .is_empty();
+        (labels.contains_key(akri_api::v1::INSTANCE_SOURCE_LABEL) && released).then_some(instance)
+    })
+    .await;
+    assert_eq!(
+        adopted.spec.device_usage,
+        BTreeMap::from([
+            (slot(&name, 0), String::new()),
+            (held.clone(), node.clone())
+        ]),
+        "the held slot kept, the missing one free"
+    );
+    // Which of the two a new pod gets is the kubelet's choice: its checkpoint holds the
+    // running broker's slot (a real node's; the peer here never ran Akri's broker).
+}
+
 #[tokio::test]
 async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
     // One camera of capacity 3 seen by both nodes; each node asks for it 100 times (200
