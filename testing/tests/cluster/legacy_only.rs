@@ -526,6 +526,9 @@ async fn two_nodes_racing_for_a_shared_slot_never_both_get_it() {
         for node in NODES {
             c.allocatable_becomes(node, &il, 1).await;
         }
+        // The node status may be up to 10 s old; the plugins re-advertise within a second of
+        // the Instance changing. Let both kubelets' device managers see the free slot.
+        tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
