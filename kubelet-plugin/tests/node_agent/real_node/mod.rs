@@ -651,3 +651,170 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
     );
     assert!(!stored.contains(PASSWORD), "{stored}");
 }
+
+/// Akri's agent as the kubelet sees it: the instance-level device plugin of one camera,
+/// `akri.sh/<instance>`, slots `<instance>-<n>`; `free` are the slots it offers healthy.
+struct AkrisPlugin {
+    devices: tokio::sync::watch::Sender<Vec<device_plugin::plugin::Device>>,
+}
+
+impl AkrisPlugin {
+    fn new(instance: &str, capacity: i32, free: &[i32]) -> Self {
+        let devices = (0..capacity)
+            .map(|n| {
+                let id = akri_devices::slot_device_name(instance, n);
+                match free.contains(&n) {
+                    true => device_plugin::plugin::Device::healthy(id),
+                    false => device_plugin::plugin::Device::unhealthy(id),
+                }
+            })
+            .collect();
+        AkrisPlugin {
+            devices: tokio::sync::watch::channel(devices).0,
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl device_plugin::DevicePlugin for AkrisPlugin {
+    fn devices(&self) -> tokio::sync::watch::Receiver<Vec<device_plugin::plugin::Device>> {
+        self.devices.subscribe()
+    }
+
+    async fn allocate(
+        &self,
+        requests: &[Vec<String>],
+    ) -> Result<Vec<kubelet_proto::deviceplugin::v1beta1::ContainerAllocateResponse>, tonic::Status>
+    {
+        Ok(requests
+            .iter()
+            .map(
+                |_| kubelet_proto::deviceplugin::v1beta1::ContainerAllocateResponse {
+                    envs: [("DEBUG_ECHO_DESCRIPTION".to_string(), "cam0".to_string())].into(),
+                    ..Default::default()
+                },
+            )
+            .collect())
+    }
+}
+
+/// The switch of agents on a node that ran Akri: a broker that Akri's device plugin gave a
+/// slot keeps running with its device while Akri's agent goes and ours takes over (the
+/// Instance Akri wrote adopted, its slot still held, not reclaimed while the container
+/// runs); the kubelet, whose checkpoint holds that slot, gives a new pod the other one, and
+/// refuses a third.
+#[tokio::test]
+async fn a_pod_holding_akris_slot_keeps_its_device_through_the_switch_of_agents() {
+    let mut c = Cluster::without_agent().await;
+    let node = c.node.node_name().to_string();
+    let config = ControlPlane::unique_name("cam");
+    let configuration: akri_api::v0::Configuration = from_json(
+        akri_testing::discovery::v0_debug_echo(&config, &["cam0"], 2, true),
+    );
+    let configuration = Api::<akri_api::v0::Configuration>::namespaced(c.client.clone(), &c.ns)
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    let instance = akri_devices::instance_name(&config, "cam0", true, &node);
+    let held = akri_devices::slot_device_name(&instance, 1);
+    // What Akri's agent wrote: its finalizer, owned by the Configuration, the freed slot's
+    // key dropped, slot 1 the broker's.
+    let akris: akri_api::v0::Instance = from_json(json!({
+        "apiVersion": "akri.sh/v0", "kind": "Instance",
+        "metadata": {
+            "name": instance,
+            "finalizers": [node],
+            "ownerReferences": [{
+                "apiVersion": "akri.sh/v0", "kind": "Configuration", "name": config,
+                "uid": configuration.metadata.uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "configurationName": config,
+            "cdiName": format!("akri.sh/{config}={}", instance.rsplit('-').next().unwrap()),
+            "capacity": 2, "shared": true, "nodes": [node],
+            "brokerProperties": { "DEBUG_ECHO_DESCRIPTION": "cam0" },
+            "deviceUsage": { held.clone(): node },
+        },
+    }));
+    let instances = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns);
+    instances
+        .create(&PostParams::default(), &akris)
+        .await
+        .unwrap();
+    let resource = format!("akri.sh/{instance}");
+    let akri = device_plugin::ServedPlugin::start(
+        &device_plugin::PluginConfig {
+            dir: c.node.device_plugin_dir(),
+            resource_name: resource.clone(),
+            socket_name: format!("akri-{instance}.sock"),
+        },
+        std::sync::Arc::new(AkrisPlugin::new(&instance, 2, &[1])),
+    )
+    .unwrap();
+    c.wait_allocatable(&resource).await;
+    c.legacy_pod("broker", &resource).await;
+    let first = c.output("broker").await;
+    assert!(first.contains("DEBUG_ECHO_DESCRIPTION=cam0"), "{first}");
+    let pods = c.pods();
+    let before = container(&pods, "broker").await;
+
+    // Akri's agent goes (uninstalled: nothing cleans up), ours starts.
+    drop(akri);
+    c.start_agent(|config| config.debug_echo_mut().shared = true)
+        .await;
+    let adopted = c
+        .node
+        .eventually(
+            "the Instance adopted",
+            Duration::from_secs(60),
+            async || {
+                let i = instances.get(&instance).await.ok()?;
+                let released = i.metadata.finalizers.clone().unwrap_or_default().is_empty()
+                    && i.metadata
+                        .owner_references
+                        .clone()
+                        .unwrap_or_default()
+                        .is_empty();
+                (released && i.spec.device_usage.len() == 2).then_some(i)
+            },
+        )
+        .await;
+    assert_eq!(adopted.spec.device_usage[&held], node, "the broker's slot");
+
+    // A new pod gets the other slot; a third finds none.
+    c.legacy_pod("second", &resource).await;
+    let output = c.output("second").await;
+    assert!(output.contains("DEBUG_ECHO_DESCRIPTION=cam0"), "{output}");
+    let usage = instances.get(&instance).await.unwrap().spec.device_usage;
+    assert!(usage.values().all(|v| *v == node), "{usage:?}");
+    c.legacy_pod("third", &resource).await;
+    c.node
+        .eventually(
+            "the third pod unschedulable",
+            Duration::from_secs(60),
+            async || {
+                let conditions = pods.get("third").await.ok()?.status?.conditions?;
+                conditions
+                    .iter()
+                    .any(|c| {
+                        c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable")
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
+
+    // Past the reclaim grace (5 s) the broker still holds its slot, unchanged.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    assert_eq!(
+        instances.get(&instance).await.unwrap().spec.device_usage[&held],
+        node
+    );
+    assert_eq!(
+        container(&pods, "broker").await,
+        before,
+        "the broker untouched"
+    );
+    assert_eq!(c.output("broker").await, first, "its output as it was");
+}

@@ -30,9 +30,8 @@ pub struct Cluster {
     registration: PathBuf,
     // Field order is drop order: the agent and handler before the node, the control plane
     // last.
-    _agent: agent::Agent,
-    _fixture: FixtureHandler,
-    _dir: tempfile::TempDir,
+    agent: Option<(agent::Agent, FixtureHandler)>,
+    dir: tempfile::TempDir,
     _cp: ControlPlane,
 }
 
@@ -40,6 +39,13 @@ impl Cluster {
     /// A control plane, the real node, the agent (DRA, the legacy device plugins and the
     /// embedded udev handler) and the fixture handler registered with it.
     pub async fn start() -> Cluster {
+        let mut cluster = Self::without_agent().await;
+        cluster.start_agent(|_| {}).await;
+        cluster
+    }
+
+    /// A control plane with Akri's CRDs and the real node; no agent yet.
+    pub async fn without_agent() -> Cluster {
         let cp = ControlPlane::start(ControlPlaneOptions::full())
             .await
             .expect("control plane");
@@ -48,13 +54,25 @@ impl Cluster {
         let ns = cp.create_namespace("real").await.unwrap();
         let name = ControlPlane::unique_name("real");
         let node = RealNode::start(&cp, &name).await.expect("real node");
-
         let dir = tempfile::tempdir().unwrap();
-        let mut config = AgentConfig::embedded(&name, &ns, dir.path()).kubelet_dirs(
-            node.registry_dir(),
-            node.plugins_dir(),
-            node.cdi_dir(),
-        );
+        let registration = AgentConfig::embedded(&name, &ns, dir.path()).discovery_socket;
+        Cluster {
+            client,
+            ns,
+            node,
+            registration,
+            agent: None,
+            dir,
+            _cp: cp,
+        }
+    }
+
+    /// Starts the agent (its configuration adjusted by `adjust`) and registers the fixture
+    /// handler with it.
+    pub async fn start_agent(&mut self, adjust: impl FnOnce(&mut AgentConfig)) {
+        let node = &self.node;
+        let mut config = AgentConfig::embedded(node.node_name(), &self.ns, self.dir.path())
+            .kubelet_dirs(node.registry_dir(), node.plugins_dir(), node.cdi_dir());
         config.embedded_handlers = vec![akri_kubelet_plugin::embedded::Embedded::Udev];
         config.legacy = Some(LegacyOptions {
             device_plugin_dir: node.device_plugin_dir(),
@@ -63,24 +81,14 @@ impl Cluster {
             reclaim_interval: Duration::from_secs(1),
             node_lost_grace: Duration::from_secs(300),
         });
-        let registration = config.discovery_socket.clone();
-        let agent = agent::start(client.clone(), config)
+        adjust(&mut config);
+        let agent = agent::start(self.client.clone(), config)
             .await
             .expect("agent starts");
-        let fixture = FixtureHandler::serve(dir.path()).await;
+        let fixture = FixtureHandler::serve(self.dir.path()).await;
         let socket = fixture.socket.clone();
-        let cluster = Cluster {
-            client,
-            ns,
-            node,
-            registration,
-            _agent: agent,
-            _fixture: fixture,
-            _dir: dir,
-            _cp: cp,
-        };
-        cluster.register_handler(FIXTURE, &socket, false).await;
-        cluster
+        self.agent = Some((agent, fixture));
+        self.register_handler(FIXTURE, &socket, false).await;
     }
 
     /// Registers an external handler serving on `socket` with the agent, as any handler does.
