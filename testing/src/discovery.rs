@@ -198,3 +198,35 @@ pub fn v0_debug_echo(
         },
     })
 }
+
+/// An Instance (as JSON) as Akri's agent leaves it for a shared device `instance` of
+/// Configuration `configuration` (uid `configuration_uid`) seen by `node`, capacity 2: no
+/// label of ours, `node`'s finalizer, owned by the Configuration, the free slot's key dropped,
+/// slot `held` taken by `node` (instance level).
+pub fn akri_written_instance(
+    configuration: &str,
+    configuration_uid: Option<&str>,
+    instance: &str,
+    node: &str,
+    held: &str,
+) -> serde_json::Value {
+    let digest = instance.rsplit('-').next().unwrap_or_default();
+    serde_json::json!({
+        "apiVersion": "akri.sh/v0", "kind": "Instance",
+        "metadata": {
+            "name": instance,
+            "finalizers": [node],
+            "ownerReferences": [{
+                "apiVersion": "akri.sh/v0", "kind": "Configuration", "name": configuration,
+                "uid": configuration_uid, "controller": true, "blockOwnerDeletion": true,
+            }],
+        },
+        "spec": {
+            "configurationName": configuration,
+            "cdiName": format!("akri.sh/{configuration}={digest}"),
+            "capacity": 2, "shared": true, "nodes": [node],
+            "brokerProperties": { "DEBUG_ECHO_DESCRIPTION": "cam0" },
+            "deviceUsage": { held: node },
+        },
+    })
+}

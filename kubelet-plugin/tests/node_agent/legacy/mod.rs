@@ -538,23 +538,14 @@ async fn an_instance_akri_wrote_is_adopted_with_its_held_slot() {
         .unwrap();
     let name = akri_devices::instance_name(&config, "cam0", true, &node);
     let held = slot(&name, 1);
-    let akris: akri_api::v0::Instance = akri_testing::from_json(serde_json::json!({
-        "apiVersion": "akri.sh/v0", "kind": "Instance",
-        "metadata": {
-            "name": name,
-            "finalizers": [node],
-            "ownerReferences": [{
-                "apiVersion": "akri.sh/v0", "kind": "Configuration", "name": config,
-                "uid": configuration.metadata.uid, "controller": true, "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": {
-            "configurationName": config, "cdiName": format!("akri.sh/{config}={}", name.rsplit('-').next().unwrap()),
-            "capacity": 2, "shared": true, "nodes": [node],
-            "brokerProperties": { "DEBUG_ECHO_DESCRIPTION": "cam0" },
-            "deviceUsage": { held.clone(): node },
-        },
-    }));
+    let akris: akri_api::v0::Instance =
+        akri_testing::from_json(akri_testing::discovery::akri_written_instance(
+            &config,
+            configuration.metadata.uid.as_deref(),
+            &name,
+            &node,
+            &held,
+        ));
     c.instances()
         .create(&PostParams::default(), &akris)
         .await

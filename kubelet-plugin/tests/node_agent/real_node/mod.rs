@@ -719,24 +719,14 @@ async fn a_pod_holding_akris_slot_keeps_its_device_through_the_switch_of_agents(
     let held = akri_devices::slot_device_name(&instance, 1);
     // What Akri's agent wrote: its finalizer, owned by the Configuration, the freed slot's
     // key dropped, slot 1 the broker's.
-    let akris: akri_api::v0::Instance = from_json(json!({
-        "apiVersion": "akri.sh/v0", "kind": "Instance",
-        "metadata": {
-            "name": instance,
-            "finalizers": [node],
-            "ownerReferences": [{
-                "apiVersion": "akri.sh/v0", "kind": "Configuration", "name": config,
-                "uid": configuration.metadata.uid, "controller": true, "blockOwnerDeletion": true,
-            }],
-        },
-        "spec": {
-            "configurationName": config,
-            "cdiName": format!("akri.sh/{config}={}", instance.rsplit('-').next().unwrap()),
-            "capacity": 2, "shared": true, "nodes": [node],
-            "brokerProperties": { "DEBUG_ECHO_DESCRIPTION": "cam0" },
-            "deviceUsage": { held.clone(): node },
-        },
-    }));
+    let akris: akri_api::v0::Instance =
+        akri_testing::from_json(akri_testing::discovery::akri_written_instance(
+            &config,
+            configuration.metadata.uid.as_deref(),
+            &instance,
+            &node,
+            &held,
+        ));
     let instances = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns);
     instances
         .create(&PostParams::default(), &akris)
