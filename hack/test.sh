@@ -29,7 +29,7 @@ AKRI_K8S_VERSION=1.34.4 cargo test -p akri-driver-controller --test controller
 AKRI_K8S_VERSION=1.34.4 cargo test -p dra-plugin --test library slices_apiserver::
 echo "== the real node (containerd + kubelet) on Kubernetes 1.34: devices reach containers through CDI and Allocate"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-kubelet-plugin --test node_agent real_node::
-echo "== the Helm chart on Kubernetes 1.34, the oldest release it supports (kubeVersion)"
+echo "== the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step below)"
 AKRI_K8S_VERSION=1.34.4 cargo test -p akri-testing --test cluster chart::
 echo "== Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
 hack/k8s-bins.sh 1.33.13 >/dev/null

@@ -5,7 +5,10 @@
 //! Instances in each Configuration's namespace, labelled as the legacy path's and with
 //! `deviceUsage` slots; [`akri_legacy_device_plugin`] turns them into Instance- and
 //! Configuration-level device plugins. A cluster can move one configuration at a time: the
-//! v1 and v0 paths run side by side and never see each other's Instances.
+//! v1 and v0 paths run side by side and never see each other's Instances, and a v1
+//! configuration named as a v0 one waits for it and its Instances to go
+//! ([`crate::same_name`]). Instances Akri's agent wrote are taken over as they are
+//! ([`crate::instances`]).
 
 use crate::discovery::DiscoveredDevice;
 use crate::instance_plan::Grace;
