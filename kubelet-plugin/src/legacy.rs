@@ -8,7 +8,8 @@
 //! v1 and v0 paths run side by side and never see each other's Instances, and a v1
 //! configuration named as a v0 one waits for it and its Instances to go
 //! ([`crate::same_name`]). Instances Akri's agent wrote are taken over as they are
-//! ([`crate::instances`]).
+//! ([`crate::instances`]), and the finalizer it left on each Configuration for this node is
+//! released ([`LegacySink::release_akri_finalizers`]).
 
 use crate::discovery::DiscoveredDevice;
 use crate::instance_plan::Grace;
@@ -47,6 +48,9 @@ pub struct LegacySink {
     instance_grace: Grace,
     plugins: LegacyPlugins,
     writers: BTreeMap<String, InstanceWriter>,
+    /// The `(uid, resourceVersion)` of each Configuration whose Akri finalizer this node tried
+    /// to release: a refused patch is not sent again until the object changes.
+    released: BTreeSet<(String, String)>,
 }
 
 impl LegacySink {
@@ -77,6 +81,7 @@ impl LegacySink {
             instance_grace,
             plugins,
             writers: BTreeMap::new(),
+            released: BTreeSet::new(),
         }
     }
 
@@ -87,6 +92,7 @@ impl LegacySink {
 
     /// Writes the Instances of every namespace's devices, then serves the plugins over them.
     pub async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
+        self.release_akri_finalizers(configs).await;
         let namespaces: BTreeSet<String> = configs
             .iter()
             .filter_map(|c| c.metadata.namespace.clone())
@@ -127,6 +133,72 @@ impl LegacySink {
         }
         self.plugins.sync(&served).await;
     }
+}
+
+impl LegacySink {
+    /// Removes this node's name from each Configuration's finalizers: Akri's agent puts it
+    /// there to clean up before a Configuration goes, and with that agent gone nothing else
+    /// would remove it, so a deleted Configuration would stay Terminating (and a v1
+    /// configuration of its name held back, [`crate::same_name`]) for ever. This agent needs
+    /// no finalizer: it drops a deleted Configuration's device plugins when the watch says so,
+    /// and its Instances go only once their slots are free. The chart's admission policy lets
+    /// a node remove its own name and change nothing else.
+    async fn release_akri_finalizers(&mut self, configs: &[Arc<Configuration>]) {
+        let api = |ns: &str| kube::Api::<Configuration>::namespaced(self.client.clone(), ns);
+        for config in configs {
+            let Some(patch) = finalizer_release(config, &self.node) else {
+                continue;
+            };
+            let meta = &config.metadata;
+            let (Some(ns), Some(name)) = (&meta.namespace, &meta.name) else {
+                continue;
+            };
+            let seen = (
+                meta.uid.clone().unwrap_or_default(),
+                meta.resource_version.clone().unwrap_or_default(),
+            );
+            if !self.released.insert(seen) {
+                continue;
+            }
+            let params = kube::api::PatchParams::default();
+            let patch = kube::api::Patch::<()>::Json(patch);
+            match crate::api_call(api(ns).patch(name, &params, &patch)).await {
+                Ok(_) => {
+                    tracing::info!(namespace = %ns, configuration = %name, "released the finalizer Akri's agent left for this node")
+                }
+                // Changed meanwhile: the watch brings the new version, and the next pass tries it.
+                Err(kube::Error::Api(status)) if status.code == 409 || status.code == 422 => {}
+                Err(error) => {
+                    tracing::warn!(namespace = %ns, configuration = %name, %error, "could not release the finalizer Akri's agent left for this node")
+                }
+            }
+        }
+        // Forget versions that are no longer current.
+        let current: BTreeSet<(String, String)> = (configs.iter())
+            .map(|c| {
+                (
+                    c.metadata.uid.clone().unwrap_or_default(),
+                    c.metadata.resource_version.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        self.released.retain(|seen| current.contains(seen));
+    }
+}
+
+/// The JSON patch that removes `node` from a Configuration's finalizers, testing the
+/// resourceVersion it was computed from; `None` when the node's name is not there.
+fn finalizer_release(config: &Configuration, node: &str) -> Option<json_patch::Patch> {
+    let finalizers = config.metadata.finalizers.as_deref().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == node) {
+        return None;
+    }
+    let kept: Vec<&String> = finalizers.iter().filter(|f| *f != node).collect();
+    let patch = serde_json::json!([
+        { "op": "test", "path": "/metadata/resourceVersion", "value": config.metadata.resource_version },
+        { "op": "replace", "path": "/metadata/finalizers", "value": kept },
+    ]);
+    Some(serde_json::from_value(patch).expect("valid JSON patch"))
 }
 
 /// A namespace's devices with their configuration's capacity and sharing.
@@ -201,5 +273,38 @@ fn edits(broker_properties: &BTreeMap<String, String>, device: &DiscoveredDevice
                 permissions: d.permissions.clone(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn configuration(finalizers: &[&str]) -> Configuration {
+        let mut config: Configuration = serde_json::from_value(serde_json::json!({
+            "metadata": { "name": "cams", "namespace": "edge", "resourceVersion": "7" },
+            "spec": { "discoveryHandler": { "name": "debugEcho" } },
+        }))
+        .unwrap();
+        config.metadata.finalizers = Some(finalizers.iter().map(|f| f.to_string()).collect());
+        config
+    }
+
+    #[test]
+    fn only_this_nodes_finalizer_is_released_at_the_version_it_was_read() {
+        let patch = finalizer_release(
+            &configuration(&["node-b", "node-a", "example.com/keep"]),
+            "node-a",
+        )
+        .expect("node-a's finalizer is there");
+        assert_eq!(
+            serde_json::to_value(patch).unwrap(),
+            serde_json::json!([
+                { "op": "test", "path": "/metadata/resourceVersion", "value": "7" },
+                { "op": "replace", "path": "/metadata/finalizers", "value": ["node-b", "example.com/keep"] },
+            ])
+        );
+        assert!(finalizer_release(&configuration(&["node-b"]), "node-a").is_none());
+        assert!(finalizer_release(&configuration(&[]), "node-a").is_none());
     }
 }

@@ -10,8 +10,8 @@ pub fn kubelet_plugin_rules() -> serde_json::Value {
     kubelet_plugin_rules_with(false)
 }
 
-/// [`kubelet_plugin_rules`], plus reading v0 Configurations when `legacy` (the chart's
-/// `legacyDevicePlugin.enabled`).
+/// [`kubelet_plugin_rules`], plus reading v0 Configurations (and removing the node's own
+/// finalizer from them) when `legacy` (the chart's `legacyDevicePlugin.enabled`).
 pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
     let mut rules = serde_json::json!([
         { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get"] },
@@ -32,7 +32,7 @@ pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
         });
         rules.as_array_mut().expect("an array").insert(
             at,
-            serde_json::json!({ "apiGroups": ["akri.sh"], "resources": ["configurations"], "verbs": ["get", "list", "watch"] }),
+            serde_json::json!({ "apiGroups": ["akri.sh"], "resources": ["configurations"], "verbs": ["get", "list", "watch", "patch"] }),
         );
     }
     rules

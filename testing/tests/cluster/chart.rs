@@ -625,6 +625,7 @@ async fn dra_off_renders_only_the_legacy_device_plugins_and_refuses_without_them
         policies,
         [
             "akri-kubelet-plugin-instances",
+            "akri-kubelet-plugin-configurations",
             "akri-kubelet-plugin-discovery-errors"
         ]
     );
@@ -1017,7 +1018,9 @@ kubelet-plugin     patch   akri.sh/discoveryconfigurations           cluster   -
 kubelet-plugin     delete  akri.sh/discoveryconfigurations           cluster   -             no
 kubelet-plugin     list    akri.sh/configurations                    cluster   -             yes
 kubelet-plugin     watch   akri.sh/configurations                    cluster   -             yes
-kubelet-plugin     patch   akri.sh/configurations                    cluster   -             no
+kubelet-plugin     patch   akri.sh/configurations                    cluster   -             yes
+kubelet-plugin     update  akri.sh/configurations                    cluster   -             no
+kubelet-plugin     delete  akri.sh/configurations                    cluster   -             no
 kubelet-plugin     create  akri.sh/instances                         release   -             yes
 kubelet-plugin     patch   akri.sh/instances                         release   -             yes
 kubelet-plugin     delete  akri.sh/instances                         release   -             yes
@@ -1124,6 +1127,8 @@ kubelet-plugin     get     core/configmaps                           other     -
 kubelet-plugin     list    core/secrets                              cluster   -             no
 kubelet-plugin     list    core/configmaps                           other     -             no
 kubelet-plugin     watch   core/secrets                              other     -             no
+kubelet-plugin     list    akri.sh/configurations                    cluster   -             no
+kubelet-plugin     patch   akri.sh/configurations                    cluster   -             no
 driver-controller  update  coordination.k8s.io/leases                release   akri-driver-controller  yes
 broker-controller  list    akri.sh/brokertemplates                   cluster   -             yes
 broker-controller  watch   core/pods                                 cluster   -             yes
@@ -1226,8 +1231,18 @@ async fn each_service_account_has_what_its_component_needs_and_no_more() {
 /// `node` (the pod is only an object: nothing runs it), as a DaemonSet pod's token is, or
 /// bound to nothing when `node` is `None`.
 async fn plugin_client_on(cp: &ControlPlane, ns: &str, node: Option<&str>) -> kube::Client {
+    plugin_client_of("akri-kubelet-plugin", cp, ns, node).await
+}
+
+/// A client with a token of the kubelet-plugin ServiceAccount `sa` in `ns`, bound to a pod on
+/// `node` (as a DaemonSet pod's token is) or to nothing.
+async fn plugin_client_of(
+    sa: &str,
+    cp: &ControlPlane,
+    ns: &str,
+    node: Option<&str>,
+) -> kube::Client {
     let admin = cp.client().await.unwrap();
-    let sa = "akri-kubelet-plugin";
     let mut spec = json!({ "audiences": [], "expirationSeconds": 600 });
     if let Some(node) = node {
         let pod: Pod = Api::<Pod>::namespaced(admin.clone(), ns)
@@ -1567,6 +1582,92 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
             { "node": node_b, "message": "b fails" },
         ])
     );
+}
+
+#[tokio::test]
+async fn a_legacy_plugin_may_only_remove_its_own_node_from_a_configurations_finalizers() {
+    use akri_api::v0::Configuration;
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let admin = cp.client().await.unwrap();
+    let node_a = ControlPlane::unique_name("node-a");
+    let node_b = ControlPlane::unique_name("node-b");
+    cp.create_node(&node_a).await.unwrap();
+    // The full values' release runs in legacy mode.
+    let sa = "edge-akri-kubelet-plugin";
+    let plugin = plugin_client_of(sa, cp, &installed.full_ns, Some(&node_a)).await;
+    let ns = installed.other_ns.as_str();
+    let admin_v0 = Api::<Configuration>::namespaced(admin.clone(), ns);
+    let plugin_v0 = Api::<Configuration>::namespaced(plugin.clone(), ns);
+    // As Akri's agents leave a Configuration: each node's name in its finalizers.
+    let name = ControlPlane::unique_name("akri-left");
+    let mut config: Configuration = from_json(akri_testing::discovery::v0_debug_echo(
+        &name,
+        &["cam"],
+        1,
+        true,
+    ));
+    config.metadata.finalizers = Some(vec![node_b.clone(), node_a.clone()]);
+    admin_v0
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let finalizers = |value: &[&str]| {
+        Patch::<()>::Json(from_json(
+            json!([{ "op": "replace", "path": "/metadata/finalizers", "value": value }]),
+        ))
+    };
+    let params = PatchParams::default();
+    let only_own = format!("may only remove '{node_a}' from a Configuration's finalizers");
+    refused(
+        plugin_v0.patch(&name, &params, &finalizers(&[])).await,
+        &only_own,
+    );
+    refused(
+        plugin_v0
+            .patch(&name, &params, &finalizers(&[&node_b, &node_a, "x"]))
+            .await,
+        &only_own,
+    );
+    refused(
+        plugin_v0
+            .patch(
+                &name,
+                &params,
+                &Patch::Merge(json!({ "spec": { "capacity": 5 } })),
+            )
+            .await,
+        &only_own,
+    );
+    refused(
+        plugin_v0
+            .patch(
+                &name,
+                &params,
+                &Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } })),
+            )
+            .await,
+        &only_own,
+    );
+    let released = plugin_v0
+        .patch(&name, &params, &finalizers(&[&node_b]))
+        .await
+        .expect("its own node's finalizer");
+    assert_eq!(released.metadata.finalizers, Some(vec![node_b.clone()]));
+    assert_eq!(released.spec.capacity, 1);
+    // The default values' release is not in legacy mode: no patch right at all.
+    let plain = plugin_client_on(cp, &installed.default_ns, Some(&node_a)).await;
+    let forbidden = Api::<Configuration>::namespaced(plain, ns)
+        .patch(&name, &params, &finalizers(&[]))
+        .await;
+    assert!(
+        matches!(&forbidden, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains("cannot patch resource")),
+        "{forbidden:?}"
+    );
+    admin_v0
+        .patch(&name, &params, &finalizers(&[]))
+        .await
+        .unwrap();
 }
 
 /// The `helm` lines of the docs' ```sh blocks, per file (absolute path).

@@ -525,13 +525,16 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
 /// free, and neither Akri's finalizer nor its owner reference is left to let garbage
 /// collection delete it (and forget the held slot) when the Configuration goes.
 #[tokio::test]
-async fn an_instance_akri_wrote_is_adopted_with_its_held_slot() {
+async fn what_akris_agent_wrote_is_adopted_with_held_slots_and_finalizers_released() {
     let mut c = cluster(0, Duration::from_secs(300)).await;
     let node = ControlPlane::unique_name("node");
     let config = ControlPlane::unique_name("cam");
-    let configuration: Configuration = akri_testing::from_json(
+    let mut configuration: Configuration = akri_testing::from_json(
         akri_testing::discovery::v0_debug_echo(&config, &["cam0"], 2, true),
     );
+    // Akri's agent on each node that served it left the node's name; another node's stays.
+    let elsewhere = "akri-only-node".to_string();
+    configuration.metadata.finalizers = Some(vec![elsewhere.clone(), node.clone()]);
     let configuration = Api::<Configuration>::namespaced(c.client.clone(), &c.ns)
         .create(&PostParams::default(), &configuration)
         .await
@@ -584,6 +587,24 @@ async fn an_instance_akri_wrote_is_adopted_with_its_held_slot() {
     );
     // Which of the two a new pod gets is the kubelet's choice: its checkpoint holds the
     // running broker's slot (a real node's; the peer here never ran Akri's broker).
+    let configurations = Api::<Configuration>::namespaced(c.client.clone(), &c.ns);
+    eventually(
+        "this node's finalizer released from the Configuration",
+        async || {
+            let finalizers = configurations.get(&config).await.ok()?.metadata.finalizers;
+            (finalizers == Some(vec![elsewhere.clone()])).then_some(())
+        },
+    )
+    .await;
+    let none = serde_json::json!([{ "op": "remove", "path": "/metadata/finalizers" }]);
+    configurations
+        .patch(
+            &config,
+            &Default::default(),
+            &kube::api::Patch::<()>::Json(serde_json::from_value(none).unwrap()),
+        )
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
