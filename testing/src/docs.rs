@@ -78,6 +78,28 @@ pub fn sh_commands(file: &str, text: &str, program: &str) -> Vec<DocCommand> {
     commands
 }
 
+/// The lines of the code blocks (```text or ```sh) in the section `## <heading>` of the
+/// markdown file `file` of the repository, in order: the commands a section gives for a user to
+/// run one after another.
+pub fn section_lines(file: &Path, heading: &str) -> std::io::Result<Vec<String>> {
+    let text = format!("\n{}", std::fs::read_to_string(file)?);
+    let section = text
+        .split("\n## ")
+        .find(|s| s.starts_with(heading))
+        .ok_or_else(|| {
+            std::io::Error::other(format!("{} has no section {heading:?}", file.display()))
+        })?;
+    let (mut in_block, mut lines) = (false, Vec::new());
+    for line in section.lines().map(str::trim) {
+        if line.starts_with("```") {
+            in_block = !in_block && (line == "```text" || line == "```sh");
+        } else if in_block && !line.is_empty() {
+            lines.push(line.to_string());
+        }
+    }
+    Ok(lines)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,5 +119,16 @@ mod tests {
             ]
         );
         assert_eq!(sh_commands("f.md", text, "helm")[0].command, "helm list");
+    }
+
+    #[test]
+    fn a_sections_block_lines_come_in_order_and_stop_at_the_next_section() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("doc.md");
+        let text = "## One\n```text\nfirst\n```\nprose\n```yaml\nkey: x\n```\n   ```sh\n   second\n\n   ```\n## Two\n```text\nthird\n```\n";
+        std::fs::write(&file, text).unwrap();
+        assert_eq!(section_lines(&file, "One").unwrap(), ["first", "second"]);
+        assert_eq!(section_lines(&file, "Two").unwrap(), ["third"]);
+        assert!(section_lines(&file, "Three").is_err());
     }
 }

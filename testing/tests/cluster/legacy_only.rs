@@ -126,17 +126,16 @@ async fn cluster() -> Cluster {
 
 /// The `kubectl` and `helm install` lines of docs/operations.md's "Clusters without DRA".
 fn documented_commands() -> [String; 2] {
-    let doc = std::fs::read_to_string(repo().join("docs/operations.md")).unwrap();
-    let section = doc
-        .split("\n## ")
-        .find(|s| s.starts_with("Clusters without DRA"))
-        .expect("docs/operations.md has a section \"Clusters without DRA\"");
+    let lines = akri_testing::docs::section_lines(
+        &repo().join("docs/operations.md"),
+        "Clusters without DRA",
+    )
+    .unwrap();
     let line = |prefix: &str| {
-        section
-            .lines()
+        (lines.iter())
             .find(|l| l.starts_with(prefix))
             .unwrap_or_else(|| panic!("no {prefix:?} line in the section"))
-            .to_string()
+            .clone()
     };
     let helm = line("helm install ");
     assert!(

@@ -652,52 +652,6 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
     assert!(!stored.contains(PASSWORD), "{stored}");
 }
 
-/// Akri's agent as the kubelet sees it: the instance-level device plugin of one camera,
-/// `akri.sh/<instance>`, slots `<instance>-<n>`; `free` are the slots it offers healthy.
-struct AkrisPlugin {
-    devices: tokio::sync::watch::Sender<Vec<device_plugin::plugin::Device>>,
-}
-
-impl AkrisPlugin {
-    fn new(instance: &str, capacity: i32, free: &[i32]) -> Self {
-        let devices = (0..capacity)
-            .map(|n| {
-                let id = akri_devices::slot_device_name(instance, n);
-                match free.contains(&n) {
-                    true => device_plugin::plugin::Device::healthy(id),
-                    false => device_plugin::plugin::Device::unhealthy(id),
-                }
-            })
-            .collect();
-        AkrisPlugin {
-            devices: tokio::sync::watch::channel(devices).0,
-        }
-    }
-}
-
-#[tonic::async_trait]
-impl device_plugin::DevicePlugin for AkrisPlugin {
-    fn devices(&self) -> tokio::sync::watch::Receiver<Vec<device_plugin::plugin::Device>> {
-        self.devices.subscribe()
-    }
-
-    async fn allocate(
-        &self,
-        requests: &[Vec<String>],
-    ) -> Result<Vec<kubelet_proto::deviceplugin::v1beta1::ContainerAllocateResponse>, tonic::Status>
-    {
-        Ok(requests
-            .iter()
-            .map(
-                |_| kubelet_proto::deviceplugin::v1beta1::ContainerAllocateResponse {
-                    envs: [("DEBUG_ECHO_DESCRIPTION".to_string(), "cam0".to_string())].into(),
-                    ..Default::default()
-                },
-            )
-            .collect())
-    }
-}
-
 /// The switch of agents on a node that ran Akri: a broker that Akri's device plugin gave a
 /// slot keeps running with its device while Akri's agent goes and ours takes over (the
 /// Instance Akri wrote adopted, its slot still held, not reclaimed while the container
@@ -733,13 +687,12 @@ async fn a_pod_holding_akris_slot_keeps_its_device_through_the_switch_of_agents(
         .await
         .unwrap();
     let resource = format!("akri.sh/{instance}");
-    let akri = device_plugin::ServedPlugin::start(
-        &device_plugin::PluginConfig {
-            dir: c.node.device_plugin_dir(),
-            resource_name: resource.clone(),
-            socket_name: format!("akri-{instance}.sock"),
-        },
-        std::sync::Arc::new(AkrisPlugin::new(&instance, 2, &[1])),
+    let akri = akri_testing::akris_agent::serve_instance(
+        &c.node.device_plugin_dir(),
+        &instance,
+        2,
+        &[1],
+        &[("DEBUG_ECHO_DESCRIPTION", "cam0")],
     )
     .unwrap();
     c.wait_allocatable(&resource).await;
