@@ -1612,43 +1612,25 @@ async fn a_legacy_plugin_may_only_remove_its_own_node_from_a_configurations_fina
         .create(&PostParams::default(), &config)
         .await
         .unwrap();
+    let json_patch = |ops: serde_json::Value| Patch::<()>::Json(from_json(ops));
     let finalizers = |value: &[&str]| {
-        Patch::<()>::Json(from_json(
-            json!([{ "op": "replace", "path": "/metadata/finalizers", "value": value }]),
-        ))
+        json_patch(json!([{ "op": "replace", "path": "/metadata/finalizers", "value": value }]))
     };
     let params = PatchParams::default();
     let only_own = format!("may only remove '{node_a}' from a Configuration's finalizers");
-    refused(
-        plugin_v0.patch(&name, &params, &finalizers(&[])).await,
-        &only_own,
-    );
-    refused(
-        plugin_v0
-            .patch(&name, &params, &finalizers(&[&node_b, &node_a, "x"]))
-            .await,
-        &only_own,
-    );
-    refused(
-        plugin_v0
-            .patch(
-                &name,
-                &params,
-                &Patch::Merge(json!({ "spec": { "capacity": 5 } })),
-            )
-            .await,
-        &only_own,
-    );
-    refused(
-        plugin_v0
-            .patch(
-                &name,
-                &params,
-                &Patch::Merge(json!({ "metadata": { "labels": { "touched": "yes" } } })),
-            )
-            .await,
-        &only_own,
-    );
+    for refused_patch in [
+        finalizers(&[]),
+        finalizers(&[&node_b, &node_a, "x"]),
+        json_patch(json!([{ "op": "replace", "path": "/spec/capacity", "value": 5 }])),
+        json_patch(
+            json!([{ "op": "add", "path": "/metadata/labels", "value": { "touched": "yes" } }]),
+        ),
+    ] {
+        refused(
+            plugin_v0.patch(&name, &params, &refused_patch).await,
+            &only_own,
+        );
+    }
     let released = plugin_v0
         .patch(&name, &params, &finalizers(&[&node_b]))
         .await
