@@ -910,11 +910,11 @@ async fn install_creates_every_object_of_both_releases() {
     // akri: 3 ServiceAccounts, 4 ClusterRoles and their bindings, 2 Roles and their
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 3 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
-    // ClusterRoleBinding, 4 DiscoveryConfigurations, and 4 discovery handlers' DaemonSets and
-    // ServiceAccounts.
+    // ClusterRoleBinding, 4 DiscoveryConfigurations, 4 discovery handlers' DaemonSets and
+    // ServiceAccounts, and legacy mode's Configuration admission policy and its binding.
     for (release, ns, expected) in [
         ("akri", &installed.default_ns, 27),
-        ("edge", &installed.full_ns, 40),
+        ("edge", &installed.full_ns, 42),
     ] {
         let status: Value = serde_json::from_str(
             &helm
