@@ -1607,6 +1607,27 @@ async fn a_legacy_plugin_may_only_remove_its_own_node_from_a_configurations_fina
         1,
         true,
     ));
+    let params = PatchParams::default();
+    // An admission policy takes effect a moment after it is created: until a throwaway
+    // Configuration's label change is refused, the release's policy is not active yet.
+    let mut throwaway = config.clone();
+    throwaway.metadata.name = Some(format!("{name}-probe"));
+    admin_v0
+        .create(&PostParams::default(), &throwaway)
+        .await
+        .unwrap();
+    let label = Patch::Merge(json!({ "metadata": { "labels": { "probe": "yes" } } }));
+    akri_testing::eventually_within(
+        "the Configuration policy active",
+        std::time::Duration::from_secs(30),
+        async || {
+            let probe = plugin_v0
+                .patch(&format!("{name}-probe"), &params, &label)
+                .await;
+            matches!(probe, Err(kube::Error::Api(s)) if s.code == 403).then_some(())
+        },
+    )
+    .await;
     config.metadata.finalizers = Some(vec![node_b.clone(), node_a.clone()]);
     admin_v0
         .create(&PostParams::default(), &config)
@@ -1616,7 +1637,6 @@ async fn a_legacy_plugin_may_only_remove_its_own_node_from_a_configurations_fina
     let finalizers = |value: &[&str]| {
         json_patch(json!([{ "op": "replace", "path": "/metadata/finalizers", "value": value }]))
     };
-    let params = PatchParams::default();
     let only_own = format!("may only remove '{node_a}' from a Configuration's finalizers");
     for refused_patch in [
         finalizers(&[]),
