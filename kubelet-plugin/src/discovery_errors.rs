@@ -15,6 +15,9 @@ pub struct DiscoveryErrors {
     /// Configurations not discovered here on purpose, with why (shown first): a v1
     /// configuration held back for its v0 namesake ([`crate::same_name`]).
     pub held_back: BTreeMap<String, String>,
+    /// Configurations one of whose Instances the API server refused, with why (shown last:
+    /// the configuration's other Instances are written).
+    pub instances: BTreeMap<String, String>,
     /// What this node last wrote into each configuration's `status.discoveryErrors`.
     reported: BTreeMap<String, String>,
 }
@@ -25,6 +28,7 @@ impl DiscoveryErrors {
         self.discovery
             .keys()
             .chain(self.properties.keys())
+            .chain(self.instances.keys())
             .collect::<BTreeSet<_>>()
             .len()
     }
@@ -40,6 +44,7 @@ impl DiscoveryErrors {
             .keys()
             .chain(self.properties.keys())
             .chain(self.held_back.keys())
+            .chain(self.instances.keys())
             .chain(self.reported.keys())
             .cloned()
             .collect();
@@ -47,6 +52,7 @@ impl DiscoveryErrors {
             let now = (self.held_back.get(&name))
                 .or_else(|| self.properties.get(&name))
                 .or_else(|| self.discovery.get(&name))
+                .or_else(|| self.instances.get(&name))
                 .cloned();
             let now = now.as_ref();
             if self.reported.get(&name) == now {

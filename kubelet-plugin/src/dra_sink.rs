@@ -60,6 +60,9 @@ pub struct DraSink {
     metrics: Metrics,
     drivers: BTreeMap<String, ServedDriver>,
     instances: InstanceWriter,
+    /// Configurations one of whose Instances the API server refused on the last write, with
+    /// why (shown in their `status.discoveryErrors`).
+    refused_instances: BTreeMap<String, String>,
     registration: KubeletRegistration,
     next_registration_check: Option<Instant>,
     /// When some vanished device's taint moves on.
@@ -92,12 +95,19 @@ impl DraSink {
             metrics,
             drivers: BTreeMap::new(),
             instances,
+            refused_instances: BTreeMap::new(),
             next_registration_check: None,
             next_taint_change: None,
             dirty: BTreeSet::new(),
             claims_tx,
             claims_rx,
         }
+    }
+
+    /// Configurations one of whose Instances the API server refused on the last write, with
+    /// why.
+    pub fn refused_instances(&self) -> &BTreeMap<String, String> {
+        &self.refused_instances
     }
 
     /// The devices it publishes (what prepare looks devices up in).
@@ -357,14 +367,15 @@ impl DraSink {
                 drivers.push(driver.clone());
             }
         }
-        let contested = match self.instances.sync(&known, None).await {
-            Ok(contested) => contested,
+        let synced = match self.instances.sync(&known, None).await {
+            Ok(synced) => synced,
             Err(error) => {
                 tracing::warn!(%error, "writing Instances failed; retrying on the next change or resync");
                 return;
             }
         };
-        for name in contested {
+        self.refused_instances = synced.refused;
+        for name in synced.contested {
             let Some(at) = known.iter().position(|(d, _, _)| d.instance == name) else {
                 continue;
             };

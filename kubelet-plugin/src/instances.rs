@@ -202,17 +202,19 @@ impl InstanceWriter {
 
     /// Applies the Instances of `known` devices (with this node in `nodes`), and takes this
     /// node out of Instances it no longer sees once the grace period passed; the last node
-    /// deletes the Instance ([`instance_plan`](crate::instance_plan) decides which). Returns
-    /// the names of unshared devices that another node's Instance has: the caller renames
-    /// them.
+    /// deletes the Instance ([`instance_plan`](crate::instance_plan) decides which).
     ///
     /// `live`, where known, are the configurations that exist: Instances of others depart at
     /// once.
+    ///
+    /// An Instance the API server refuses (say, a property too large for a request) is
+    /// reported in [`Synced::refused`] and the other writes go on; only an error that is not
+    /// the API server's answer (it cannot be reached) ends the sync.
     pub async fn sync(
         &mut self,
         known: &[Seen],
         live: Option<&BTreeSet<String>>,
-    ) -> Result<Vec<String>, kube::Error> {
+    ) -> Result<Synced, kube::Error> {
         let params = PatchParams::apply(&self.field_manager).force();
         let unforced = PatchParams::apply(&self.field_manager);
         // What is stored: an Instance that already says what this node would apply is not
@@ -234,7 +236,9 @@ impl InstanceWriter {
                 Instant::now(),
             )
         };
-        let mut contested = Vec::new();
+        let mut synced = Synced::default();
+        let contested = &mut synced.contested;
+        let mut refused = Refusals(&mut synced.refused);
         for step in plan.steps {
             let current = match step {
                 Step::Contested(name) => {
@@ -258,37 +262,58 @@ impl InstanceWriter {
                             contested.push(name);
                             continue;
                         }
-                        Err(error) => return Err(error),
+                        Err(error) => {
+                            refused.note(&instance, error)?;
+                            continue;
+                        }
                     }
                 }
             };
             let name = current.metadata.name.clone().unwrap_or_default();
             // Both wrote it before either saw the other's: the first in `nodes` keeps it.
             if !current.spec.shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
-                self.give_up(&name, &params).await?;
-                contested.push(name);
+                match self.give_up(&name, &params).await {
+                    Ok(()) => contested.push(name),
+                    Err(error) => refused.note(&current, error)?,
+                }
                 continue;
             }
-            if self.slots {
-                self.complete(&current).await?;
+            if self.slots
+                && let Err(error) = self.complete(&current).await
+            {
+                refused.note(&current, error)?;
             }
         }
         for departure in plan.departures {
-            match departure {
+            let (name, result) = match departure {
                 Departure::Delete(name) => {
-                    match crate::api_call(self.api.delete(&name, &DeleteParams::default())).await {
+                    let result = match crate::api_call(
+                        self.api.delete(&name, &DeleteParams::default()),
+                    )
+                    .await
+                    {
                         Ok(_) => {
-                            tracing::info!(instance = %name, "deleted Instance: no node sees it")
+                            tracing::info!(instance = %name, "deleted Instance: no node sees it");
+                            Ok(())
                         }
-                        Err(kube::Error::Api(s)) if s.code == 404 => {}
-                        Err(e) => return Err(e),
+                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                        Err(e) => Err(e),
+                    };
+                    if result.is_ok() {
+                        self.mine.lock().expect("not poisoned").deleted(&name);
                     }
-                    self.mine.lock().expect("not poisoned").deleted(&name);
+                    (name, result)
                 }
-                Departure::Leave(name) => self.give_up(&name, &params).await?,
+                Departure::Leave(name) => {
+                    let result = self.give_up(&name, &params).await;
+                    (name, result)
+                }
+            };
+            if let (Err(error), Some(instance)) = (result, stored.get(&name)) {
+                refused.note(instance, error)?;
             }
         }
-        Ok(contested)
+        Ok(synced)
     }
 
     /// Gives up this node's entry of `nodes` (and its other fields) by applying nothing.
@@ -342,6 +367,38 @@ impl InstanceWriter {
     /// Whether some Instance is waiting for its grace period (the caller should sync again).
     pub fn pending(&self) -> bool {
         !self.vanished.is_empty()
+    }
+}
+
+/// What a [`InstanceWriter::sync`] found besides what it wrote.
+#[derive(Debug, Default)]
+pub struct Synced {
+    /// Unshared devices whose Instance name another node's Instance has: the caller renames
+    /// them.
+    pub contested: Vec<String>,
+    /// Configurations one of whose Instances the API server refused this time, with why.
+    pub refused: BTreeMap<String, String>,
+}
+
+/// Collects the API server's refusals of single Instances; any other error is passed on.
+struct Refusals<'a>(&'a mut BTreeMap<String, String>);
+
+impl Refusals<'_> {
+    fn note(&mut self, instance: &Instance, error: kube::Error) -> Result<(), kube::Error> {
+        let kube::Error::Api(status) = error else {
+            return Err(error);
+        };
+        let name = instance.metadata.name.as_deref().unwrap_or_default();
+        let configuration = &instance.spec.configuration_name;
+        tracing::warn!(instance = %name, %configuration, code = status.code, message = %status.message, "the API server refused an Instance; writing the others");
+        self.0.insert(
+            configuration.clone(),
+            format!(
+                "the API server refused Instance {name} ({}): {}",
+                status.code, status.message
+            ),
+        );
+        Ok(())
     }
 }
 

@@ -112,8 +112,10 @@ impl LegacySink {
                 .collect();
             let mut known = known(devices, &namespace);
             for _ in 0..2 {
+                // A refused Instance is logged by the writer (a v0 Configuration has no
+                // status); the others are written all the same.
                 let contested = match writer.sync(&known, Some(&live)).await {
-                    Ok(contested) => contested,
+                    Ok(synced) => synced.contested,
                     Err(error) => {
                         tracing::warn!(%namespace, %error, "writing legacy Instances failed; retrying on the next change or resync");
                         break;

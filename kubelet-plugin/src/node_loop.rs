@@ -146,9 +146,6 @@ impl NodeLoop {
             let mut problem = None;
             if let Some(dra) = &mut self.dra {
                 dra.serve(&registered).await;
-                let errors = &mut self.discovery.errors;
-                errors.report(&self.client, &self.node_name).await;
-                self.metrics.set_discovery_errors(errors.failing());
                 // Keep what the previous process published until discovery has answered.
                 if self.discovery.open(Sink::Dra, &wanted, &registered) {
                     problem = dra.registration_problem();
@@ -156,6 +153,11 @@ impl NodeLoop {
                 } else {
                     starting = true;
                 }
+                // After the publish, so that an Instance it could not write shows now.
+                let errors = &mut self.discovery.errors;
+                errors.instances = dra.refused_instances().clone();
+                errors.report(&self.client, &self.node_name).await;
+                self.metrics.set_discovery_errors(errors.failing());
             }
             if let Some(legacy) = &mut self.legacy {
                 if self.discovery.open(Sink::Legacy, &wanted, &registered) {

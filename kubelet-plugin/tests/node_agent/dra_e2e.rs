@@ -304,6 +304,15 @@ async fn discovery_errors_show_in_the_configurations_status() {
             .await
             .unwrap();
     };
+    // An admission policy refuses the Instance of one device (as the API server refuses one
+    // with a property too large for a request), once it is in force.
+    let refused = ControlPlane::unique_name("refused");
+    refuse_instances_described(&client, &ns, "refused0").await;
+    create(
+        &refused,
+        json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [refused0, fine0]" }),
+    )
+    .await;
     let good = ControlPlane::unique_name("good");
     let bad_details = ControlPlane::unique_name("bad-details");
     let bad_secret = ControlPlane::unique_name("bad-secret");
@@ -352,6 +361,24 @@ async fn discovery_errors_show_in_the_configurations_status() {
         message.contains("Secret") && message.contains("missing"),
         "{message}"
     );
+
+    let message = eventually("the refused Instance reported", async || {
+        error_of(&refused).await
+    })
+    .await;
+    let refused_instance = akri_devices::instance_name(&refused, "refused0", false, &node.name);
+    assert!(
+        message.contains(&format!(
+            "the API server refused Instance {refused_instance}"
+        )) && message.contains("no refused0 here"),
+        "{message}"
+    );
+    // Its other device is written and published all the same.
+    let fine = akri_devices::instance_name(&refused, "fine0", false, &node.name);
+    Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
+        .get(&fine)
+        .await
+        .expect("the configuration's other Instance");
 
     // The good configuration on the same node and handler is unaffected.
     let good_device = akri_devices::instance_name(&good, "ok0", false, &node.name);
@@ -961,4 +988,70 @@ async fn a_driver_no_kubelet_takes_makes_the_plugin_not_ready_naming_the_directo
     // Past the timeout the wired one stays ready.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(wired.agent.readiness().reason(), None, "{}", wired.name);
+}
+
+/// A ValidatingAdmissionPolicy refusing Instances in `ns` whose device is described as
+/// `description`, in force when this returns (a probe Instance is refused).
+async fn refuse_instances_described(client: &kube::Client, ns: &str, description: &str) {
+    let name = ControlPlane::unique_name("refuse-instances");
+    let policy: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": { "resourceRules": [{
+                    "apiGroups": ["akri.sh"], "apiVersions": ["v0"],
+                    "operations": ["CREATE", "UPDATE"], "resources": ["instances"],
+                }] },
+                "validations": [{
+                    "expression": format!("object.spec.?brokerProperties[?'DEBUG_ECHO_DESCRIPTION'].orValue('') != '{description}'"),
+                    "message": format!("no {description} here"),
+                }],
+            },
+        }))
+        .unwrap();
+    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(
+        client.clone(),
+    )
+    .create(&PostParams::default(), &policy)
+    .await
+    .unwrap();
+    let binding: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding =
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "policyName": name, "validationActions": ["Deny"],
+                "matchResources": { "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } } },
+            },
+        }))
+        .unwrap();
+    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(
+        client.clone(),
+    )
+    .create(&PostParams::default(), &binding)
+    .await
+    .unwrap();
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), ns);
+    let probe: akri_api::v0::Instance = serde_json::from_value(json!({
+        "metadata": { "name": "probe" },
+        "spec": { "configurationName": "probe", "cdiName": "akri.sh/probe=probe", "capacity": 1,
+                  "brokerProperties": { "DEBUG_ECHO_DESCRIPTION": description } },
+    }))
+    .unwrap();
+    eventually("the Instance policy in force", async || {
+        match instances
+            .create(
+                &PostParams {
+                    dry_run: true,
+                    ..Default::default()
+                },
+                &probe,
+            )
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 422 || status.code == 403 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
 }

@@ -178,6 +178,58 @@ async fn a_device_with_too_many_properties_is_published() {
     );
 }
 
+/// One Instance the API server refuses (a device with a 4 MB property: over the API server's
+/// 3 MB request limit) is reported with why, and the node's other Instances are written all
+/// the same, those after it included.
+#[tokio::test]
+async fn a_refused_instance_leaves_the_other_writes_alone() {
+    let (client, ns) = namespace("refused").await;
+    let device = |configuration: &str, id: &str, value: String| KnownDevice {
+        configuration: configuration.into(),
+        instance: akri_devices::instance_name(configuration, id, false, "node-r"),
+        device: DiscoveredDevice {
+            id: id.into(),
+            properties: [("DESCRIPTION".to_string(), value)].into(),
+            ..DiscoveredDevice::default()
+        },
+    };
+    // The refused device is written first.
+    let known = vec![
+        (device("cams", "huge", "x".repeat(4 << 20)), 1, false),
+        (device("cams", "small", "ok".into()), 1, false),
+        (device("mics", "mic", "ok".into()), 1, false),
+    ];
+    let mut writer = InstanceWriter::new(
+        client.clone(),
+        &ns,
+        "node-r",
+        Grace::uniform(Duration::ZERO),
+    );
+    let synced = writer
+        .sync(&known, None)
+        .await
+        .expect("a refusal is not an outage");
+    let message = &synced.refused["cams"];
+    assert!(
+        message.contains(&known[0].0.instance) && message.contains("too large"),
+        "{message}"
+    );
+    assert_eq!(synced.refused.len(), 1, "{:?}", synced.refused);
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    for (seen, _, _) in &known[1..] {
+        instances
+            .get(&seen.instance)
+            .await
+            .unwrap_or_else(|e| panic!("{} not written: {e}", seen.instance));
+    }
+    // Once the device is back within bounds its Instance is written and the refusal clears.
+    let mut fixed = known.clone();
+    fixed[0].0.device.properties = [("DESCRIPTION".to_string(), "ok".to_string())].into();
+    let synced = writer.sync(&fixed, None).await.unwrap();
+    assert!(synced.refused.is_empty(), "{:?}", synced.refused);
+    instances.get(&fixed[0].0.instance).await.unwrap();
+}
+
 /// The writer knows what is stored from a watch, not a read per pass: an Instance deleted or
 /// edited behind its back is written again by a later pass, once the watch has told it.
 #[tokio::test]
@@ -289,8 +341,8 @@ async fn an_unshared_device_never_joins_another_nodes_instance_of_that_name() {
     let grace = Grace::uniform(Duration::from_secs(300));
     let mut a = InstanceWriter::new(client.clone(), &ns, "node-a", grace);
     let mut b = InstanceWriter::new(client.clone(), &ns, "node-b", grace);
-    let contested_a = a.sync(&[(device(&id_a), 1, false)], None).await.unwrap();
-    let contested_b = b.sync(&[(device(&id_b), 1, false)], None).await.unwrap();
+    let contested_a = (a.sync(&[(device(&id_a), 1, false)], None).await.unwrap()).contested;
+    let contested_b = (b.sync(&[(device(&id_b), 1, false)], None).await.unwrap()).contested;
     assert!(contested_a.is_empty(), "{contested_a:?}");
     assert_eq!(
         contested_b,
@@ -305,6 +357,7 @@ async fn an_unshared_device_never_joins_another_nodes_instance_of_that_name() {
         a.sync(&[(device(&id_a), 1, false)], None)
             .await
             .unwrap()
+            .contested
             .is_empty()
     );
     assert_eq!(
