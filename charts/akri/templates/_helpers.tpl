@@ -124,3 +124,9 @@ readinessProbe:
   timeoutSeconds: 3
   failureThreshold: 3
 {{- end -}}
+
+{{/* The namespaces whose Secrets and ConfigMaps discovery properties may read, comma-separated:
+the propertyNamespaces, or the release namespace when none are listed. */}}
+{{- define "akri.propertyNamespaces" -}}
+{{- .Values.propertyNamespaces | default (list .Release.Namespace) | join "," -}}
+{{- end -}}

@@ -157,11 +157,12 @@ async fn template_renders_the_components_with_default_values() {
         "--instance-grace-seconds=30",
         "--shared-instance-grace-seconds=300",
         "--startup-wait-seconds=30",
+        "--property-namespaces=akri-system",
         "--metrics-address=0.0.0.0:8080",
     ] {
         assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
     }
-    for absent in ["--debug-echo-socket", "--property-namespaces", "--log-json"] {
+    for absent in ["--debug-echo-socket", "--log-json"] {
         assert!(
             !args.iter().any(|a| a.starts_with(absent)),
             "{absent} is opt-in: {args:?}"
@@ -252,16 +253,24 @@ async fn template_renders_the_components_with_default_values() {
         of_kind(&objects, "ValidatingAdmissionPolicyBinding").len(),
         3
     );
-    // Secret and ConfigMap reads are cluster-wide when no propertyNamespaces are listed.
-    find(
-        &objects,
-        "ClusterRoleBinding",
-        "akri-kubelet-plugin-properties",
-    );
+    // Secret and ConfigMap reads only in the release namespace when no propertyNamespaces are
+    // listed, and references elsewhere refused on the node.
+    let bindings: Vec<_> = of_kind(&objects, "RoleBinding")
+        .into_iter()
+        .filter(|b| b["metadata"]["name"] == "akri-kubelet-plugin-properties")
+        .map(|b| b["metadata"]["namespace"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(bindings, ["akri-system"]);
     assert!(
-        of_kind(&objects, "RoleBinding")
+        of_kind(&objects, "ClusterRoleBinding")
             .iter()
             .all(|b| b["metadata"]["name"] != "akri-kubelet-plugin-properties")
+    );
+    let args = strings(&daemon_set["spec"]["template"]["spec"]["containers"][0]["args"]);
+    assert!(
+        args.iter()
+            .any(|a| a == "--property-namespaces=akri-system"),
+        "{args:?}"
     );
     for off in ["ServiceMonitor", "DiscoveryConfiguration"] {
         assert!(of_kind(&objects, off).is_empty(), "{off} is opt-in");
@@ -907,7 +916,8 @@ async fn install_creates_every_object_of_both_releases() {
     let client = cp.client().await.unwrap();
     let helm = Helm::new();
     let kubeconfig = cp.kubeconfig().display().to_string();
-    // akri: 3 ServiceAccounts, 4 ClusterRoles and their bindings, 2 Roles and their
+    // akri: 3 ServiceAccounts, 4 ClusterRoles and their bindings (the Secret reads by a
+    // RoleBinding in the release namespace), 2 Roles and their
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 3 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, 4 DiscoveryConfigurations, 4 discovery handlers' DaemonSets and
@@ -1122,8 +1132,10 @@ broker-controller  update  coordination.k8s.io/leases                release   a
 /// ConfigMap gets (never lists or watches) anywhere; the Leases under their default names; the
 /// broker-controller on.
 const RBAC_DEFAULT_VALUES: &str = "
-kubelet-plugin     get     core/secrets                              other     -             yes
-kubelet-plugin     get     core/configmaps                           other     -             yes
+kubelet-plugin     list    core/secrets                              release   -             yes
+kubelet-plugin     watch   core/configmaps                           release   -             yes
+kubelet-plugin     get     core/secrets                              other     -             no
+kubelet-plugin     get     core/configmaps                           other     -             no
 kubelet-plugin     list    core/secrets                              cluster   -             no
 kubelet-plugin     list    core/configmaps                           other     -             no
 kubelet-plugin     watch   core/secrets                              other     -             no
@@ -1616,11 +1628,15 @@ async fn a_legacy_plugin_may_only_remove_its_own_node_from_a_configurations_fina
         .create(&PostParams::default(), &throwaway)
         .await
         .unwrap();
-    let label = Patch::Merge(json!({ "metadata": { "labels": { "probe": "yes" } } }));
+    // Each probe writes a new value: a patch that changes nothing passes any policy.
+    let probes = std::sync::atomic::AtomicUsize::new(0);
     akri_testing::eventually_within(
         "the Configuration policy active",
         std::time::Duration::from_secs(30),
         async || {
+            let n = probes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let label =
+                Patch::Merge(json!({ "metadata": { "labels": { "probe": n.to_string() } } }));
             let probe = plugin_v0
                 .patch(&format!("{name}-probe"), &params, &label)
                 .await;
