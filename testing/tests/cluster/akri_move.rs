@@ -502,23 +502,16 @@ async fn output(pods: &Api<Pod>, pod: &str) -> String {
 /// A running pod's identity: its UID, its container's id and restart count. Equal before and
 /// after means the pod was neither replaced nor restarted.
 async fn running(pods: &Api<Pod>, name: &str) -> (String, String, i32) {
-    let pod = pods
-        .get(name)
-        .await
-        .unwrap_or_else(|e| panic!("pod {name}: {e}"));
-    let status = pod.status.unwrap_or_default();
-    assert_eq!(status.phase.as_deref(), Some("Running"), "pod {name}");
-    let container = status
-        .container_statuses
-        .unwrap_or_default()
-        .into_iter()
-        .next()
-        .expect("a container");
-    (
-        pod.metadata.uid.unwrap_or_default(),
-        container.container_id.unwrap_or_default(),
-        container.restart_count,
-    )
+    // The kubelet reports a started container a moment after it printed: wait for that.
+    akri_testing::eventually_within(&format!("pod {name} running"), WAIT, async || {
+        let pod = pods.get(name).await.ok()?;
+        let status = pod.status?;
+        (status.phase.as_deref() == Some("Running")).then_some(())?;
+        let container = status.container_statuses?.into_iter().next()?;
+        let id = container.container_id.filter(|id| !id.is_empty())?;
+        Some((pod.metadata.uid?, id, container.restart_count))
+    })
+    .await
 }
 
 /// The broker the broker-controller made for `config`'s device (owned by its BrokerTemplate),

@@ -229,12 +229,19 @@ impl Drop for AbortOnDrop {
 
 /// `(container id, restart count)` of a pod's one container.
 async fn container(pods: &Api<Pod>, pod: &str) -> (String, i32) {
-    let status = pods.get(pod).await.unwrap().status.unwrap();
-    let container = &status.container_statuses.unwrap()[0];
-    (
-        container.container_id.clone().unwrap_or_default(),
-        container.restart_count,
+    // The kubelet reports the container's id a moment after the container has started (and
+    // printed): wait for it.
+    akri_testing::eventually_within(
+        &format!("pod {pod}'s container id"),
+        Duration::from_secs(30),
+        async || {
+            let status = pods.get(pod).await.ok()?.status?;
+            let container = status.container_statuses?.into_iter().next()?;
+            let id = container.container_id.filter(|id| !id.is_empty())?;
+            Some((id, container.restart_count))
+        },
     )
+    .await
 }
 
 #[tokio::test]
