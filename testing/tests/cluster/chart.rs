@@ -1352,6 +1352,25 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
     cp.create_node(&node_a).await.unwrap();
     cp.create_node(&node_b).await.unwrap();
     let plugin = plugin_client_on(cp, ns, Some(&node_a)).await;
+    // The policies take effect a moment after the install created them: until a slice of
+    // another node is refused (one a probe writes, then deletes, while they are not).
+    let probes = Api::<ResourceSlice>::all(plugin.clone());
+    let probe = format!("{node_b}-probe");
+    akri_testing::eventually_within(
+        "the ResourceSlice policy active",
+        std::time::Duration::from_secs(30),
+        async || match probes
+            .create(&PostParams::default(), &slice(&probe, Some(&node_b)))
+            .await
+        {
+            Err(kube::Error::Api(s)) if s.code == 403 => Some(()),
+            _ => {
+                let _ = probes.delete(&probe, &DeleteParams::default()).await;
+                None
+            }
+        },
+    )
+    .await;
 
     // The token carries the node, as a DaemonSet pod's token does.
     let review: SelfSubjectReview = Api::all(plugin.clone())
