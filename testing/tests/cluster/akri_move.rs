@@ -18,7 +18,6 @@ use kube::api::{Api, ListParams, LogParams, PostParams};
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The names the section's commands use.
@@ -170,15 +169,17 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
 
     // 6. One configuration at a time, watched for a device held twice all along.
     let watch = HeldTwice::start(client.clone());
+    let moves = [
+        doc.take("kubectl get configurations.akri.sh cams"),
+        doc.take("kubectl delete configurations.akri.sh cams"),
+        doc.take("kubectl delete pods --namespace cameras --selector"),
+    ];
     let mut moved = Vec::new();
     for config in [DOCUMENTED, OTHER] {
-        doc.run_as("kubectl get configurations.akri.sh cams", config)
-            .await;
-        doc.run_as("kubectl delete configurations.akri.sh cams", config)
-            .await;
-        doc.run_as("kubectl delete pods --namespace cameras --selector", config)
-            .await;
-        doc.rewind(3);
+        // The section's lines for `cams`, for `config`.
+        for line in &moves {
+            doc.sh(line.replace(DOCUMENTED, config)).await;
+        }
         let broker = v1_broker(&pods, config).await;
         let output = output(&pods, &broker).await;
         assert!(
@@ -207,7 +208,6 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
                 .all(|i| i.spec.configuration_name != config)
         );
     }
-    doc.skip_remaining_moves(3);
     let violations = watch.stop().await;
     assert!(
         violations.is_empty(),
@@ -308,21 +308,6 @@ impl Doc {
     async fn run(&mut self, prefix: &str) {
         let line = self.take(prefix);
         self.sh(line).await;
-    }
-
-    /// Runs the next line for configuration `config` where the section names `cams`.
-    async fn run_as(&mut self, prefix: &str, config: &str) {
-        let line = self.take(prefix).replace(DOCUMENTED, config);
-        self.sh(line).await;
-    }
-
-    /// Goes back `n` lines (the per-configuration commands, for the next configuration).
-    fn rewind(&mut self, n: usize) {
-        self.next -= n;
-    }
-
-    fn skip_remaining_moves(&mut self, n: usize) {
-        self.next += n;
     }
 
     fn done(&self) {
@@ -545,8 +530,8 @@ struct HeldTwice {
 impl HeldTwice {
     fn start(client: kube::Client) -> HeldTwice {
         let (stop, mut stopped) = tokio::sync::oneshot::channel();
-        let seen = Arc::new(Mutex::new(Vec::new()));
         let task = tokio::spawn(async move {
+            let mut seen = Vec::new();
             let instances = Api::<Instance>::all(client.clone());
             let slices = Api::<ResourceSlice>::all(client);
             let mut samples = 0;
@@ -572,16 +557,14 @@ impl HeldTwice {
                         let dra = instances.items.iter().filter(of).any(|i| !legacy(&i))
                             || slices.contains(&format!("\"{config}\""));
                         if held && dra {
-                            seen.lock()
-                                .unwrap()
-                                .push(format!("{config} at sample {samples}"));
+                            seen.push(format!("{config} at sample {samples}"));
                         }
                     }
                 }
                 tokio::time::sleep(Duration::from_millis(250)).await;
             }
             assert!(samples > 10, "the watch sampled only {samples} times");
-            std::mem::take(&mut *seen.lock().unwrap())
+            seen
         });
         HeldTwice { stop, task }
     }
