@@ -402,6 +402,20 @@ impl Refusals<'_> {
     }
 }
 
+/// The JSON patch operation that removes `node` from an object's finalizers (where Akri's
+/// agent left the node's name), if it is there.
+pub(crate) fn finalizer_removal(
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    node: &str,
+) -> Option<serde_json::Value> {
+    let finalizers = metadata.finalizers.as_deref().unwrap_or_default();
+    if !finalizers.iter().any(|f| f == node) {
+        return None;
+    }
+    let kept: Vec<&String> = finalizers.iter().filter(|f| *f != node).collect();
+    Some(serde_json::json!({ "op": "replace", "path": "/metadata/finalizers", "value": kept }))
+}
+
 /// The JSON patch operations that complete a legacy Instance ([`InstanceWriter::complete`]):
 /// its missing slots added free, `node`'s finalizer and owner references to a v0
 /// Configuration (what Akri's agent left) removed.
@@ -414,13 +428,7 @@ fn completion(instance: &Instance, name: &str, node: &str) -> Vec<serde_json::Va
         })
         .collect();
     let metadata = &instance.metadata;
-    let finalizers = metadata.finalizers.clone().unwrap_or_default();
-    if finalizers.iter().any(|f| f == node) {
-        let kept: Vec<&String> = finalizers.iter().filter(|f| *f != node).collect();
-        ops.push(
-            serde_json::json!({ "op": "replace", "path": "/metadata/finalizers", "value": kept }),
-        );
-    }
+    ops.extend(finalizer_removal(metadata, node));
     let owners = metadata.owner_references.clone().unwrap_or_default();
     let by_configuration = |o: &&k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference| {
         o.kind == "Configuration" && o.api_version.starts_with("akri.sh/")

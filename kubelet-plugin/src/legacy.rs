@@ -191,14 +191,10 @@ impl LegacySink {
 /// The JSON patch that removes `node` from a Configuration's finalizers, testing the
 /// resourceVersion it was computed from; `None` when the node's name is not there.
 fn finalizer_release(config: &Configuration, node: &str) -> Option<json_patch::Patch> {
-    let finalizers = config.metadata.finalizers.as_deref().unwrap_or_default();
-    if !finalizers.iter().any(|f| f == node) {
-        return None;
-    }
-    let kept: Vec<&String> = finalizers.iter().filter(|f| *f != node).collect();
+    let removal = crate::instances::finalizer_removal(&config.metadata, node)?;
     let patch = serde_json::json!([
         { "op": "test", "path": "/metadata/resourceVersion", "value": config.metadata.resource_version },
-        { "op": "replace", "path": "/metadata/finalizers", "value": kept },
+        removal,
     ]);
     Some(serde_json::from_value(patch).expect("valid JSON patch"))
 }
