@@ -146,13 +146,13 @@ pub async fn extended_resource_name(client: &kube::Client) -> Result<bool, Error
             name: Some(PROBE_NAME.into()),
             ..ObjectMeta::default()
         },
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             extended_resource_name: Some("dra-plugin.probe/api-support".into()),
             ..DeviceClassSpec::default()
-        },
+        }),
     };
     let stored = create_or_rejected(&classes, &dry_run(), &class, "DeviceClass").await?;
-    Ok(stored.is_some_and(|c| c.spec.extended_resource_name.is_some()))
+    Ok(stored.is_some_and(|c| c.spec.is_some_and(|s| s.extended_resource_name.is_some())))
 }
 
 /// What the server would store, or `None` when it rejects the object as invalid (a field it

@@ -81,6 +81,7 @@ pub struct Builder {
     field_manager: Option<String>,
     claims: Option<Arc<dyn ClaimSource>>,
     repair: bool,
+    health: bool,
 }
 
 impl Builder {
@@ -143,6 +144,14 @@ impl Builder {
         self
     }
 
+    /// Whether the driver reports device health (default: yes). Off, the plugin neither
+    /// serves nor advertises `DRAResourceHealth`, the kubelet opens no health stream and
+    /// pods show no health for its devices; [`Plugin::health`] then reaches nobody.
+    pub fn health(mut self, enabled: bool) -> Self {
+        self.health = enabled;
+        self
+    }
+
     /// The registry directory and the plugin directory, defaults applied.
     fn dirs(&self) -> (PathBuf, PathBuf) {
         let registry = (self.registry_dir.clone())
@@ -196,8 +205,8 @@ impl Builder {
             registry_dir,
             plugin_dir,
         };
-        let served =
-            KubeletPlugin::start(&config, &service, &health).map_err(|cause| Error::Serve {
+        let served = KubeletPlugin::start(&config, &service, self.health.then_some(&health))
+            .map_err(|cause| Error::Serve {
                 driver: self.driver.clone(),
                 cause,
             })?;
@@ -253,6 +262,7 @@ impl Plugin<()> {
             field_manager: None,
             claims: None,
             repair: true,
+            health: true,
         }
     }
 }

@@ -48,11 +48,12 @@ pub struct KubeletPlugin {
 }
 
 impl KubeletPlugin {
-    /// Serves `service` and `health` on `<plugin_dir>/dra.sock` and registers with the kubelet.
+    /// Serves `service` and `health` (unless `None`: the driver reports no health) on
+    /// `<plugin_dir>/dra.sock` and registers with the kubelet.
     pub fn start<D: Driver>(
         config: &PluginConfig,
         service: &DraService<D>,
-        health: &HealthReporter,
+        health: Option<&HealthReporter>,
     ) -> Result<Self, Error> {
         let socket = config.plugin_dir.join("dra.sock");
         let socket_error = |cause| Error::Socket {
@@ -62,7 +63,8 @@ impl KubeletPlugin {
         let router = tonic::transport::Server::builder()
             .add_service(service.v1())
             .add_service(service.v1beta1())
-            .add_service(health.service());
+            .add_optional_service(health.map(HealthReporter::service))
+            .add_optional_service(health.map(HealthReporter::service_v1alpha1));
         let server =
             crate::authority::serve(&socket, crate::authority::OWNER_ONLY, router, "DRA service")
                 .map_err(socket_error)?;
@@ -70,11 +72,16 @@ impl KubeletPlugin {
         let info = PluginInfo {
             driver_name: config.driver_name.clone(),
             endpoint: socket.clone(),
-            supported_versions: vec![
-                v1::SUPPORTED_VERSION.into(),
-                v1beta1::SUPPORTED_VERSION.into(),
-                health::v1alpha1::SUPPORTED_VERSION.into(),
-            ],
+            supported_versions: [v1::SUPPORTED_VERSION, v1beta1::SUPPORTED_VERSION]
+                .into_iter()
+                .chain(health.iter().flat_map(|_| {
+                    [
+                        health::v1::SUPPORTED_VERSION,
+                        health::v1alpha1::SUPPORTED_VERSION,
+                    ]
+                }))
+                .map(String::from)
+                .collect(),
         };
         std::fs::create_dir_all(&config.registry_dir).map_err(|cause| Error::Socket {
             path: config.registry_dir.clone(),

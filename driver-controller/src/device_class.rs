@@ -50,7 +50,7 @@ pub fn for_configuration(
             owner,
             [(CONFIGURATION_LABEL.to_string(), configuration.to_string())],
         ),
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             selectors: Some(vec![selector(configuration_selector(
                 driver,
                 configuration,
@@ -58,7 +58,7 @@ pub fn for_configuration(
             extended_resource_name: extended_resource
                 .then(|| extended_resource_name(configuration)),
             ..DeviceClassSpec::default()
-        },
+        }),
     }
 }
 
@@ -79,13 +79,13 @@ pub fn for_filter(
                 (FILTER_LABEL.to_string(), filter.to_string()),
             ],
         ),
-        spec: DeviceClassSpec {
+        spec: Some(DeviceClassSpec {
             selectors: Some(vec![
                 selector(configuration_selector(driver, configuration)),
                 selector(compiled.to_string()),
             ]),
             ..DeviceClassSpec::default()
-        },
+        }),
     }
 }
 
@@ -173,7 +173,7 @@ mod tests {
         let class = for_configuration("cams", "onvif.akri.sh", owner, true);
         assert_eq!(class.metadata.name.as_deref(), Some("cams"));
         assert_eq!(
-            class.spec.selectors.unwrap()[0]
+            class.spec.as_ref().unwrap().selectors.clone().unwrap()[0]
                 .cel
                 .as_ref()
                 .unwrap()
@@ -181,7 +181,12 @@ mod tests {
             r#"device.driver == "onvif.akri.sh" && device.attributes["akri.sh"]["configuration"] == "cams""#
         );
         assert_eq!(
-            class.spec.extended_resource_name.as_deref(),
+            class
+                .spec
+                .as_ref()
+                .unwrap()
+                .extended_resource_name
+                .as_deref(),
             Some("akri.sh/cams")
         );
     }

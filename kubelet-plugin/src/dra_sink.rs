@@ -69,6 +69,8 @@ pub struct DraSink {
     next_taint_change: Option<Instant>,
     /// Drivers to publish on the next pass.
     dirty: BTreeSet<String>,
+    /// The configurations whose handler answers: their devices' health is vouched for.
+    answering: BTreeSet<String>,
     claims_tx: mpsc::UnboundedSender<String>,
     claims_rx: mpsc::UnboundedReceiver<String>,
 }
@@ -99,6 +101,7 @@ impl DraSink {
             next_registration_check: None,
             next_taint_change: None,
             dirty: BTreeSet::new(),
+            answering: BTreeSet::new(),
             claims_tx,
             claims_rx,
         }
@@ -113,6 +116,17 @@ impl DraSink {
     /// The devices it publishes (what prepare looks devices up in).
     pub fn devices(&self) -> &NodeDevices {
         &self.devices
+    }
+
+    /// Vouches for the health of every served device whose configuration's handler answers
+    /// (`answering`), and of the vanished ones it keeps: the kubelet turns the others Unknown.
+    /// Called at least every [`dra_plugin::health::RESEND_INTERVAL`].
+    pub fn vouch(&mut self, answering: BTreeSet<String>) {
+        self.answering = answering;
+        for (driver, served) in &self.drivers {
+            let local = self.devices.local_dra_devices(driver);
+            vouch(served, &self.options.node_name, &local, &self.answering);
+        }
     }
 
     /// Publishes `driver` on the next pass.
@@ -333,22 +347,10 @@ impl DraSink {
         }
 
         let now: BTreeSet<String> = local.iter().map(|(d, _)| d.name.clone()).collect();
-        let change = served.health.update(now, &held);
-        let health = served.plugin.health();
-        for name in &change.forget {
-            health.remove(&pool, name);
+        for name in served.health.update(now, &held) {
+            served.plugin.health().remove(&pool, &name);
         }
-        for name in &change.healthy {
-            health.set(&pool, name, true, "");
-        }
-        for name in &change.unhealthy {
-            health.set(
-                &pool,
-                name,
-                false,
-                "its discovery handler no longer reports it",
-            );
-        }
+        vouch(served, &pool, &local, &self.answering);
     }
 
     /// Writes the Instances of every driver's devices on this node. A device whose name
@@ -398,29 +400,45 @@ struct Health {
     gone: BTreeSet<String>,
 }
 
-/// What to tell the kubelet about a driver's devices.
-#[derive(Debug, Default, PartialEq, Eq)]
-struct HealthChange {
-    healthy: BTreeSet<String>,
-    unhealthy: BTreeSet<String>,
-    forget: BTreeSet<String>,
-}
-
 impl Health {
-    /// `now`: the devices published now; `held`: those prepared claims hold.
-    fn update(&mut self, now: BTreeSet<String>, held: &BTreeSet<String>) -> HealthChange {
+    /// `now`: the devices published now; `held`: those prepared claims hold. Returns the
+    /// devices to forget; [`Health::gone`] is then what is unhealthy.
+    fn update(&mut self, now: BTreeSet<String>, held: &BTreeSet<String>) -> BTreeSet<String> {
         let forget: BTreeSet<String> = (self.ever_published.iter())
             .filter(|name| !now.contains(*name) && !held.contains(*name))
             .cloned()
             .collect();
         self.ever_published.retain(|name| !forget.contains(name));
         self.gone = self.ever_published.difference(&now).cloned().collect();
-        self.ever_published.extend(now.iter().cloned());
-        HealthChange {
-            healthy: now,
-            unhealthy: self.gone.clone(),
-            forget,
+        self.ever_published.extend(now);
+        forget
+    }
+}
+
+/// Vouches for a driver's devices in `pool`: healthy those `local` has whose configuration
+/// is `answering`, unhealthy those gone that claims still hold.
+fn vouch(
+    served: &ServedDriver,
+    pool: &str,
+    local: &[(
+        k8s_openapi::api::resource::v1::Device,
+        crate::node_devices::KnownDevice,
+    )],
+    answering: &BTreeSet<String>,
+) {
+    let health = served.plugin.health();
+    for (device, known) in local {
+        if answering.contains(&known.configuration) {
+            health.set(pool, &device.name, true, "");
         }
+    }
+    for name in &served.health.gone {
+        health.set(
+            pool,
+            name,
+            false,
+            "its discovery handler no longer reports it",
+        );
     }
 }
 
@@ -456,35 +474,28 @@ mod tests {
     #[test]
     fn a_gone_device_is_unhealthy_while_held_and_forgotten_once_released() {
         let mut health = Health::default();
-        let first = health.update(set(&["a", "b"]), &set(&[]));
-        assert_eq!(first.healthy, set(&["a", "b"]));
-        assert!(first.unhealthy.is_empty() && first.forget.is_empty());
+        assert!(health.update(set(&["a", "b"]), &set(&[])).is_empty());
+        assert!(health.gone.is_empty());
 
         // b goes while a claim holds it: unhealthy, and the claims now matter.
-        let gone = health.update(set(&["a"]), &set(&["b"]));
-        assert_eq!((gone.healthy, gone.unhealthy), (set(&["a"]), set(&["b"])));
-        assert!(gone.forget.is_empty());
+        assert!(health.update(set(&["a"]), &set(&["b"])).is_empty());
         assert_eq!(health.gone, set(&["b"]));
 
         // Released: forgotten, nothing left to wait for.
-        let released = health.update(set(&["a"]), &set(&[]));
-        assert_eq!(released.forget, set(&["b"]));
-        assert!(released.unhealthy.is_empty() && health.gone.is_empty());
+        assert_eq!(health.update(set(&["a"]), &set(&[])), set(&["b"]));
+        assert!(health.gone.is_empty());
 
         // A device that comes back is healthy again, not gone.
         health.update(set(&["a"]), &set(&["a"]));
-        let back = health.update(set(&["a", "b"]), &set(&[]));
-        assert_eq!(back.healthy, set(&["a", "b"]));
-        assert!(back.unhealthy.is_empty());
+        assert!(health.update(set(&["a", "b"]), &set(&[])).is_empty());
+        assert!(health.gone.is_empty());
     }
 
     #[test]
     fn a_device_gone_and_unheld_is_forgotten_at_once() {
         let mut health = Health::default();
         health.update(set(&["a", "b"]), &set(&[]));
-        let change = health.update(set(&["a"]), &set(&[]));
-        assert_eq!(change.forget, set(&["b"]));
-        assert!(change.unhealthy.is_empty());
+        assert_eq!(health.update(set(&["a"]), &set(&[])), set(&["b"]));
         assert!(health.gone.is_empty());
     }
 }

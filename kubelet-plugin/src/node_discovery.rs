@@ -96,6 +96,9 @@ pub struct NodeDiscovery {
     pub errors: DiscoveryErrors,
     /// Configurations not run because of their names (each said once).
     refused: BTreeSet<String>,
+    /// The running streams whose handler answers: it sent a valid list and has not failed
+    /// since. Their devices' health is vouched for; the others' decays in the kubelet.
+    answering: BTreeSet<String>,
     events: mpsc::Sender<StreamEvent>,
 }
 
@@ -124,6 +127,7 @@ impl NodeDiscovery {
             gates,
             errors: DiscoveryErrors::default(),
             refused: BTreeSet::new(),
+            answering: BTreeSet::new(),
             events,
         }
     }
@@ -136,6 +140,15 @@ impl NodeDiscovery {
     /// The devices a sink's configurations reported (empty for a sink this node does not run).
     pub fn devices(&self, sink: Sink) -> NodeDevices {
         self.devices.get(&sink).cloned().unwrap_or_default()
+    }
+
+    /// The names of `sink`'s configurations whose handler answers (see `answering`).
+    pub fn answering(&self, sink: Sink) -> BTreeSet<String> {
+        (self.answering.iter())
+            .filter_map(|key| self.running.get(key))
+            .filter(|wanted| wanted.sink == sink)
+            .map(|wanted| wanted.name.clone())
+            .collect()
     }
 
     /// A sink's configurations are all listed: its start-up gate may open.
@@ -169,6 +182,7 @@ impl NodeDiscovery {
                 if let Some(gate) = self.gates.get_mut(&sink) {
                     gate.answered(&event.configuration);
                 }
+                self.answering.insert(event.configuration.clone());
                 let changed = self.devices.get(&sink)?.set(
                     &group,
                     ConfigDevices {
@@ -182,7 +196,9 @@ impl NodeDiscovery {
                 changed.then_some((sink, group))
             }
             DiscoveryEvent::Error(error) => {
-                // The stream reconnects by itself; the devices stay as last reported.
+                // The stream reconnects by itself; the devices stay as last reported, but
+                // nobody vouches for their health until it answers again.
+                self.answering.remove(&event.configuration);
                 tracing::warn!(configuration = %event.configuration, handler = %event.handler.name, %error, "discovery failed");
                 if sink == Sink::Dra {
                     let message = format!("handler {}: {error}", event.handler.name);
@@ -227,6 +243,7 @@ impl NodeDiscovery {
             }
         }
         for key in self.streams.stop_others(&run) {
+            self.answering.remove(&key);
             let Some(before) = self.running.remove(&key) else {
                 continue;
             };

@@ -1,7 +1,8 @@
 //! The node agent's one loop. In: the configurations (a watch of v1 DiscoveryConfigurations
 //! when the DRA sink runs, of v0 Configurations when the legacy sink does), the discovery
 //! handlers (un)registering, the streams' reports, changes of the Secrets and ConfigMaps that
-//! discovery properties name, the DRA sink's own wake-ups and a resync every 30 s. Out:
+//! discovery properties name, the DRA sink's own wake-ups and a resync every 30 s (and every
+//! 10 s, without a pass, the DRA sink vouches for its devices' health). Out:
 //! [`NodeDiscovery`] brought in line with the configurations, then each sink's writes, once
 //! its start-up gate is open. A pass reads nothing from the API server that the watches do
 //! not already keep (the library's slice publisher, the Instance writers and the property
@@ -94,6 +95,8 @@ impl NodeLoop {
         let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
         let property_changes = self.discovery.property_changes();
         let mut resync = tokio::time::interval(Duration::from_secs(30));
+        // The DRA sink vouches for its devices' health this often, without a pass.
+        let mut vouch = tokio::time::interval(dra_plugin::health::RESEND_INTERVAL);
         let startup_deadline = tokio::time::sleep(self.startup_wait);
         tokio::pin!(startup_deadline);
         // A finished sleep is ready again at once: poll it only until it has fired.
@@ -120,6 +123,12 @@ impl NodeLoop {
                     }
                 }
                 _ = resync.tick() => if let Some(dra) = &mut self.dra { dra.resync() },
+                _ = vouch.tick() => {
+                    if let Some(dra) = &mut self.dra {
+                        dra.vouch(self.discovery.answering(Sink::Dra));
+                    }
+                    continue;
+                }
                 _ = wake(self.dra.as_mut()) => {}
             }
             let mut wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
@@ -146,6 +155,7 @@ impl NodeLoop {
             let mut problem = None;
             if let Some(dra) = &mut self.dra {
                 dra.serve(&registered).await;
+                dra.vouch(self.discovery.answering(Sink::Dra));
                 // Keep what the previous process published until discovery has answered.
                 if self.discovery.open(Sink::Dra, &wanted, &registered) {
                     problem = dra.registration_problem();

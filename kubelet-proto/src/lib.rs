@@ -8,7 +8,7 @@
 //! |---|---|---|
 //! | [`pluginregistration`] | `k8s.io/kubelet/pkg/apis/pluginregistration/v1` | every kubelet plugin, on its registry socket |
 //! | [`dra::v1`], [`dra::v1beta1`] | `k8s.io/kubelet/pkg/apis/dra/{v1,v1beta1}` | a DRA driver, on its service socket |
-//! | [`dra::health::v1alpha1`] | `k8s.io/kubelet/pkg/apis/dra-health/v1alpha1` | a DRA driver, on its service socket |
+//! | [`dra::health::v1`], [`dra::health::v1alpha1`] | `k8s.io/kubelet/pkg/apis/dra-health/{v1,v1alpha1}` | a DRA driver, on its service socket |
 //! | [`deviceplugin::v1beta1`] | `k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1` | the kubelet (`Registration`) and each device plugin |
 //! | [`podresources::v1`] | `k8s.io/kubelet/pkg/apis/podresources/v1` | the kubelet |
 
@@ -45,13 +45,24 @@ pub mod dra {
 
     /// Device health reported by a DRA driver to the kubelet.
     pub mod health {
-        /// `v1alpha1.DRAResourceHealth`.
+        /// `v1.DRAResourceHealth` (Kubernetes 1.37): the messages of `v1alpha1`. Generated
+        /// apart from the pod-resources API, whose protobuf package is `v1` too.
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/dra_health/v1.rs"));
+
+            /// How a driver advertises this service in `PluginInfo.supported_versions`. From
+            /// 1.37 the kubelet opens the health stream only for a service advertised there,
+            /// the newest it knows.
+            pub const SUPPORTED_VERSION: &str = "v1.DRAResourceHealth";
+        }
+
+        /// `v1alpha1.DRAResourceHealth`, which kubelets read until 1.39.
         pub mod v1alpha1 {
             tonic::include_proto!("v1alpha1");
 
-            /// How a driver advertises this service in `PluginInfo.supported_versions`, as
-            /// upstream's `kubeletplugin` helper does. Kubelets up to 1.36 open the health
-            /// stream whatever the list says and ignore services they do not know.
+            /// How a driver advertises this service in `PluginInfo.supported_versions`.
+            /// Kubelets up to 1.36 open the health stream whatever the list says and ignore
+            /// services they do not know.
             pub const SUPPORTED_VERSION: &str = "v1alpha1.DRAResourceHealth";
         }
     }

@@ -258,6 +258,10 @@ fn service_names() {
         "v1alpha1.DRAResourceHealth"
     );
     assert_eq!(
+        dra::health::v1::dra_resource_health_server::SERVICE_NAME,
+        dra::health::v1::SUPPORTED_VERSION
+    );
+    assert_eq!(
         deviceplugin::v1beta1::registration_server::SERVICE_NAME,
         "v1beta1.Registration"
     );

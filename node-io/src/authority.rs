@@ -78,8 +78,20 @@ pub fn bind_unless_served(path: &std::path::Path, mode: u32) -> io::Result<UnixL
 pub async fn connect(
     path: &std::path::Path,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    connect_with(
+        tonic::transport::Endpoint::from_static("http://localhost"),
+        path,
+    )
+    .await
+}
+
+/// [`connect`] with `endpoint`'s settings (keepalive, timeouts); its URI is not used.
+pub async fn connect_with(
+    endpoint: tonic::transport::Endpoint,
+    path: &std::path::Path,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     let socket = path.to_path_buf();
-    tonic::transport::Endpoint::from_static("http://localhost")
+    endpoint
         .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
             let socket = socket.clone();
             async move {

@@ -72,6 +72,8 @@ pub struct ControlPlane {
     kubeconfig: PathBuf,
     kubeconfig_yaml: Kubeconfig,
     feature_gates: String,
+    /// Every gate `kube-apiserver --help` lists, with its default.
+    gate_defaults: BTreeMap<String, bool>,
     serves_dra: bool,
     // Field order is drop order: clients of the API server go first, etcd last.
     _kube_proxy: Option<KubeProxy>,
@@ -132,7 +134,7 @@ impl ControlPlane {
             .as_ref()
             .map_or(std::net::Ipv4Addr::LOCALHOST, |a| a.address);
         let certs = Certs::generate(dir.path(), host)?;
-        let (feature_gates, dra) = feature_gates(&bins, &options)?;
+        let (feature_gates, dra, gate_defaults) = feature_gates(&bins, &options)?;
 
         let etcd_port = free_port()?;
         let mut etcd = Component::start(
@@ -185,6 +187,11 @@ impl ControlPlane {
         ];
         if !runtime_config.is_empty() {
             args.push(format!("--runtime-config={}", runtime_config.join(",")));
+        }
+        if host.is_loopback() {
+            // Without the `kubernetes` Service (`options.services`) nothing needs its
+            // endpoints, and from 1.37 the API server refuses to reconcile them to loopback.
+            args.push("--endpoint-reconciler-type=none".into());
         }
         let mut apiserver = Component::start(
             "kube-apiserver",
@@ -263,6 +270,7 @@ impl ControlPlane {
             kubeconfig,
             kubeconfig_yaml,
             feature_gates,
+            gate_defaults,
             serves_dra: dra,
             _kube_proxy: kube_proxy,
             controller_manager,
@@ -387,6 +395,17 @@ impl ControlPlane {
     /// The `--feature-gates` value every component got.
     pub fn feature_gates(&self) -> &str {
         &self.feature_gates
+    }
+
+    /// Whether feature gate `name` is on: as `--feature-gates` sets it, else its default, and
+    /// on when the binary no longer lists it (GA, locked on; e.g. DRADeviceTaints in 1.37).
+    pub fn gate_enabled(&self, name: &str) -> bool {
+        let set = (self.feature_gates.split(','))
+            .find_map(|gate| gate.strip_prefix(name)?.strip_prefix('='));
+        match set {
+            Some(value) => value == "true",
+            None => self.gate_defaults.get(name).copied().unwrap_or(true),
+        }
     }
 
     /// How long start-up took, from nothing to every component ready.
@@ -566,7 +585,10 @@ async fn start_client_component(
 /// (`DynamicResourceAllocation`, 1.32 and 1.33), it stays off with every other DRA gate, as
 /// on the clusters of that release: their API server serves no `resource.k8s.io`, and with
 /// the gates on it would not become ready either. Returns the gates and whether DRA is on.
-fn feature_gates(bins: &BinDir, options: &ControlPlaneOptions) -> Result<(String, bool), Error> {
+fn feature_gates(
+    bins: &BinDir,
+    options: &ControlPlaneOptions,
+) -> Result<(String, bool, BTreeMap<String, bool>), Error> {
     let help = std::process::Command::new(bins.require("kube-apiserver")?)
         .arg("--help")
         .output()
@@ -578,12 +600,54 @@ fn feature_gates(bins: &BinDir, options: &ControlPlaneOptions) -> Result<(String
         false => BTreeMap::new(),
     };
     gates.extend(options.feature_gates.clone());
-    let gates = gates
-        .iter()
-        .map(|(name, on)| format!("{name}={on}"))
-        .collect::<Vec<_>>()
-        .join(",");
-    Ok((gates, dra))
+    let joined = |gates: &BTreeMap<String, bool>| {
+        gates
+            .iter()
+            .map(|(name, on)| format!("{name}={on}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    // A beta gate can depend on a gate that is off by default (1.37: DRAWorkloadResourceClaims
+    // on GenericWorkload), and the API server then refuses to start. It says so at once, before
+    // it needs etcd or certificates, so ask it, and leave out each of our gates it names.
+    loop {
+        let probe = std::process::Command::new(bins.require("kube-apiserver")?)
+            .arg(format!("--feature-gates={}", joined(&gates)))
+            .output()
+            .map_err(Error::io("run kube-apiserver --feature-gates"))?;
+        match unmet_dependency(&String::from_utf8_lossy(&probe.stderr)) {
+            Some(gate)
+                if !options.feature_gates.contains_key(gate) && gates.remove(gate).is_some() => {}
+            _ => break,
+        }
+    }
+    Ok((joined(&gates), dra, gate_defaults(&help)))
+}
+
+/// Every gate `--help` lists (`kube:<name>=true|false (<STAGE> - default=<bool>)`), with its
+/// default.
+fn gate_defaults(help: &str) -> BTreeMap<String, bool> {
+    (help.lines())
+        .filter_map(|line| {
+            let (name, rest) = line
+                .trim()
+                .strip_prefix("kube:")?
+                .split_once("=true|false (")?;
+            let default = rest.split_once("default=")?.1;
+            Some((name.to_string(), default.starts_with("true")))
+        })
+        .collect()
+}
+
+/// The gate the API server names in "<gate> is enabled, but depends on features that are
+/// disabled: [...]".
+fn unmet_dependency(stderr: &str) -> Option<&str> {
+    let (before, _) =
+        stderr.split_once(" is enabled, but depends on features that are disabled")?;
+    before
+        .rsplit(|c: char| !c.is_ascii_alphanumeric())
+        .next()
+        .filter(|gate| !gate.is_empty())
 }
 
 /// The beta DRA gates `kube-apiserver --help` lists, and whether DRA is on by default (GA, or
@@ -778,5 +842,25 @@ mod tests {
         let (gates, dra) = dra_gates(v1_36);
         assert!(dra);
         assert_eq!(gates, ["DRAConsumableCapacity", "DRADeviceTaintRules"]);
+    }
+
+    #[test]
+    fn gate_defaults_are_read_from_the_help() {
+        let help = "      kube:DRAConsumableCapacity=true|false (BETA - default=true)
+      kube:DRAWorkloadResourceClaims=true|false (BETA - default=false)";
+        let defaults = gate_defaults(help);
+        assert_eq!(defaults.get("DRAConsumableCapacity"), Some(&true));
+        assert_eq!(defaults.get("DRAWorkloadResourceClaims"), Some(&false));
+    }
+
+    /// As 1.37.2's kube-apiserver exits with DRAWorkloadResourceClaims on alone.
+    #[test]
+    fn a_gate_whose_dependency_is_off_is_named() {
+        let stderr = r#"E1127 02:17:44.464924   15743 run.go:72] "command failed" err="DRAWorkloadResourceClaims is enabled, but depends on features that are disabled: [GenericWorkload]""#;
+        assert_eq!(unmet_dependency(stderr), Some("DRAWorkloadResourceClaims"));
+        assert_eq!(
+            unmet_dependency("err=\"--etcd-servers must be specified\""),
+            None
+        );
     }
 }

@@ -82,6 +82,21 @@ pub fn sh_commands(file: &str, text: &str, program: &str) -> Vec<DocCommand> {
 /// markdown file `file` of the repository, in order: the commands a section gives for a user to
 /// run one after another.
 pub fn section_lines(file: &Path, heading: &str) -> std::io::Result<Vec<String>> {
+    let blocks = section_blocks(file, heading, &["text", "sh"])?;
+    Ok((blocks.iter().flat_map(|block| block.lines()))
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .map(String::from)
+        .collect())
+}
+
+/// The code blocks in one of `languages` (```` ```yaml ````, ...) of the section `## <heading>`
+/// of `file`, in order, each as written.
+pub fn section_blocks(
+    file: &Path,
+    heading: &str,
+    languages: &[&str],
+) -> std::io::Result<Vec<String>> {
     let text = format!("\n{}", std::fs::read_to_string(file)?);
     let section = text
         .split("\n## ")
@@ -89,20 +104,46 @@ pub fn section_lines(file: &Path, heading: &str) -> std::io::Result<Vec<String>>
         .ok_or_else(|| {
             std::io::Error::other(format!("{} has no section {heading:?}", file.display()))
         })?;
-    let (mut in_block, mut lines) = (false, Vec::new());
-    for line in section.lines().map(str::trim) {
-        if line.starts_with("```") {
-            in_block = !in_block && (line == "```text" || line == "```sh");
-        } else if in_block && !line.is_empty() {
-            lines.push(line.to_string());
+    // The open block and its fence's indent (a block in a list item is indented), which its
+    // lines lose.
+    let (mut block, mut blocks) = (None::<(String, usize)>, Vec::new());
+    for line in section.lines() {
+        let indent = line.len() - line.trim_start().len();
+        match (line.trim().strip_prefix("```"), block.take()) {
+            (Some(_), Some((done, _))) => blocks.push(done),
+            (Some(language), None) if languages.contains(&language) => {
+                block = Some((String::new(), indent));
+            }
+            (Some(_), None) | (None, None) => {}
+            (None, Some((mut open, fence))) => {
+                open.push_str(&line[indent.min(fence)..]);
+                open.push('\n');
+                block = Some((open, fence));
+            }
         }
     }
-    Ok(lines)
+    Ok(blocks)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sections_blocks_of_a_language_keep_their_indentation_inside_a_list_item() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("doc.md");
+        let text = "## Other\n```yaml\nno: 1\n```\n## Wanted\n1. Apply:\n\n   ```yaml\n   a:\n     b: 1\n   ```\n   ```text\n   kubectl apply -f a.yaml\n   ```\n```yaml\nc: 2\n```\n";
+        std::fs::write(&file, text).unwrap();
+        assert_eq!(
+            section_blocks(&file, "Wanted", &["yaml"]).unwrap(),
+            ["a:\n  b: 1\n", "c: 2\n"]
+        );
+        assert_eq!(
+            section_lines(&file, "Wanted").unwrap(),
+            ["kubectl apply -f a.yaml"]
+        );
+    }
 
     #[test]
     fn only_the_programs_lines_of_sh_blocks_count_and_continuations_join() {

@@ -33,17 +33,19 @@ async fn wait_until<F: AsyncFn() -> bool>(what: &str, check: F) {
     }
 }
 
-/// The example driver with the builder's defaults, in `dir`, with no kubelet to register with
-/// (for what it does with the API server alone).
+/// The example driver with the builder's defaults (but `health`), in `dir`, with no kubelet to
+/// register with (for what it does with the API server alone).
 async fn plugin_without_kubelet(
     client: &kube::Client,
     driver: &str,
     node: &str,
     dir: &std::path::Path,
+    health: bool,
 ) -> Plugin<GadgetDriver> {
     Plugin::builder(driver, node)
         .registry_dir(dir.join("registry"))
         .plugin_dir(dir.join("plugin"))
+        .health(health)
         .start(
             client.clone(),
             GadgetDriver {
@@ -52,6 +54,43 @@ async fn plugin_without_kubelet(
         )
         .await
         .unwrap()
+}
+
+/// `.health(false)`: the health service is neither advertised (so a 1.37 kubelet opens no
+/// stream) nor served (an older one, which opens it anyway, is told it is not there).
+#[tokio::test]
+async fn a_driver_may_switch_health_off() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("g"));
+    let dir = tempfile::tempdir().unwrap();
+    let _plugin = plugin_without_kubelet(&client, &driver, &node, dir.path(), false).await;
+    let registration =
+        dra_plugin::authority::connect(&dir.path().join(format!("registry/{driver}-reg.sock")))
+            .await
+            .unwrap();
+    let info = RegistrationClient::new(registration)
+        .get_info(InfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    let service = dra_plugin::authority::connect(&dir.path().join("plugin/dra.sock"))
+        .await
+        .unwrap();
+    use kubelet_proto::dra::health::v1alpha1 as health;
+    let watch = health::dra_resource_health_client::DraResourceHealthClient::new(service)
+        .node_watch_resources(health::NodeWatchResourcesRequest {})
+        .await;
+    assert_eq!(
+        watch.err().map(|status| status.code()),
+        Some(tonic::Code::Unimplemented)
+    );
 }
 
 #[tokio::test]
@@ -114,6 +153,7 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
         [
             "v1.DRAPlugin",
             "v1beta1.DRAPlugin",
+            "v1.DRAResourceHealth",
             "v1alpha1.DRAResourceHealth"
         ]
     );
@@ -331,7 +371,7 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
     cp.create_node(&node).await.unwrap();
     let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("r"));
     let dir = tempfile::tempdir().unwrap();
-    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
+    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path(), true).await;
     let published = plugin.publish(gadgets(&["g0", "g1"])).await.unwrap();
     let slices = Api::<ResourceSlice>::all(client.clone());
     let ours = ListParams::default().fields(&format!("spec.driver={driver}"));
@@ -402,7 +442,7 @@ async fn its_own_writes_do_not_send_the_repair_watch_back_to_list() {
     cp.create_node(&node).await.unwrap();
     let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("o"));
     let dir = tempfile::tempdir().unwrap();
-    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
+    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path(), true).await;
     let names: Vec<String> = (0..130).map(|i| format!("g{i}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
     let quiet = async |what: &str| {
@@ -478,7 +518,7 @@ async fn a_node_keeps_exactly_the_pools_its_driver_wants() {
     stale.publish(&gadgets(&["old"])).await.unwrap();
 
     let dir = tempfile::tempdir().unwrap();
-    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path()).await;
+    let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path(), true).await;
     let want = |pools: &[(&str, &[&str])]| -> BTreeMap<String, Vec<Device>> {
         pools
             .iter()

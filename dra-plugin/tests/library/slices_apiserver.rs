@@ -119,8 +119,9 @@ async fn api_support_is_read_back_from_the_server_and_nothing_is_stored() {
     let support = dra_plugin::api_support::ApiSupport::detect(&client)
         .await
         .unwrap();
-    // The harness turns every beta DRA gate on: what the server keeps must follow the gates.
-    let gate = |name: &str| cp.feature_gates().contains(&format!("{name}=true"));
+    // The harness turns every beta DRA gate on: what the server keeps must follow the gates
+    // (GA ones are on without being named).
+    let gate = |name: &str| cp.gate_enabled(name);
     assert_eq!(
         support.consumable_capacity,
         gate("DRAConsumableCapacity"),

@@ -231,7 +231,12 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
         .await;
     if cluster.support.extended_resource_name {
         assert_eq!(
-            class.spec.extended_resource_name.as_deref(),
+            class
+                .spec
+                .as_ref()
+                .unwrap()
+                .extended_resource_name
+                .as_deref(),
             Some(resource.as_str())
         );
         let claim = eventually("the extended-resource claim", async || {
@@ -260,7 +265,7 @@ async fn unique_devices_extended_resources_and_property_filters_steer_the_schedu
         }
         assert!(cluster.bound_node(&pod).await.is_some());
     } else {
-        assert_eq!(class.spec.extended_resource_name, None);
+        assert_eq!(class.spec.unwrap().extended_resource_name, None);
         let ready = cluster.ready_condition(&config).await;
         assert!(ready.message.contains("DRAExtendedResource"), "{ready:?}");
         let why = eventually("the extended-resource pod pending", async || {

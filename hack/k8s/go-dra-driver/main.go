@@ -276,3 +276,9 @@ func (d *driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 func (d *driver) HandleError(ctx context.Context, err error, msg string) {
 	klog.FromContext(ctx).Error(err, msg)
 }
+
+// The benchmark driver reports no device health (the Rust drivers it is compared with do,
+// but the benchmark measures prepare, not health streams).
+func (d *driver) WatchHealthStatus(context.Context, chan<- kubeletplugin.DeviceHealthReport) error {
+	return kubeletplugin.ErrHealthNotSupported
+}

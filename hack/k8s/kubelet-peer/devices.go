@@ -7,6 +7,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/devicemanager"
 	"k8s.io/kubernetes/pkg/kubelet/lifecycle"
 )
@@ -18,7 +19,7 @@ func (p *peer) handleDevicesCapacity(w http.ResponseWriter, r *http.Request) {
 	capacity, allocatable := map[string]int64{}, map[string]int64{}
 	deleted := []string{}
 	err := p.withManagers(func(m *managers) error {
-		c, a, d := m.devices.GetCapacity()
+		c, a, d := m.devices.GetCapacity(klog.FromContext(p.ctx))
 		for name, q := range c {
 			capacity[string(name)] = q.Value()
 		}
@@ -93,7 +94,7 @@ func (p *peer) handleDevicesAllocate(w http.ResponseWriter, r *http.Request) {
 	err = p.withManagers(func(m *managers) error {
 		started := time.Now()
 		p.pods.mark(pod, nil, ptrTo(true)) // the pod being admitted counts as active
-		result := m.topology.Admit(&lifecycle.PodAdmitAttributes{Pod: pod})
+		result := m.topology.Admit(p.ctx, &lifecycle.PodAdmitAttributes{Pod: pod})
 		if !result.Admit {
 			return fmt.Errorf("pod admission failed: %s: %s", result.Reason, result.Message)
 		}
@@ -157,7 +158,7 @@ func (p *peer) handleDevicesRelease(w http.ResponseWriter, r *http.Request) {
 			released++
 		}
 	}
-	if err := p.withManagers(func(m *managers) error { m.devices.UpdateAllocatedDevices(); return nil }); err != nil {
+	if err := p.withManagers(func(m *managers) error { m.devices.UpdateAllocatedDevices(klog.FromContext(p.ctx)); return nil }); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err)
 		return
 	}
@@ -169,7 +170,7 @@ func (p *peer) handleDevicesRelease(w http.ResponseWriter, r *http.Request) {
 func (p *peer) handleDevicesAllocatable(w http.ResponseWriter, r *http.Request) {
 	out := map[string][]string{}
 	err := p.withManagers(func(m *managers) error {
-		for resource, byID := range m.devices.GetAllocatableDevices() {
+		for resource, byID := range m.devices.GetAllocatableDevices(klog.FromContext(p.ctx)) {
 			ids := []string{}
 			for id := range byID {
 				ids = append(ids, id)

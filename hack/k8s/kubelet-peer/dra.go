@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	v1 "k8s.io/api/core/v1"
+	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra/state"
 	"k8s.io/kubernetes/pkg/kubelet/pluginmanager/cache"
 )
@@ -30,8 +32,8 @@ func newDriverRecorder(h cache.PluginHandler) *driverRecorder {
 	return &driverRecorder{PluginHandler: h, endpoints: map[string]map[string]bool{}}
 }
 
-func (d *driverRecorder) RegisterPlugin(name, endpoint string, versions []string, timeout *time.Duration) error {
-	if err := d.PluginHandler.RegisterPlugin(name, endpoint, versions, timeout); err != nil {
+func (d *driverRecorder) RegisterPlugin(ctx context.Context, name, endpoint string, versions []string, timeout *time.Duration) error {
+	if err := d.PluginHandler.RegisterPlugin(ctx, name, endpoint, versions, timeout); err != nil {
 		return err
 	}
 	d.mu.Lock()
@@ -43,8 +45,8 @@ func (d *driverRecorder) RegisterPlugin(name, endpoint string, versions []string
 	return nil
 }
 
-func (d *driverRecorder) DeRegisterPlugin(name, endpoint string) {
-	d.PluginHandler.DeRegisterPlugin(name, endpoint)
+func (d *driverRecorder) DeRegisterPlugin(ctx context.Context, name, endpoint string) {
+	d.PluginHandler.DeRegisterPlugin(ctx, name, endpoint)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	delete(d.endpoints[name], endpoint)
@@ -221,7 +223,7 @@ func (p *peer) handleDRAHealthPod(w http.ResponseWriter, r *http.Request) {
 		podStatus.ContainerStatuses = append(podStatus.ContainerStatuses, v1.ContainerStatus{Name: c.Name})
 	}
 	if err := p.withManagers(func(m *managers) error {
-		m.dra.UpdateAllocatedResourcesStatus(pod, podStatus)
+		m.dra.UpdateAllocatedResourcesStatus(klog.FromContext(p.ctx), pod, podStatus)
 		return nil
 	}); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err)

@@ -90,7 +90,7 @@ func (p *peer) startLocked() error {
 	// device manager as hint provider; then the DRA manager with the kubelet root dir as
 	// its state dir.
 	var err error
-	if m.topology, err = topologymanager.NewManager(nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil); err != nil {
+	if m.topology, err = topologymanager.NewManager(logger, nil, topologymanager.PolicyNone, topologymanager.ContainerTopologyScope, nil); err != nil {
 		return fail(fmt.Errorf("topology manager: %w", err))
 	}
 	if m.devices, err = newDeviceManagerImpl(logger, filepath.Join(p.opts.devicePluginDir, "kubelet.sock"), nil, m.topology); err != nil {

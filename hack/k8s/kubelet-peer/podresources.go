@@ -67,8 +67,8 @@ func (pp podsProvider) GetPodByName(namespace, name string) (*v1.Pod, bool) {
 // devicesProvider: the device manager, converted as containerManagerImpl.GetDevices does.
 type devicesProvider struct{ p *peer }
 
-func (dp devicesProvider) UpdateAllocatedDevices() {
-	_ = dp.p.withManagers(func(m *managers) error { m.devices.UpdateAllocatedDevices(); return nil })
+func (dp devicesProvider) UpdateAllocatedDevices(logger klog.Logger) {
+	_ = dp.p.withManagers(func(m *managers) error { m.devices.UpdateAllocatedDevices(logger); return nil })
 }
 
 func (dp devicesProvider) GetDevices(podUID, containerName string) []*podresourcesv1.ContainerDevices {
@@ -80,10 +80,10 @@ func (dp devicesProvider) GetDevices(podUID, containerName string) []*podresourc
 	return out
 }
 
-func (dp devicesProvider) GetAllocatableDevices() []*podresourcesv1.ContainerDevices {
+func (dp devicesProvider) GetAllocatableDevices(logger klog.Logger) []*podresourcesv1.ContainerDevices {
 	var out []*podresourcesv1.ContainerDevices
 	_ = dp.p.withManagers(func(m *managers) error {
-		out = toContainerDevices(m.devices.GetAllocatableDevices())
+		out = toContainerDevices(m.devices.GetAllocatableDevices(logger))
 		return nil
 	})
 	return out
@@ -103,16 +103,20 @@ func toContainerDevices(devs devicemanager.ResourceDeviceInstances) []*podresour
 
 type noCPUs struct{}
 
-func (noCPUs) GetCPUs(string, string) []int64 { return nil }
-func (noCPUs) GetAllocatableCPUs() []int64    { return nil }
+func (noCPUs) GetCPUs(*v1.Pod, *v1.Container) []int64 { return nil }
+func (noCPUs) GetPodCPUs(string) []int64              { return nil }
+func (noCPUs) GetAllocatableCPUs() []int64            { return nil }
 
 type noMemory struct{}
 
-func (noMemory) GetMemory(string, string) []*podresourcesv1.ContainerMemory { return nil }
-func (noMemory) GetAllocatableMemory() []*podresourcesv1.ContainerMemory    { return nil }
+func (noMemory) GetMemory(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesv1.ContainerMemory {
+	return nil
+}
+func (noMemory) GetPodMemory(klog.Logger, string) []*podresourcesv1.ContainerMemory { return nil }
+func (noMemory) GetAllocatableMemory(klog.Logger) []*podresourcesv1.ContainerMemory { return nil }
 
 type noDynamicResources struct{}
 
-func (noDynamicResources) GetDynamicResources(*v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
+func (noDynamicResources) GetDynamicResources(klog.Logger, *v1.Pod, *v1.Container) []*podresourcesv1.DynamicResource {
 	return nil
 }

@@ -10,6 +10,12 @@ use tonic::transport::Channel;
 /// 5 minutes with GOAWAY `too_many_pings`, hence the long interval.
 const NETWORK_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(6 * 60);
 const NETWORK_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// HTTP/2 keepalive on Unix sockets, so a handler that stops answering (its process wedged
+/// or stopped) is noticed within 20 s: its devices' health then decays to Unknown until it
+/// answers again. Akri's handlers (Rust, hyper) answer pings at any rate; a handler on
+/// grpc-go must allow them (`keepalive.EnforcementPolicy{MinTime: 10 * time.Second}`).
+const LOCAL_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const LOCAL_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Errors of connecting to a handler or to a registration socket.
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +50,9 @@ pub async fn channel(endpoint: &Endpoint) -> Result<Channel, Error> {
                 .map_err(invalid)?
                 .http2_keep_alive_interval(NETWORK_KEEPALIVE_INTERVAL)
                 .keep_alive_timeout(NETWORK_KEEPALIVE_TIMEOUT)
+                // As below: without it, a connection carrying only the Discover stream is
+                // never pinged.
+                .keep_alive_while_idle(true)
                 .connect()
                 .await
                 .map_err(|cause| Error::Connect {
@@ -56,7 +65,13 @@ pub async fn channel(endpoint: &Endpoint) -> Result<Channel, Error> {
 
 /// Connects to a gRPC server on a Unix socket.
 pub async fn unix_channel(path: &Path) -> Result<Channel, Error> {
-    dra_plugin::authority::connect(path)
+    let endpoint = tonic::transport::Endpoint::from_static("http://localhost")
+        .http2_keep_alive_interval(LOCAL_KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(LOCAL_KEEPALIVE_TIMEOUT)
+        // hyper counts a connection whose only stream is a long-lived response as idle, and
+        // pings an idle one only when told to.
+        .keep_alive_while_idle(true);
+    dra_plugin::authority::connect_with(endpoint, path)
         .await
         .map_err(|source| Error::Connect {
             endpoint: format!("unix:{}", path.display()),

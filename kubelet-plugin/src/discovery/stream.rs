@@ -20,7 +20,8 @@
 //! silent for good after answering: ONVIF, for instance, sends a list only when the set of
 //! cameras changes, so with no camera it never sends one. A handler on a network endpoint
 //! that vanishes while silent is caught by HTTP/2 keepalive (see [`super::connect`]); one on
-//! a Unix socket closes the connection when its process dies.
+//! a Unix socket closes the connection when its process dies, and is pinged too, more often,
+//! so that one whose process wedges is caught as well.
 
 use super::backoff::Backoff;
 use super::connect;

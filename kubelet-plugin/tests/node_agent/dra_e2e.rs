@@ -1055,3 +1055,246 @@ async fn refuse_instances_described(client: &kube::Client, ns: &str, description
     })
     .await;
 }
+
+/// A Unix socket relay to a handler that can stop passing bytes, in both directions and on
+/// every connection, as the socket of a stopped (SIGSTOP) or wedged process does: connecting
+/// still works, nothing is answered, not even HTTP/2 pings.
+struct Relay {
+    socket: std::path::PathBuf,
+    open: tokio::sync::watch::Sender<bool>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl Relay {
+    fn start(socket: std::path::PathBuf, upstream: std::path::PathBuf) -> Relay {
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let (open, _) = tokio::sync::watch::channel(true);
+        let passing = open.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else {
+                    continue;
+                };
+                let ((client_read, client_write), (server_read, server_write)) =
+                    (client.into_split(), server.into_split());
+                tokio::spawn(Self::pump(client_read, server_write, passing.subscribe()));
+                tokio::spawn(Self::pump(server_read, client_write, passing.subscribe()));
+            }
+        });
+        Relay {
+            socket,
+            open,
+            _task: task,
+        }
+    }
+
+    /// Stops (`false`) or resumes passing bytes.
+    fn pass(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+
+    async fn pump(
+        mut from: tokio::net::unix::OwnedReadHalf,
+        mut to: tokio::net::unix::OwnedWriteHalf,
+        mut open: tokio::sync::watch::Receiver<bool>,
+    ) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut buffer = vec![0; 64 * 1024];
+        loop {
+            if open.wait_for(|open| *open).await.is_err() {
+                return;
+            }
+            // Reading is cancel-safe: a read given up when the relay stops loses nothing.
+            let read = tokio::select! {
+                read = from.read(&mut buffer) => read,
+                _ = open.wait_for(|open| !*open) => continue,
+            };
+            let n = match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if open.wait_for(|open| *open).await.is_err()
+                || to.write_all(&buffer[..n]).await.is_err()
+            {
+                return;
+            }
+        }
+    }
+}
+
+/// On the kubelet's own health manager (the peer runs it): the devices of a handler that
+/// stops answering decay to Unknown in the pod's status (the agent stops vouching for them
+/// and the library does not resend them), and are Healthy again once it answers.
+#[tokio::test]
+async fn a_wedged_handlers_devices_turn_unknown_and_healthy_again_when_it_answers() {
+    let (cp, client, ns, config) = cluster().await;
+    let mut sockets = None;
+    let node = start_node_with(&cp, &client, &ns, |c| {
+        let echo = c.debug_echo.as_ref().unwrap().socket.clone();
+        sockets = Some((c.discovery_socket.clone(), echo));
+    })
+    .await;
+    let (registration, echo) = sockets.unwrap();
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // debugEcho registers again, behind the relay, as a handler restarted elsewhere would.
+    let relay = Relay::start(echo.with_file_name("relay.sock"), echo);
+    let behind_relay = akri_kubelet_plugin::discovery::RegisteredHandler {
+        name: "debugEcho".into(),
+        endpoint: akri_kubelet_plugin::discovery::Endpoint::Uds(relay.socket.clone()),
+        shared: false,
+    };
+    akri_kubelet_plugin::discovery::handler::register(&registration, &behind_relay)
+        .await
+        .unwrap();
+    echo_configuration(&client, &config).await;
+    broker_pod(&client, &ns, &config).await;
+    eventually("the pod prepared", async || {
+        node.peer.prepare(&ns, "broker").await.ok()
+    })
+    .await;
+    eventually("the device healthy in the pod's status", async || {
+        (pod_health(&node.peer, &ns, "broker").await == ["Healthy"]).then_some(())
+    })
+    .await;
+
+    relay.pass(false);
+    let wedged = std::time::Instant::now();
+    // Noticed by keepalive within 20 s, out of the reports within 20 s more, Unknown in the
+    // kubelet 30 s after the last report.
+    akri_testing::eventually_within(
+        "the device Unknown in the pod's status",
+        Duration::from_secs(150),
+        async || (pod_health(&node.peer, &ns, "broker").await == ["Unknown"]).then_some(()),
+    )
+    .await;
+    eprintln!(
+        "handler wedged to Unknown in the pod's status: {:?}",
+        wedged.elapsed()
+    );
+    // Still published meanwhile: a wedged handler is not a vanished device.
+    assert_eq!(pool_devices(&client, &node.name).await.len(), 1);
+
+    relay.pass(true);
+    let answering = std::time::Instant::now();
+    akri_testing::eventually_within(
+        "the device Healthy again",
+        Duration::from_secs(90),
+        async || (pod_health(&node.peer, &ns, "broker").await == ["Healthy"]).then_some(()),
+    )
+    .await;
+    eprintln!("handler answering to Healthy: {:?}", answering.elapsed());
+}
+
+/// docs/operations.md "Taking a device out of service", as written but for the names: the
+/// DeviceTaintRule (resource.k8s.io/v1, 1.37) evicts the pod holding the device, keeps its
+/// replacement Pending, and once deleted lets the replacement have the device.
+#[tokio::test]
+async fn an_admins_device_taint_rule_drains_a_device_and_keeps_it_unallocatable() {
+    const SECTION: &str = "Taking a device out of service";
+    let (cp, client, ns, config) = cluster().await;
+    let node = start_node(&cp, &client, &ns).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    echo_configuration(&client, &config).await;
+    broker_pod(&client, &ns, &config).await;
+    eventually("the pod prepared", async || {
+        node.peer.prepare(&ns, "broker").await.ok()
+    })
+    .await;
+    let device = pool_devices(&client, &node.name).await.remove(0);
+
+    let doc = akri_testing::product::repo().join("docs/operations.md");
+    let names = |text: &str| {
+        text.replace("edge-1", &node.name)
+            .replace("udev.akri.sh", DRIVER)
+            .replace("device: cam-3f2a1c", &format!("device: {device}"))
+    };
+    let mut lines = akri_testing::docs::section_lines(&doc, SECTION)
+        .unwrap()
+        .into_iter();
+    let mut next = |prefix: &str| {
+        let line = lines.next().unwrap_or_default();
+        assert!(line.starts_with(prefix), "{line:?}, want {prefix:?}...");
+        names(&line)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let kubectl = async |line: String| {
+        let output = tokio::process::Command::new("sh")
+            .args([
+                "-c",
+                &line.replacen(
+                    "kubectl",
+                    &cp.bins().require("kubectl").unwrap().display().to_string(),
+                    1,
+                ),
+            ])
+            .current_dir(dir.path())
+            .env("KUBECONFIG", cp.kubeconfig())
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{line}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+
+    // The device's name, as the section finds it.
+    assert_eq!(
+        kubectl(next("kubectl get resourceslices")).await.trim(),
+        device
+    );
+    let [rule] = &akri_testing::docs::section_blocks(&doc, SECTION, &["yaml"]).unwrap()[..] else {
+        panic!("one rule in the section");
+    };
+    std::fs::write(dir.path().join("cam-3f2a1c-maintenance.yaml"), names(rule)).unwrap();
+    kubectl(next("kubectl apply -f cam-3f2a1c-maintenance.yaml")).await;
+
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    eventually("the holder evicted", async || {
+        let condition = pod_condition(&pods, "broker", "DisruptionTarget").await?;
+        (condition.status == "True").then_some(())
+    })
+    .await;
+    // A kubelet would now stop its container and let it go; the peer runs no container, so
+    // the test finishes the deletion, which releases its claim.
+    pods.delete(
+        "broker",
+        &kube::api::DeleteParams::default().grace_period(0),
+    )
+    .await
+    .unwrap();
+    let status = next("kubectl get devicetaintrule");
+    let message = eventually("the rule's condition", async || {
+        Some(kubectl(status.clone()).await).filter(|m| !m.is_empty())
+    })
+    .await;
+    eprintln!("the rule's condition: {message}");
+    echo_pod(&client, &ns, "replacement").await;
+    eventually("the replacement unschedulable", async || {
+        let scheduled = pod_condition(&pods, "replacement", "PodScheduled").await?;
+        (scheduled.status == "False" && scheduled.reason.as_deref() == Some("Unschedulable"))
+            .then_some(())
+    })
+    .await;
+    // Still published all along: only allocation and running pods see the taint.
+    assert_eq!(
+        pool_devices(&client, &node.name).await,
+        std::slice::from_ref(&device)
+    );
+
+    kubectl(next("kubectl delete devicetaintrule")).await;
+    assert!(lines.next().is_none(), "lines left in {SECTION:?}");
+    eventually("the replacement scheduled", async || {
+        let scheduled = pod_condition(&pods, "replacement", "PodScheduled").await?;
+        (scheduled.status == "True").then_some(())
+    })
+    .await;
+}

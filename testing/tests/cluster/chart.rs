@@ -1757,7 +1757,7 @@ async fn the_documented_helm_commands_work() {
                     .get(&format!("{release}-kubelet-plugin"))
                     .await
                     .unwrap_or_else(|e| panic!("{file}: the kubelet-plugin DaemonSet: {e}"));
-            let args = daemon_set.spec.unwrap().template.spec.unwrap().containers[0]
+            let args = daemon_set.spec.template.spec.unwrap().containers[0]
                 .args
                 .clone()
                 .unwrap_or_default();

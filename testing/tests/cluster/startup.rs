@@ -55,18 +55,17 @@ async fn api_server_serves_resource_k8s_io_v1_from_1_34() {
     let classes = classes.expect("resource.k8s.io/v1 DeviceClasses are served");
     assert!(classes.items.is_empty());
     // Every beta DRA gate of the binary is on; on the main version that includes consumable
-    // capacity (beta, on by default) and device taint rules (beta, off by default).
-    if version.starts_with("1.36.") {
+    // capacity (beta, on by default) and fractional capacity ranges (beta, off by default),
+    // but not DRAWorkloadResourceClaims, whose GenericWorkload dependency is off (the API
+    // server would not start with it).
+    if minor >= 37 {
+        let gates = control_plane.feature_gates();
         for gate in [
             "DRAConsumableCapacity=true",
-            "DRADeviceTaintRules=true",
-            "DRAExtendedResource=true",
+            "DRAFractionalCapacityRange=true",
         ] {
-            assert!(
-                control_plane.feature_gates().contains(gate),
-                "{gate} missing from {}",
-                control_plane.feature_gates()
-            );
+            assert!(gates.contains(gate), "{gate} missing from {gates}");
         }
+        assert!(!gates.contains("DRAWorkloadResourceClaims"), "{gates}");
     }
 }

@@ -167,7 +167,7 @@ async fn a_standby_replica_takes_over_when_the_leader_dies() {
         (owner.kind.as_str(), owner.name.as_str()),
         ("DiscoveryConfiguration", kept.as_str())
     );
-    let selector = &class.spec.selectors.as_ref().unwrap()[0]
+    let selector = &class.spec.as_ref().unwrap().selectors.as_ref().unwrap()[0]
         .cel
         .as_ref()
         .unwrap()
