@@ -82,6 +82,7 @@ pub struct Builder {
     claims: Option<Arc<dyn ClaimSource>>,
     repair: bool,
     health: bool,
+    pod_uid: Option<String>,
 }
 
 impl Builder {
@@ -144,6 +145,17 @@ impl Builder {
         self
     }
 
+    /// Rolling updates: this plugin runs in the pod of UID `pod_uid` (the downward API's
+    /// `metadata.uid`), and another pod of the driver may run beside it on the node while one
+    /// replaces the other (a DaemonSet with `maxSurge: 1`). Its sockets are named after the
+    /// pod, so the kubelet (1.33 and later) takes both, and the two share the checkpoint,
+    /// each call locking `<plugin dir>/serialize.lock` ([`DraService::shared`]). Without it,
+    /// the plugin is alone on its node.
+    pub fn rolling_update(mut self, pod_uid: impl Into<String>) -> Self {
+        self.pod_uid = Some(pod_uid.into()).filter(|uid| !uid.is_empty());
+        self
+    }
+
     /// Whether the driver reports device health (default: yes). Off, the plugin neither
     /// serves nor advertises `DRAResourceHealth`, the kubelet opens no health stream and
     /// pods show no health for its devices; [`Plugin::health`] then reaches nobody.
@@ -199,11 +211,16 @@ impl Builder {
             None => DraService::new(driver, client.clone(), on, &checkpoint),
         }
         .map_err(service_error)?;
+        let service = match &self.pod_uid {
+            Some(_) => service.shared(plugin_dir.join("serialize.lock")),
+            None => service,
+        };
         let health = HealthReporter::default();
         let config = PluginConfig {
             driver_name: self.driver.clone(),
             registry_dir,
             plugin_dir,
+            pod_uid: self.pod_uid,
         };
         let served = KubeletPlugin::start(&config, &service, self.health.then_some(&health))
             .map_err(|cause| Error::Serve {
@@ -263,6 +280,7 @@ impl Plugin<()> {
             claims: None,
             repair: true,
             health: true,
+            pod_uid: None,
         }
     }
 }

@@ -18,6 +18,27 @@ pub struct PluginConfig {
     pub registry_dir: PathBuf,
     /// This driver's own directory for its service socket (`/var/lib/kubelet/plugins/<driver>`).
     pub plugin_dir: PathBuf,
+    /// The plugin pod's UID during a rolling update: the sockets are then named after it
+    /// (`dra-<uid>.sock`, [`registration::socket_name`]), so two pods serve side by side.
+    pub pod_uid: Option<String>,
+}
+
+impl PluginConfig {
+    /// The service socket.
+    pub fn socket(&self) -> PathBuf {
+        match &self.pod_uid {
+            Some(uid) => self.plugin_dir.join(format!("dra-{uid}.sock")),
+            None => self.plugin_dir.join("dra.sock"),
+        }
+    }
+
+    /// The registration socket.
+    pub fn registration_socket(&self) -> PathBuf {
+        (self.registry_dir).join(registration::socket_name(
+            &self.driver_name,
+            self.pod_uid.as_deref(),
+        ))
+    }
 }
 
 /// Errors of starting a plugin.
@@ -49,13 +70,13 @@ pub struct KubeletPlugin {
 
 impl KubeletPlugin {
     /// Serves `service` and `health` (unless `None`: the driver reports no health) on
-    /// `<plugin_dir>/dra.sock` and registers with the kubelet.
+    /// [`PluginConfig::socket`] and registers with the kubelet.
     pub fn start<D: Driver>(
         config: &PluginConfig,
         service: &DraService<D>,
         health: Option<&HealthReporter>,
     ) -> Result<Self, Error> {
-        let socket = config.plugin_dir.join("dra.sock");
+        let socket = config.socket();
         let socket_error = |cause| Error::Socket {
             path: socket.clone(),
             cause,
@@ -87,10 +108,10 @@ impl KubeletPlugin {
             path: config.registry_dir.clone(),
             cause,
         })?;
-        let registration = Registration::serve(&config.registry_dir, info.clone())?;
+        let registration = Registration::serve_at(config.registration_socket(), info.clone())?;
         let registration = Arc::new(Mutex::new(Some(registration)));
         let keeper = tokio::spawn(keep_registered(
-            config.registry_dir.clone(),
+            config.registration_socket(),
             info,
             registration.clone(),
         ));
@@ -129,11 +150,11 @@ impl Drop for KubeletPlugin {
 /// Recreates the registration socket whenever it disappears (a restarted kubelet recreates
 /// its registry directory), so the plugin registers again without being restarted itself.
 async fn keep_registered(
-    registry_dir: PathBuf,
+    socket: PathBuf,
     info: PluginInfo,
     registration: Arc<Mutex<Option<Registration>>>,
 ) {
-    let socket = registry_dir.join(format!("{}-reg.sock", info.driver_name));
+    let registry_dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut interval = tokio::time::interval(REGISTRATION_CHECK);
     loop {
         interval.tick().await;
@@ -147,7 +168,7 @@ async fn keep_registered(
             tracing::warn!(%error, dir = %registry_dir.display(), "cannot create the registry directory");
             continue;
         }
-        match Registration::serve(&registry_dir, info.clone()) {
+        match Registration::serve_at(socket.clone(), info.clone()) {
             Ok(fresh) => *registration.lock().expect("registration lock") = Some(fresh),
             Err(error) => tracing::warn!(%error, "registering again failed; retrying"),
         }

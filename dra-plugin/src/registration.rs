@@ -20,6 +20,17 @@ pub struct PluginInfo {
     pub supported_versions: Vec<String>,
 }
 
+/// The registration socket's file name: `<driver>-reg.sock`, or with a pod's UID
+/// `<driver>-<pod UID>-reg.sock`, as upstream's helper names them, so that two plugin pods
+/// of one driver (a rolling update) register side by side. The kubelet accepts both since
+/// Kubernetes 1.33.
+pub fn socket_name(driver: &str, pod_uid: Option<&str>) -> String {
+    match pod_uid {
+        Some(uid) => format!("{driver}-{uid}-reg.sock"),
+        None => format!("{driver}-reg.sock"),
+    }
+}
+
 /// The registration as the kubelet last reported it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RegistrationStatus {
@@ -56,7 +67,13 @@ impl Registration {
     /// Serves `GetInfo` / `NotifyRegistrationStatus` on `<registry_dir>/<driver>-reg.sock`,
     /// replacing a stale socket file from an earlier run.
     pub fn serve(registry_dir: &Path, info: PluginInfo) -> Result<Self, Error> {
-        let socket = registry_dir.join(format!("{}-reg.sock", info.driver_name));
+        let socket = registry_dir.join(socket_name(&info.driver_name, None));
+        Self::serve_at(socket, info)
+    }
+
+    /// [`serve`](Self::serve) on `socket`, e.g. one per pod during a rolling update
+    /// ([`socket_name`]).
+    pub fn serve_at(socket: PathBuf, info: PluginInfo) -> Result<Self, Error> {
         let socket_error = |cause| Error::Socket {
             path: socket.clone(),
             cause,

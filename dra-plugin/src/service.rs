@@ -104,6 +104,10 @@ pub enum ClaimFailure {
         /// Why.
         cause: std::io::Error,
     },
+    /// The checkpoint shared with another process of the driver could not be locked or read
+    /// ([`DraService::shared`]): nothing was done.
+    #[error("the shared checkpoint: {0}")]
+    Shared(Arc<SharedError>),
     /// Storing the checkpoint failed: the claim is not prepared (or still prepared).
     #[error("recording the {what} claim failed: {cause}")]
     Record {
@@ -112,6 +116,22 @@ pub enum ClaimFailure {
         /// Why.
         cause: Arc<crate::checkpoint::Error>,
     },
+}
+
+/// Why the shared checkpoint could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum SharedError {
+    /// Its lock file could not be opened or locked.
+    #[error("locking {}: {cause}", path.display())]
+    Lock {
+        /// The lock file.
+        path: std::path::PathBuf,
+        /// Why.
+        cause: std::io::Error,
+    },
+    /// What the other process stored could not be read.
+    #[error(transparent)]
+    Read(#[from] crate::checkpoint::Error),
 }
 
 impl ClaimFailure {
@@ -141,6 +161,8 @@ pub struct DraService<D> {
     set_aside: Option<Arc<SetAside>>,
     /// Ticks after each recorded change of the prepared claims.
     changed: Arc<tokio::sync::watch::Sender<()>>,
+    /// The lock file of a checkpoint shared with another process ([`Self::shared`]).
+    shared: Option<Arc<std::path::PathBuf>>,
 }
 
 impl<D> Clone for DraService<D> {
@@ -153,6 +175,7 @@ impl<D> Clone for DraService<D> {
             claim_locks: self.claim_locks.clone(),
             set_aside: self.set_aside.clone(),
             changed: self.changed.clone(),
+            shared: self.shared.clone(),
         }
     }
 }
@@ -201,7 +224,47 @@ impl<D: Driver> DraService<D> {
             claim_locks: Arc::default(),
             set_aside: set_aside.map(Arc::new),
             changed: Arc::new(tokio::sync::watch::channel(()).0),
+            shared: None,
         })
+    }
+
+    /// Shares the checkpoint with another process of the same driver on this node: the other
+    /// plugin pod during a rolling update, which the kubelet may call as well (it may prepare
+    /// a claim through one and unprepare it through the other). Each call then holds an
+    /// exclusive lock on the file `lock` (created if missing) across both processes, and reads
+    /// what the other stored before it acts, as upstream's helper serializes calls with
+    /// `flock` in that case.
+    pub fn shared(mut self, lock: std::path::PathBuf) -> Self {
+        self.shared = Some(Arc::new(lock));
+        self
+    }
+
+    /// With a shared checkpoint: takes its lock and reads it into memory. The lock is held
+    /// until the returned file is dropped.
+    async fn share(&self) -> Result<Option<std::fs::File>, Arc<SharedError>> {
+        let Some(lock) = self.shared.clone() else {
+            return Ok(None);
+        };
+        let path = self.state.lock().await.checkpoint.path().to_path_buf();
+        let taken = tokio::task::spawn_blocking(move || {
+            let locked = std::fs::OpenOptions::new()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&*lock)
+                .and_then(|file| file.lock().map(|()| file));
+            let file = locked.map_err(|cause| SharedError::Lock {
+                path: lock.to_path_buf(),
+                cause,
+            })?;
+            let (_, claims) = Checkpoint::open(path)?;
+            Ok::<_, SharedError>((file, claims))
+        })
+        .await
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic.into_panic()));
+        let (file, claims) = taken.map_err(Arc::new)?;
+        self.state.lock().await.claims = claims;
+        Ok(Some(file))
     }
 
     /// Changes after every recorded prepare or unprepare, once [`prepared`](Self::prepared)
@@ -223,7 +286,16 @@ impl<D: Driver> DraService<D> {
 
     /// Claims currently prepared on this node, by UID.
     pub async fn prepared(&self) -> PreparedClaims {
-        self.state.lock().await.claims.clone()
+        let mut state = self.state.lock().await;
+        if self.shared.is_some() {
+            // The other process may have changed it; it stores atomically, so a read without
+            // the lock sees one whole version.
+            match Checkpoint::open(state.checkpoint.path()) {
+                Ok((_, claims)) => state.claims = claims,
+                Err(error) => tracing::warn!(%error, "reading the shared checkpoint failed"),
+            }
+        }
+        state.claims.clone()
     }
 
     /// Prepares claims, at most [`MAX_CONCURRENT_CLAIMS`] at once; the answer per claim UID.
@@ -232,6 +304,10 @@ impl<D: Driver> DraService<D> {
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<Vec<PreparedDevice>, ClaimFailure>> {
+        let _shared = match self.share().await {
+            Ok(lock) => lock,
+            Err(error) => return refuse_all(claims, &error),
+        };
         let (refused, results, _locks) = self
             .each_claim(claims, |claim| async move {
                 let result = self.prepare_claim(&claim).await;
@@ -371,6 +447,10 @@ impl<D: Driver> DraService<D> {
         &self,
         claims: Vec<ClaimRef>,
     ) -> HashMap<String, Result<(), ClaimFailure>> {
+        let _shared = match self.share().await {
+            Ok(lock) => lock,
+            Err(error) => return refuse_all(claims, &error),
+        };
         let (refused, results, _locks) = self
             .each_claim(claims, |claim| async move {
                 let prepared = self.state.lock().await.claims.get(&claim.uid).cloned();
@@ -526,6 +606,17 @@ impl ClaimLocks {
         }
         guards
     }
+}
+
+/// Every claim of a call refused because the shared checkpoint could not be used.
+fn refuse_all<T>(
+    claims: Vec<ClaimRef>,
+    error: &Arc<SharedError>,
+) -> HashMap<String, Result<T, ClaimFailure>> {
+    tracing::error!(%error, "the shared checkpoint is unusable; the call's claims are refused");
+    (claims.into_iter())
+        .map(|claim| (claim.uid, Err(ClaimFailure::Shared(error.clone()))))
+        .collect()
 }
 
 /// Stores the checkpoint on a blocking thread: its fsyncs take milliseconds, during which an

@@ -136,6 +136,12 @@ impl KubeletPeer {
         Ok(serde_json::from_value(body["drivers"].clone()).unwrap_or_default())
     }
 
+    /// The service sockets the DRA manager holds for `driver` (two during a rolling update).
+    pub async fn driver_endpoints(&self, driver: &str) -> Result<Vec<String>, Error> {
+        let body: Value = self.call("GET", "/dra/drivers", None).await?;
+        Ok(serde_json::from_value(body["endpoints"][driver].clone()).unwrap_or_default())
+    }
+
     /// Waits until `driver` is registered with the DRA manager.
     pub async fn wait_for_driver(&self, driver: &str, timeout: Duration) -> Result<(), Error> {
         let start = Instant::now();

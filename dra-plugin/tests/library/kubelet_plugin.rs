@@ -564,3 +564,124 @@ async fn a_node_keeps_exactly_the_pools_its_driver_wants() {
     plugin.publish_pools(want(one)).await.unwrap();
     assert_eq!(pools().await, listed(one));
 }
+
+/// A rolling update of the plugin: two pods of one driver on one node, side by side. The
+/// kubelet registers both (per-pod sockets); a claim prepared through one is known to the
+/// other (the shared checkpoint), which unprepares it once the first has gone; the slices
+/// stay as published all along.
+#[tokio::test]
+async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint() {
+    let cp = ControlPlane::shared().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let ns = cp.create_namespace("rolling").await.unwrap();
+    let node_name = ControlPlane::unique_name("node");
+    cp.create_node(&node_name).await.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("g"));
+    let class = ControlPlane::unique_name("gadgets");
+    let peer = KubeletPeer::start(cp, &node_name).await.unwrap();
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": class },
+            "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == '{driver}'") } }] },
+        })).unwrap())
+        .await
+        .unwrap();
+    let start_pod = async |uid: &str| {
+        Plugin::builder(&driver, &node_name)
+            .registry_dir(peer.registry_dir())
+            .plugin_dir(peer.plugins_dir().join(&driver))
+            .rolling_update(uid)
+            .start(
+                client.clone(),
+                GadgetDriver {
+                    cdi: CdiRoot::new(peer.cdi_dir(), CDI_VENDOR).unwrap(),
+                },
+            )
+            .await
+            .unwrap()
+    };
+    let old = start_pod("pod-old").await;
+    old.publish(gadgets(&["g0", "g1"])).await.unwrap();
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let mine = ListParams::default().fields(&format!("spec.nodeName={node_name}"));
+    let published = async || {
+        (slices.list(&mine).await.unwrap().items.into_iter())
+            .map(|s| (s.metadata.uid.unwrap(), s.metadata.generation))
+            .collect::<Vec<_>>()
+    };
+    peer.wait_for_driver(&driver, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let before = published().await;
+
+    // The new pod comes up beside the old one and publishes what it finds (the same).
+    let new = start_pod("pod-new").await;
+    new.publish(gadgets(&["g0", "g1"])).await.unwrap();
+    wait_until("both pods registered", async || {
+        peer.driver_endpoints(&driver).await.unwrap().len() == 2
+    })
+    .await;
+    let endpoints = peer.driver_endpoints(&driver).await.unwrap();
+    assert!(
+        endpoints.iter().any(|e| e.ends_with("dra-pod-old.sock"))
+            && endpoints.iter().any(|e| e.ends_with("dra-pod-new.sock")),
+        "{endpoints:?}"
+    );
+    assert!(
+        peer.registry_dir().join(format!("{driver}-pod-new-reg.sock")).exists(),
+        "the registration socket is named after the pod, as upstream's helper names it"
+    );
+
+    // A claim prepared while both serve: through either, the kubelet picks.
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": "one" },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "g", "exactly": { "deviceClassName": class } }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": { "name": "user" },
+        "spec": {
+            "resourceClaims": [{ "name": "g", "resourceClaimTemplateName": "one" }],
+            "containers": [{ "name": "app", "image": "none", "resources": { "claims": [{ "name": "g" }] } }],
+        },
+    })).unwrap())
+    .await
+    .unwrap();
+    wait_until("pod bound", async || {
+        pods.get("user")
+            .await
+            .ok()
+            .and_then(|p| p.spec.and_then(|s| s.node_name))
+            .is_some()
+    })
+    .await;
+    let ids = peer.prepare(&ns, "user").await.expect("prepared while both serve");
+    assert_eq!(
+        old.service().prepared().await,
+        new.service().prepared().await,
+        "both see the one checkpoint"
+    );
+    let prepared = new.service().prepared().await;
+    let spec_file = prepared.values().next().unwrap().cdi_spec_files[0].clone();
+
+    // The old pod goes (its sockets with it); the new one answers for the claim.
+    drop(old);
+    wait_until("the old pod deregistered", async || {
+        peer.driver_endpoints(&driver).await.unwrap().len() == 1
+    })
+    .await;
+    assert_eq!(
+        peer.prepare(&ns, "user").await.unwrap()["app"],
+        ids["app"],
+        "prepared again through the new pod: the same CDI ids"
+    );
+    peer.unprepare(&ns, "user")
+        .await
+        .expect("unprepared through the new pod");
+    assert!(!spec_file.exists(), "the new pod removed what the old one may have written");
+    assert!(new.service().prepared().await.is_empty());
+    assert_eq!(published().await, before, "no slice replaced or rewritten");
+}
