@@ -628,7 +628,9 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
         "{endpoints:?}"
     );
     assert!(
-        peer.registry_dir().join(format!("{driver}-pod-new-reg.sock")).exists(),
+        peer.registry_dir()
+            .join(format!("{driver}-pod-new-reg.sock"))
+            .exists(),
         "the registration socket is named after the pod, as upstream's helper names it"
     );
 
@@ -658,7 +660,10 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
             .is_some()
     })
     .await;
-    let ids = peer.prepare(&ns, "user").await.expect("prepared while both serve");
+    let ids = peer
+        .prepare(&ns, "user")
+        .await
+        .expect("prepared while both serve");
     assert_eq!(
         old.service().prepared().await,
         new.service().prepared().await,
@@ -681,7 +686,10 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
     peer.unprepare(&ns, "user")
         .await
         .expect("unprepared through the new pod");
-    assert!(!spec_file.exists(), "the new pod removed what the old one may have written");
+    assert!(
+        !spec_file.exists(),
+        "the new pod removed what the old one may have written"
+    );
     assert!(new.service().prepared().await.is_empty());
     assert_eq!(published().await, before, "no slice replaced or rewritten");
 }
