@@ -30,6 +30,11 @@ pub struct AgentConfig {
     pub node_name: String,
     /// Namespace the Instances are written to.
     pub instance_namespace: String,
+    /// This process's pod UID, for rolling updates: while another agent holds the node (the
+    /// pod being replaced), this one stands by, serving its DRA drivers beside it under
+    /// sockets of its own and writing nothing else, and leads once that one exits.
+    /// Without it, it waits for the other to exit before it starts.
+    pub pod_uid: Option<String>,
     /// The kubelet's plugin registry directory.
     pub registry_dir: PathBuf,
     /// Parent of each driver's socket directory (the kubelet's `plugins/`).
@@ -89,6 +94,7 @@ impl AgentConfig {
         AgentConfig {
             node_name: node_name.to_string(),
             instance_namespace: instance_namespace.to_string(),
+            pod_uid: None,
             registry_dir: dir.join("registry"),
             plugins_dir: dir.join("plugins"),
             cdi_dir: dir.join("cdi"),
@@ -155,7 +161,6 @@ pub struct Agent {
     devices: NodeDevices,
     metrics: Metrics,
     readiness: Readiness,
-    _state_dir: StateDir,
 }
 
 impl Drop for Agent {
@@ -189,29 +194,23 @@ impl Agent {
 
 /// Starts the agent.
 pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, Error> {
-    // Before anything on the node is touched: one agent per state directory, out of the
-    // handlers' reach.
-    let state_dir = StateDir::open(&config.state_dir, config.discovery_socket.parent()).await?;
-    let registry = Registry::serve(
+    // Before anything on the node is touched: one agent leads per state directory, out of the
+    // handlers' reach. A rolling update's new pod stands by while the old one leads.
+    let unlocked = StateDir::prepare(&config.state_dir, config.discovery_socket.parent())?;
+    let standby = config.pod_uid.is_some() && unlocked.held_elsewhere()?;
+    let (leading, pending) = match standby {
+        true => {
+            tracing::info!(
+                "another kubelet-plugin leads this node: standing by, serving the DRA drivers beside it"
+            );
+            (None, Some(unlocked))
+        }
+        false => (Some(unlocked.lock().await?), None),
+    };
+    let registry = Registry::load(
         &config.discovery_socket,
         &config.state_dir.join("discovery-handlers.json"),
-    )
-    .map_err(Error::Registry)?;
-    let debug_echo = match &config.debug_echo {
-        Some(echo) => {
-            let handler = DebugEcho::serve(echo.clone()).map_err(Error::DebugEcho)?;
-            handler
-                .register(registry.socket())
-                .await
-                .map_err(Error::DebugEcho)?;
-            Some(handler)
-        }
-        None => None,
-    };
-    let mut embedded = Vec::new();
-    for handler in &config.embedded_handlers {
-        embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
-    }
+    );
     let node = crate::api_call(Api::<Node>::all(client.clone()).get(&config.node_name))
         .await
         .map_err(|cause| Error::Node {
@@ -246,22 +245,22 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         }
         false => None,
     };
-    let legacy = config.legacy.as_ref().map(|options| {
+    if config.legacy.is_some() {
         let names = config.state_dir.join("legacy-instance-names.json");
         // No capacity model: a v0 Configuration's capacity is `deviceUsage` slots.
         devices.insert(
             Sink::Legacy,
             NodeDevices::with_names_file(&config.node_name, false, &names),
         );
-        let counters = metrics.legacy_counters();
-        LegacySink::start(
-            client.clone(),
-            &config.node_name,
-            options,
-            config.instance_grace,
-            counters,
-        )
-    });
+    }
+    let handlers = registry.subscribe();
+    let (leader, registry) = match leading {
+        Some(state_dir) => (
+            Some(lead(&client, &config, &metrics, registry, state_dir).await?),
+            None,
+        ),
+        None => (None, Some(registry)),
+    };
     let (events_tx, events) = mpsc::channel::<StreamEvent>(64);
     let discovery = NodeDiscovery::new(
         client.clone(),
@@ -273,21 +272,85 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     );
     let devices = discovery.devices(Sink::Dra);
     let node_loop = NodeLoop {
-        client,
+        client: client.clone(),
         node_name: config.node_name.clone(),
         discovery,
         dra,
-        legacy,
+        legacy_wanted: config.legacy.is_some(),
+        leader,
         startup_wait: config.startup_wait,
         metrics: metrics.clone(),
         readiness: readiness.clone(),
     };
-    let task = tokio::spawn(node_loop.run(registry, events, (debug_echo, embedded)));
+    // Standing by: the takeover holds the registry (not served yet) until the lock is free.
+    let takeover = pending.zip(registry).map(|(unlocked, registry)| {
+        let (client, config, metrics) = (client, config, metrics.clone());
+        let takeover: crate::node_loop::Takeover = Box::pin(async move {
+            let state_dir = unlocked.lock().await?;
+            lead(&client, &config, &metrics, registry, state_dir).await
+        });
+        takeover
+    });
+    let task = tokio::spawn(node_loop.run(handlers, events, takeover));
     Ok(Agent {
         task,
         devices,
         metrics,
         readiness,
+    })
+}
+
+/// What only the leading agent of a node runs: the lock, the discovery-handler registration
+/// socket and the embedded handlers (whose socket paths are the node's, not the pod's), and
+/// the legacy device plugins.
+pub(crate) struct Leader {
+    pub legacy: Option<LegacySink>,
+    _registry: Registry,
+    _debug_echo: Option<DebugEcho>,
+    _embedded: Vec<akri_discovery_handler::Served>,
+    /// Last (fields drop in order): the node's sockets are removed before a standby agent
+    /// may take the lock and bind them again.
+    _state_dir: StateDir,
+}
+
+/// Takes the lead: serves what [`Leader`] holds.
+async fn lead(
+    client: &kube::Client,
+    config: &AgentConfig,
+    metrics: &Metrics,
+    mut registry: Registry,
+    state_dir: StateDir,
+) -> Result<Leader, Error> {
+    registry.serve_on().map_err(Error::Registry)?;
+    let debug_echo = match &config.debug_echo {
+        Some(echo) => {
+            let handler = DebugEcho::serve(echo.clone()).map_err(Error::DebugEcho)?;
+            handler
+                .register(registry.socket())
+                .await
+                .map_err(Error::DebugEcho)?;
+            Some(handler)
+        }
+        None => None,
+    };
+    let mut embedded = Vec::new();
+    for handler in &config.embedded_handlers {
+        embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
+    }
+    let legacy = config.legacy.as_ref().map(|options| {
+        LegacySink::start(
+            client.clone(),
+            &config.node_name,
+            options,
+            config.instance_grace,
+            metrics.legacy_counters(),
+        )
+    });
+    Ok(Leader {
+        legacy,
+        _registry: registry,
+        _debug_echo: debug_echo,
+        _embedded: embedded,
         _state_dir: state_dir,
     })
 }
@@ -333,6 +396,7 @@ async fn dra_sink(
         vanished_grace: config.vanished_grace,
         device_taints,
         kubelet_registration_timeout: config.kubelet_registration_timeout,
+        pod_uid: config.pod_uid.clone(),
     };
     Ok(DraSink::new(
         client.clone(),

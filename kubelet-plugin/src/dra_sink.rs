@@ -8,6 +8,7 @@ use crate::kubelet_registration::KubeletRegistration;
 use crate::metrics::{Metrics, Timed};
 use crate::node_devices::NodeDevices;
 use dra_plugin::cdi::CdiRoot;
+use dra_plugin::registration::RegistrationStatus;
 use dra_plugin::vanished::VanishedDevices;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -30,6 +31,8 @@ pub struct DraOptions {
     /// Whether the API server keeps device taints.
     pub device_taints: bool,
     pub kubelet_registration_timeout: Duration,
+    /// This pod's UID, for rolling updates ([`crate::agent::AgentConfig::pod_uid`]).
+    pub pod_uid: Option<String>,
 }
 
 /// One served DRA driver (one discovery handler).
@@ -196,6 +199,19 @@ impl DraSink {
         registration.problem
     }
 
+    /// Whether the kubelet took every served driver. If not, looks again within a second (a
+    /// standby agent is ready only then: the pod it replaces may go once it is).
+    pub fn all_registered(&mut self) -> bool {
+        let all = (self.drivers.values())
+            .all(|served| served.plugin.registration_status() == RegistrationStatus::Registered);
+        if !all {
+            let soon = Instant::now() + Duration::from_secs(1);
+            self.next_registration_check =
+                Some(self.next_registration_check.map_or(soon, |t| t.min(soon)));
+        }
+        all
+    }
+
     /// Publishes the changed drivers' pools and health, and the Instances.
     pub async fn publish(&mut self) {
         // A device renamed because another node's has its name is published under its new
@@ -228,13 +244,14 @@ impl DraSink {
             cdi,
             devices: self.devices.clone(),
             // Journaled beside the checkpoint: a status asked just before a restart is
-            // applied by the next process.
+            // applied by the next process. Two pods of a rolling update keep one each.
             status: dra_plugin::device_status::Writer::start_journaled(
                 self.client.clone(),
                 driver,
-                options
-                    .state_dir
-                    .join(format!("{driver}-status-journal.json")),
+                options.state_dir.join(match &options.pod_uid {
+                    Some(uid) => format!("{driver}-status-journal-{uid}.json"),
+                    None => format!("{driver}-status-journal.json"),
+                }),
             ),
         };
         let checkpoint = options.state_dir.join(format!("{driver}-checkpoint.json"));
@@ -243,7 +260,12 @@ impl DraSink {
             driver: driver.to_string(),
             metrics: self.metrics.clone(),
         };
-        let plugin = dra_plugin::Plugin::builder(driver, &options.node_name)
+        let builder = dra_plugin::Plugin::builder(driver, &options.node_name);
+        let builder = match &options.pod_uid {
+            Some(uid) => builder.rolling_update(uid),
+            None => builder,
+        };
+        let plugin = builder
             .registry_dir(&options.registry_dir)
             .plugin_dir(options.plugins_dir.join(driver))
             .checkpoint(checkpoint)

@@ -21,6 +21,12 @@ struct Args {
     /// Namespace the Instances are written to.
     #[arg(long, env = "POD_NAMESPACE", default_value = "akri")]
     instance_namespace: String,
+    /// This pod's UID (the downward API's `metadata.uid`): during a rolling update the new
+    /// pod then serves beside the old one (its own kubelet-plugin sockets, the prepared
+    /// claims shared) and takes over when the old one exits. Without it, a second process
+    /// waits for the first to exit.
+    #[arg(long, env = "POD_UID")]
+    pod_uid: Option<String>,
     /// The kubelet's plugin registry directory.
     #[arg(long, default_value = "/var/lib/kubelet/plugins_registry")]
     registry_dir: PathBuf,
@@ -124,6 +130,7 @@ async fn main() -> anyhow::Result<()> {
     let config = AgentConfig {
         node_name: args.node_name,
         instance_namespace: args.instance_namespace,
+        pod_uid: args.pod_uid.filter(|uid| !uid.is_empty()),
         registry_dir: args.registry_dir,
         plugins_dir: args.plugins_dir,
         cdi_dir: args.cdi_dir,

@@ -8,19 +8,18 @@
 //! not already keep (the library's slice publisher, the Instance writers and the property
 //! sources keep what is stored).
 
-use crate::discovery::Registry;
-use crate::discovery::debug_echo::DebugEcho;
+use crate::agent::Leader;
+use crate::discovery::Handlers;
 use crate::dra_sink::DraSink;
-use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
 use crate::node_discovery::{NodeDiscovery, Sink, Wanted};
 use crate::same_name;
 use crate::streams::StreamEvent;
 use akri_api::v0::Configuration;
 use akri_api::v1::DiscoveryConfiguration;
-use akri_discovery_handler::Served;
 use akri_runtime::http::Readiness;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use kube::Resource;
 use kube::api::Api;
@@ -29,7 +28,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::BTreeSet;
 use std::fmt::Debug;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 /// The agent's state, owned by its one task.
 pub(crate) struct NodeLoop {
@@ -37,11 +36,18 @@ pub(crate) struct NodeLoop {
     pub node_name: String,
     pub discovery: NodeDiscovery,
     pub dra: Option<DraSink>,
-    pub legacy: Option<LegacySink>,
+    /// Whether v0 Configurations are served (by the legacy sink, once this agent leads).
+    pub legacy_wanted: bool,
+    /// What the node's leading agent runs; `None` while standing by ([`Takeover`]).
+    pub leader: Option<Leader>,
     pub startup_wait: Duration,
     pub metrics: Metrics,
     pub readiness: Readiness,
 }
+
+/// How a standby agent takes the lead once the one leading the node exits: waits for its lock,
+/// then serves the registration socket and the rest of [`Leader`].
+pub(crate) type Takeover = BoxFuture<'static, Result<Leader, crate::agent::Error>>;
 
 /// What a configuration watch said, as far as the loop cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -85,14 +91,14 @@ where
 impl NodeLoop {
     pub async fn run(
         mut self,
-        registry: Registry,
+        mut handlers: watch::Receiver<Handlers>,
         mut events: mpsc::Receiver<StreamEvent>,
-        _embedded: (Option<DebugEcho>, Vec<Served>),
+        takeover: Option<Takeover>,
     ) {
-        let mut handlers = registry.subscribe();
+        let mut takeover = takeover.unwrap_or_else(|| Box::pin(std::future::pending()));
         let (v1, mut v1_changes) =
             watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
-        let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
+        let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy_wanted);
         let property_changes = self.discovery.property_changes();
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         // The DRA sink vouches for its devices' health this often, without a pass.
@@ -123,6 +129,16 @@ impl NodeLoop {
                     }
                 }
                 _ = resync.tick() => if let Some(dra) = &mut self.dra { dra.resync() },
+                led = &mut takeover, if self.leader.is_none() => match led {
+                    Ok(leader) => {
+                        tracing::info!("the kubelet-plugin that led this node exited; leading now");
+                        self.leader = Some(leader);
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "taking the lead failed; exiting");
+                        return;
+                    }
+                },
                 _ = vouch.tick() => {
                     if let Some(dra) = &mut self.dra {
                         dra.vouch(self.discovery.answering(Sink::Dra));
@@ -134,7 +150,8 @@ impl NodeLoop {
             let mut wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
                 .chain(v0.state().iter().filter_map(|c| Wanted::of_v0(c)))
                 .collect();
-            let held = match &self.legacy {
+            let leading = self.leader.is_some();
+            let held = match self.leader.as_ref().and_then(|l| l.legacy.as_ref()) {
                 Some(legacy) => {
                     let v0_names: Vec<(String, String)> = (v0.state().iter())
                         .filter_map(|c| {
@@ -152,24 +169,32 @@ impl NodeLoop {
             }
             self.discovery.errors.held_back = held;
             let mut starting = false;
+            let mut waiting_for_kubelet = false;
             let mut problem = None;
             if let Some(dra) = &mut self.dra {
                 dra.serve(&registered).await;
                 dra.vouch(self.discovery.answering(Sink::Dra));
-                // Keep what the previous process published until discovery has answered.
-                if self.discovery.open(Sink::Dra, &wanted, &registered) {
+                if !leading {
+                    // Standing by: the kubelet may call these drivers already; the leading
+                    // agent writes everything else.
+                    problem = dra.registration_problem();
+                    waiting_for_kubelet = !dra.all_registered();
+                } else if self.discovery.open(Sink::Dra, &wanted, &registered) {
+                    // Keep what the previous process published until discovery has answered.
                     problem = dra.registration_problem();
                     dra.publish().await;
                 } else {
                     starting = true;
                 }
-                // After the publish, so that an Instance it could not write shows now.
-                let errors = &mut self.discovery.errors;
-                errors.instances = dra.refused_instances().clone();
-                errors.report(&self.client, &self.node_name).await;
-                self.metrics.set_discovery_errors(errors.failing());
+                if leading {
+                    // After the publish, so that an Instance it could not write shows now.
+                    let errors = &mut self.discovery.errors;
+                    errors.instances = dra.refused_instances().clone();
+                    errors.report(&self.client, &self.node_name).await;
+                    self.metrics.set_discovery_errors(errors.failing());
+                }
             }
-            if let Some(legacy) = &mut self.legacy {
+            if let Some(legacy) = self.leader.as_mut().and_then(|l| l.legacy.as_mut()) {
                 if self.discovery.open(Sink::Legacy, &wanted, &registered) {
                     let devices = self.discovery.devices(Sink::Legacy);
                     legacy.publish(&v0.state(), &devices).await;
@@ -181,6 +206,9 @@ impl NodeLoop {
                 _ if starting => self
                     .readiness
                     .not_ready("starting: waiting for the discovery handlers to report"),
+                None if waiting_for_kubelet => self.readiness.not_ready(
+                    "standing by: waiting for the kubelet to take this pod's DRA drivers",
+                ),
                 Some(problem) => self.readiness.not_ready(problem),
                 None if failing.is_empty() => self.readiness.ready(),
                 None => {}

@@ -5,13 +5,13 @@
 //! 0700 and may not lie inside the registration socket's directory, which discovery-handler
 //! pods mount. State an earlier version kept next to that socket is moved in.
 //!
-//! The checkpoints, the handler registrations and the sockets of a node belong to one process.
-//! A second one (a DaemonSet rolling update with surge, a copy started by hand) would bind the
-//! same socket paths, taking them from the first silently, and the two would overwrite each
-//! other's checkpoints. So the agent takes an exclusive lock on `<state dir>/kubelet-plugin.lock`
-//! before it touches anything, and a second process waits, saying so, until the first exits
-//! (the kernel releases the lock with the process, however it ends). A DaemonSet running it
-//! must therefore roll with `maxSurge: 0`: the old pod goes first, then the new one starts.
+//! The handler registrations, the node-wide sockets and every write to the API server belong
+//! to one process, the node's leader. A second one (a copy started by hand) would bind the
+//! same socket paths, taking them from the first silently. So the agent takes an exclusive lock
+//! on `<state dir>/kubelet-plugin.lock` (the kernel releases it with the process, however it
+//! ends). A second process waits, saying so, until the first exits; one with a pod UID (a
+//! rolling update's new pod, [`crate::agent::AgentConfig::pod_uid`]) stands by meanwhile
+//! ([`Unlocked::held_elsewhere`]) and takes the lock when it is free.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -40,10 +40,23 @@ pub struct StateDir {
     _lock: File,
 }
 
+/// The state directory checked and created, its lock not taken yet.
+#[derive(Debug)]
+pub struct Unlocked {
+    dir: PathBuf,
+    handlers_dir: Option<PathBuf>,
+    file: File,
+}
+
 impl StateDir {
     /// Checks and creates `state_dir` (0700), takes its lock (waiting for another process to
     /// release it), then moves in what an earlier version left in `handlers_dir`.
     pub async fn open(state_dir: &Path, handlers_dir: Option<&Path>) -> Result<StateDir, Error> {
+        StateDir::prepare(state_dir, handlers_dir)?.lock().await
+    }
+
+    /// [`open`](Self::open) up to the lock.
+    pub fn prepare(state_dir: &Path, handlers_dir: Option<&Path>) -> Result<Unlocked, Error> {
         use std::os::unix::fs::PermissionsExt;
         if let Some(shared) = handlers_dir
             && resolved(state_dir).starts_with(resolved(shared))
@@ -60,45 +73,72 @@ impl StateDir {
         std::fs::create_dir_all(state_dir).map_err(io(state_dir))?;
         std::fs::set_permissions(state_dir, std::fs::Permissions::from_mode(0o700))
             .map_err(io(state_dir))?;
-        let lock = lock(state_dir).await?;
-        if let Some(old) = handlers_dir {
-            move_legacy_state(old, state_dir).map_err(io(old))?;
-        }
-        Ok(StateDir { _lock: lock })
+        let path = state_dir.join("kubelet-plugin.lock");
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io(&path))?;
+        Ok(Unlocked {
+            dir: state_dir.to_path_buf(),
+            handlers_dir: handlers_dir.map(Path::to_path_buf),
+            file,
+        })
     }
 }
 
-/// Takes the exclusive lock on `<state_dir>/kubelet-plugin.lock`, waiting while another
-/// process holds it.
-async fn lock(state_dir: &Path) -> Result<File, Error> {
-    let path = state_dir.join("kubelet-plugin.lock");
-    let error = |cause| Error::Io {
-        path: path.clone(),
-        cause,
-    };
-    let file = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(error)?;
-    let mut told = false;
-    loop {
-        match file.try_lock() {
+impl Unlocked {
+    /// Whether another process holds the lock now.
+    pub fn held_elsewhere(&self) -> Result<bool, Error> {
+        match self.file.try_lock() {
             Ok(()) => {
-                if told {
-                    tracing::info!(lock = %path.display(), "the other kubelet-plugin exited; taking over");
-                }
-                return Ok(file);
+                // Not ours to keep yet: `lock` takes it again (at once).
+                let _ = self.file.unlock();
+                Ok(false)
             }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                if !told {
-                    tracing::warn!(lock = %path.display(), "another kubelet-plugin runs on this node with the same state directory; waiting for it to exit");
-                    told = true;
+            Err(std::fs::TryLockError::WouldBlock) => Ok(true),
+            Err(std::fs::TryLockError::Error(cause)) => Err(self.error(cause)),
+        }
+    }
+
+    /// Takes the lock, waiting while another process holds it, then moves in what an earlier
+    /// version left in the handlers' directory.
+    pub async fn lock(self) -> Result<StateDir, Error> {
+        let mut told = false;
+        loop {
+            match self.file.try_lock() {
+                Ok(()) => break,
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    if !told {
+                        tracing::warn!(lock = %self.path().display(), "another kubelet-plugin runs on this node with the same state directory; waiting for it to exit");
+                        told = true;
+                    }
+                    tokio::time::sleep(RETRY).await;
                 }
-                tokio::time::sleep(RETRY).await;
+                Err(std::fs::TryLockError::Error(cause)) => return Err(self.error(cause)),
             }
-            Err(std::fs::TryLockError::Error(source)) => return Err(error(source)),
+        }
+        if told {
+            tracing::info!(lock = %self.path().display(), "the other kubelet-plugin exited; taking over");
+        }
+        if let Some(old) = &self.handlers_dir {
+            move_legacy_state(old, &self.dir).map_err(|cause| Error::Io {
+                path: old.clone(),
+                cause,
+            })?;
+        }
+        Ok(StateDir { _lock: self.file })
+    }
+
+    fn path(&self) -> PathBuf {
+        self.dir.join("kubelet-plugin.lock")
+    }
+
+    fn error(&self, cause: std::io::Error) -> Error {
+        Error::Io {
+            path: self.path(),
+            cause,
         }
     }
 }

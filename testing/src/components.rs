@@ -16,6 +16,8 @@ pub struct SimNode {
     pub name: String,
     pub peer: KubeletPeer,
     pub agent: agent::Agent,
+    /// What the agent was started with (another agent of the node starts from it).
+    pub config: AgentConfig,
     /// The embedded debugEcho handler's availability file ("OFFLINE" hides every device).
     pub availability: PathBuf,
     _dir: tempfile::TempDir,
@@ -55,13 +57,14 @@ impl SimNode {
         let availability = (config.debug_echo.as_ref())
             .map(|echo| echo.availability_file.clone())
             .unwrap_or_default();
-        let agent = agent::start(client.clone(), config)
+        let agent = agent::start(client.clone(), config.clone())
             .await
             .expect("agent starts");
         SimNode {
             name,
             peer,
             agent,
+            config,
             availability,
             _dir: dir,
         }

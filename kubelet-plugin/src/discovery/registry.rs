@@ -40,13 +40,14 @@ pub enum Error {
     InUse { path: PathBuf },
 }
 
-/// A served registration socket. Dropping it stops serving and removes the socket file; the
-/// state file stays for the next start.
+/// The registered handlers, served on a registration socket once [`Registry::serve_on`] ran.
+/// Dropping it stops serving and removes the socket file; the state file stays for the next
+/// start.
 #[derive(Debug)]
 pub struct Registry {
     socket: PathBuf,
     shared: Arc<Shared>,
-    server: tokio::task::JoinHandle<()>,
+    server: Option<tokio::task::JoinHandle<()>>,
 }
 
 #[derive(Debug)]
@@ -57,63 +58,95 @@ struct Shared {
     write: Mutex<()>,
 }
 
+/// The handlers recorded in `state_file`; an unreadable file is logged and treated as empty:
+/// discovery must start anyway.
+fn recorded(state_file: &Path) -> Handlers {
+    let known: Handlers = match state_file::load(state_file) {
+        Ok(handlers) => handlers
+            .into_iter()
+            .filter(|h| match akri_devices::validate_handler_name(&h.name) {
+                Ok(()) => true,
+                Err(reason) => {
+                    tracing::warn!(handler = %h.name, %reason, "forgetting a recorded discovery handler whose name is not usable");
+                    false
+                }
+            })
+            .map(|h| (h.name.clone(), h))
+            .collect(),
+        Err(error) => {
+            tracing::error!(%error, "ignoring the discovery-handler state file; handlers must register again");
+            Handlers::new()
+        }
+    };
+    tracing::info!(
+        handlers = ?known.keys().collect::<Vec<_>>(),
+        state_file = %state_file.display(),
+        "discovery handlers known from the state file"
+    );
+    known
+}
+
 impl Registry {
-    /// Loads the handlers recorded in `state_file` (an unreadable file is logged and treated
-    /// as empty: discovery must start anyway), then serves `v0.Registration` on `socket`,
-    /// replacing a stale socket file and creating its directory; a socket another live
-    /// process serves is refused ([`Error::InUse`]). Needs a Tokio runtime.
+    /// [`load`](Self::load)s the handlers recorded in `state_file`, then
+    /// [`serve_on`](Self::serve_on) `socket`. Needs a Tokio runtime.
     pub fn serve(socket: &Path, state_file: &Path) -> Result<Self, Error> {
+        let mut registry = Registry::load(socket, state_file);
+        registry.serve_on()?;
+        Ok(registry)
+    }
+
+    /// The handlers recorded in `state_file`, not served yet: what a standby process (a
+    /// rolling update's new pod, while the old one still serves `socket`) discovers with.
+    pub fn load(socket: &Path, state_file: &Path) -> Self {
+        Registry {
+            socket: socket.to_path_buf(),
+            shared: Arc::new(Shared {
+                state_file: state_file.to_path_buf(),
+                handlers: watch::Sender::new(recorded(state_file)),
+                write: Mutex::new(()),
+            }),
+            server: None,
+        }
+    }
+
+    /// Reads the state file again (the process that served the socket until now may have
+    /// recorded more), then serves `v0.Registration` on the socket, replacing a stale socket
+    /// file and creating its directory; a socket another live process serves is refused
+    /// ([`Error::InUse`]).
+    pub fn serve_on(&mut self) -> Result<(), Error> {
+        if self.server.is_some() {
+            return Ok(());
+        }
+        let socket = &self.socket;
         let socket_error = |cause| Error::Socket {
-            path: socket.to_path_buf(),
+            path: socket.clone(),
             cause,
         };
-        let known: Handlers = match state_file::load(state_file) {
-            Ok(handlers) => handlers
-                .into_iter()
-                .filter(|h| match akri_devices::validate_handler_name(&h.name) {
-                    Ok(()) => true,
-                    Err(reason) => {
-                        tracing::warn!(handler = %h.name, %reason, "forgetting a recorded discovery handler whose name is not usable");
-                        false
-                    }
-                })
-                .map(|h| (h.name.clone(), h))
-                .collect(),
-            Err(error) => {
-                tracing::error!(%error, "ignoring the discovery-handler state file; handlers must register again");
-                Handlers::new()
-            }
-        };
-        tracing::info!(
-            handlers = ?known.keys().collect::<Vec<_>>(),
-            state_file = %state_file.display(),
-            "discovery handlers known from the last run"
-        );
         let listener = match node_io::authority::bind_unless_served(socket, SOCKET_MODE) {
             Err(error) if error.kind() == std::io::ErrorKind::AddrInUse => {
                 return Err(Error::InUse {
-                    path: socket.to_path_buf(),
+                    path: socket.clone(),
                 });
             }
             bound => bound.map_err(socket_error)?,
         };
-        let shared = Arc::new(Shared {
-            state_file: state_file.to_path_buf(),
-            handlers: watch::Sender::new(known),
-            write: Mutex::new(()),
+        let known = recorded(&self.shared.state_file);
+        self.shared.handlers.send_if_modified(|handlers| {
+            let changed = *handlers != known;
+            *handlers = known;
+            changed
         });
         let service = proto::registration_server::RegistrationServer::new(Service {
-            shared: shared.clone(),
+            shared: self.shared.clone(),
         });
         let router = tonic::transport::Server::builder().add_service(service);
-        let server =
-            dra_plugin::authority::spawn(listener, router, "discovery-handler registration server");
+        self.server = Some(dra_plugin::authority::spawn(
+            listener,
+            router,
+            "discovery-handler registration server",
+        ));
         tracing::info!(socket = %socket.display(), "serving discovery-handler registration");
-        Ok(Registry {
-            socket: socket.to_path_buf(),
-            shared,
-            server,
-        })
+        Ok(())
     }
 
     /// The socket handlers register on.
@@ -151,8 +184,10 @@ impl Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        self.server.abort();
-        let _ = std::fs::remove_file(&self.socket);
+        if let Some(server) = &self.server {
+            server.abort();
+            let _ = std::fs::remove_file(&self.socket);
+        }
     }
 }
 

@@ -1298,3 +1298,132 @@ async fn an_admins_device_taint_rule_drains_a_device_and_keeps_it_unallocatable(
     })
     .await;
 }
+
+/// The slices of `node`'s pool (UID, generation) and the Instances of `ns` (name, resource
+/// version): what a hand-over must leave as it is.
+async fn published(
+    client: &kube::Client,
+    node: &str,
+    ns: &str,
+) -> (Vec<(String, i64)>, Vec<(String, String)>) {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await
+        .unwrap();
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    (
+        (slices.items.into_iter())
+            .map(|s| (s.metadata.uid.unwrap(), s.spec.pool.generation))
+            .collect(),
+        (instances.items.into_iter())
+            .map(|i| {
+                (
+                    i.metadata.name.unwrap(),
+                    i.metadata.resource_version.unwrap(),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// A rolling update of the kubelet-plugin on one node, as the chart's `maxSurge: 1` makes it:
+/// the new pod's agent stands by beside the old one (both registered with the kubelet, the
+/// new one ready only then), the kubelet prepares and unprepares through either all along, and
+/// when the old agent goes the new one leads without changing a slice or an Instance.
+#[tokio::test]
+async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_prepare() {
+    let (cp, client, ns, config) = cluster().await;
+    let mut node = start_node_with(&cp, &client, &ns, |c| c.pod_uid = Some("pod-old".into())).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    echo_configuration(&client, &config).await;
+    broker_pod(&client, &ns, &config).await;
+    eventually("the pod prepared", async || {
+        node.peer.prepare(&ns, "broker").await.ok()
+    })
+    .await;
+    let at_rest = published(&client, &node.name, &ns).await;
+    assert!(
+        !at_rest.0.is_empty() && !at_rest.1.is_empty(),
+        "{at_rest:?}"
+    );
+
+    // Prepare and unprepare the pod's claim, `rounds` times; the durations of the prepares.
+    let cycle = async |rounds: usize| {
+        let mut took = Vec::new();
+        for _ in 0..rounds {
+            node.peer
+                .unprepare(&ns, "broker")
+                .await
+                .expect("unprepared");
+            let start = std::time::Instant::now();
+            node.peer.prepare(&ns, "broker").await.expect("prepared");
+            took.push(start.elapsed());
+        }
+        took
+    };
+    let quantiles = |mut took: Vec<Duration>| {
+        took.sort();
+        let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
+        format!(
+            "p50 {:?}, p99 {:?} ({} prepares)",
+            at(0.5),
+            at(0.99),
+            took.len()
+        )
+    };
+    let alone = cycle(30).await;
+
+    // The new pod comes up: it stands by, registered beside the old one.
+    let mut new_config = node.config.clone();
+    new_config.pod_uid = Some("pod-new".into());
+    let new = akri_kubelet_plugin::agent::start(client.clone(), new_config)
+        .await
+        .expect("the new agent starts beside the old one");
+    eventually("both pods' drivers registered", async || {
+        (node.peer.driver_endpoints(DRIVER).await.ok()?.len() == 2).then_some(())
+    })
+    .await;
+    eventually("the new agent ready", async || {
+        new.readiness().is_ready().then_some(())
+    })
+    .await;
+    let overlap = cycle(30).await;
+
+    // The old agent goes (the DaemonSet deletes its pod once the new one is ready).
+    drop(std::mem::replace(&mut node.agent, new));
+    let mut after = cycle(30).await;
+    eventually("the old pod's driver deregistered", async || {
+        (node.peer.driver_endpoints(DRIVER).await.ok()?.len() == 1).then_some(())
+    })
+    .await;
+    after.extend(cycle(30).await);
+    eprintln!("prepare, old agent alone: {}", quantiles(alone));
+    eprintln!("prepare, both agents serving: {}", quantiles(overlap));
+    eprintln!("prepare, the new agent taking over: {}", quantiles(after));
+
+    // It leads: the registration socket is its own (the handler registers again with it) ...
+    let handler = akri_kubelet_plugin::discovery::RegisteredHandler {
+        name: "debugEcho".into(),
+        endpoint: akri_kubelet_plugin::discovery::Endpoint::Uds(
+            node.config.debug_echo.as_ref().unwrap().socket.clone(),
+        ),
+        shared: false,
+    };
+    akri_kubelet_plugin::discovery::handler::register(&node.config.discovery_socket, &handler)
+        .await
+        .expect("the new agent serves the handlers' registration socket");
+    // ... and after a resync (30 s) nothing it writes has changed.
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    assert_eq!(
+        published(&client, &node.name, &ns).await,
+        at_rest,
+        "the hand-over changed a slice or an Instance"
+    );
+    cycle(3).await;
+}

@@ -134,8 +134,8 @@ async fn template_renders_the_components_with_default_values() {
     );
     assert_eq!(
         daemon_set["spec"]["updateStrategy"],
-        json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 1, "maxSurge": 0 } }),
-        "one plugin per node at a time: the state directory is locked"
+        json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": 0, "maxSurge": 1 } }),
+        "the new pod serves beside the old one: no node without a plugin"
     );
     let pod = &daemon_set["spec"]["template"]["spec"];
     assert_eq!(pod["serviceAccountName"], "akri-kubelet-plugin");
