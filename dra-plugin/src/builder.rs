@@ -337,6 +337,12 @@ impl<D: Driver> Plugin<D> {
     pub fn registration_status(&self) -> RegistrationStatus {
         self.served.registration_status()
     }
+
+    /// Withdraws the registration with the kubelet and keeps serving the calls under way
+    /// (see [`KubeletPlugin::deregister`]); drop the plugin a moment later to stop.
+    pub fn deregister(&mut self) {
+        self.served.deregister();
+    }
 }
 
 #[cfg(test)]

@@ -24,17 +24,26 @@ pub struct PluginConfig {
 }
 
 impl PluginConfig {
-    /// The service socket.
+    /// The service socket: `dra.sock`, or per pod `dra-<pod UID>.sock` (a hash of the UID
+    /// where the path would be too long for a socket).
     pub fn socket(&self) -> PathBuf {
-        match &self.pod_uid {
-            Some(uid) => self.plugin_dir.join(format!("dra-{uid}.sock")),
-            None => self.plugin_dir.join("dra.sock"),
-        }
+        let name = match &self.pod_uid {
+            Some(uid) => registration::fitting(
+                &self.plugin_dir,
+                [
+                    format!("dra-{uid}.sock"),
+                    format!("dra-{}.sock", registration::short_hash(uid, 8)),
+                ],
+            ),
+            None => "dra.sock".to_string(),
+        };
+        self.plugin_dir.join(name)
     }
 
-    /// The registration socket.
+    /// The registration socket ([`registration::socket_name`]).
     pub fn registration_socket(&self) -> PathBuf {
         (self.registry_dir).join(registration::socket_name(
+            &self.registry_dir,
             &self.driver_name,
             self.pod_uid.as_deref(),
         ))
@@ -126,6 +135,16 @@ impl KubeletPlugin {
     /// The service socket.
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// Withdraws the registration (its socket goes, and is not made again): the kubelet
+    /// stops sending calls here while the service keeps answering those under way. The first
+    /// step of a clean stop, above all with another plugin of the driver beside this one.
+    pub fn deregister(&mut self) {
+        if let Some(keeper) = self.tasks.get(1) {
+            keeper.abort();
+        }
+        self.registration.lock().expect("registration lock").take();
     }
 
     /// The registration status the kubelet last reported.

@@ -20,15 +20,42 @@ pub struct PluginInfo {
     pub supported_versions: Vec<String>,
 }
 
-/// The registration socket's file name: `<driver>-reg.sock`, or with a pod's UID
-/// `<driver>-<pod UID>-reg.sock`, as upstream's helper names them, so that two plugin pods
-/// of one driver (a rolling update) register side by side. The kubelet accepts both since
-/// Kubernetes 1.33.
-pub fn socket_name(driver: &str, pod_uid: Option<&str>) -> String {
-    match pod_uid {
-        Some(uid) => format!("{driver}-{uid}-reg.sock"),
-        None => format!("{driver}-reg.sock"),
-    }
+/// The longest path a Unix socket may have (`sun_path` holds 108 bytes with the NUL).
+const UNIX_PATH_MAX: usize = 107;
+
+/// The registration socket's file name in `registry_dir`: `<driver>-reg.sock`, or with a pod's
+/// UID one per pod, so that two plugin pods of one driver (a rolling update) register side by
+/// side (the kubelet accepts both since Kubernetes 1.33). As upstream's helper names them,
+/// the first whose whole path a socket can have: `<driver>-<pod UID>-reg.sock`,
+/// `<driver>-<hash of the UID>-reg.sock`, `dra-<hash of both>-reg.sock`.
+pub fn socket_name(registry_dir: &Path, driver: &str, pod_uid: Option<&str>) -> String {
+    let Some(uid) = pod_uid else {
+        return format!("{driver}-reg.sock");
+    };
+    let candidates = [
+        format!("{driver}-{uid}-reg.sock"),
+        format!("{driver}-{}-reg.sock", short_hash(uid, 8)),
+        format!(
+            "dra-{}-reg.sock",
+            short_hash(&format!("{driver}\0{uid}"), 16)
+        ),
+    ];
+    fitting(registry_dir, candidates)
+}
+
+/// The first of `candidates` whose path in `dir` a socket can have (else the last).
+pub(crate) fn fitting<const N: usize>(dir: &Path, candidates: [String; N]) -> String {
+    let fits = |name: &String| dir.join(name).as_os_str().len() <= UNIX_PATH_MAX;
+    let last = candidates[N - 1].clone();
+    candidates.into_iter().find(fits).unwrap_or(last)
+}
+
+/// URL-safe base64 of the first `bytes` bytes of `text`'s SHA-256, unpadded.
+pub(crate) fn short_hash(text: &str, bytes: usize) -> String {
+    use base64::Engine;
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(&digest[..bytes])
 }
 
 /// The registration as the kubelet last reported it.
@@ -67,7 +94,7 @@ impl Registration {
     /// Serves `GetInfo` / `NotifyRegistrationStatus` on `<registry_dir>/<driver>-reg.sock`,
     /// replacing a stale socket file from an earlier run.
     pub fn serve(registry_dir: &Path, info: PluginInfo) -> Result<Self, Error> {
-        let socket = registry_dir.join(socket_name(&info.driver_name, None));
+        let socket = registry_dir.join(socket_name(registry_dir, &info.driver_name, None));
         Self::serve_at(socket, info)
     }
 
@@ -152,5 +179,44 @@ impl api::registration_server::Registration for Registrar {
         };
         self.status.send_replace(status);
         Ok(Response::new(api::RegistrationStatusResponse {}))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pods_registration_socket_is_named_as_upstream_names_it_and_always_fits() {
+        let uid = "44e3ae2a-6939-4847-af3e-77b34f3157a0";
+        let kubelet = Path::new("/var/lib/kubelet/plugins_registry");
+        assert_eq!(
+            socket_name(kubelet, "debugecho.akri.sh", Some(uid)),
+            format!("debugecho.akri.sh-{uid}-reg.sock")
+        );
+        assert_eq!(
+            socket_name(kubelet, "debugecho.akri.sh", None),
+            "debugecho.akri.sh-reg.sock"
+        );
+        // The demo's real node: the first name would make a 110-byte path, which no socket
+        // can have (the kubelet's dial failed with "invalid argument").
+        let deeper = Path::new("/tmp/akri-node-17341-0-rzCmYQ/kubelet/plugins_registry");
+        let name = socket_name(deeper, "debugecho.akri.sh", Some(uid));
+        assert!(
+            name.starts_with("debugecho.akri.sh-") && name.ends_with("-reg.sock"),
+            "{name}"
+        );
+        assert!(
+            deeper.join(&name).as_os_str().len() <= UNIX_PATH_MAX,
+            "{name}"
+        );
+        let long_driver = "a-very-long-driver-name.of-some-vendor.example.com";
+        let name = socket_name(deeper, long_driver, Some(uid));
+        assert!(name.starts_with("dra-"), "{name}");
+        assert!(
+            deeper.join(&name).as_os_str().len() <= UNIX_PATH_MAX,
+            "{name}"
+        );
+        assert_ne!(name, socket_name(deeper, long_driver, Some("another-pod")));
     }
 }

@@ -155,9 +155,10 @@ pub enum Error {
     Plugin(dra_plugin::builder::Error),
 }
 
-/// A running agent; dropping it stops everything it serves.
+/// A running agent; [`Agent::stop`] stops it cleanly, dropping it at once.
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
     devices: NodeDevices,
     metrics: Metrics,
     readiness: Readiness,
@@ -170,6 +171,16 @@ impl Drop for Agent {
 }
 
 impl Agent {
+    /// Stops cleanly (on SIGTERM): withdraws the DRA drivers' registrations, answers the
+    /// kubelet's calls under way, then stops everything, the node's lock last, so that an
+    /// agent standing by takes over without a failed call.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+
     /// The legacy path's allocation counters, once its plugins run.
     pub fn legacy_counters(&self) -> Option<Arc<Counters>> {
         self.metrics.legacy_counters().get().cloned()
@@ -291,9 +302,11 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         });
         takeover
     });
-    let task = tokio::spawn(node_loop.run(handlers, events, takeover));
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(node_loop.run(handlers, events, takeover, stopped));
     Ok(Agent {
         task,
+        stop: Some(stop),
         devices,
         metrics,
         readiness,

@@ -132,6 +132,14 @@ impl DraSink {
         }
     }
 
+    /// Withdraws every served driver's registration with the kubelet; the drivers keep
+    /// answering the calls under way (the first step of a clean stop).
+    pub fn deregister(&mut self) {
+        for served in self.drivers.values_mut() {
+            served.plugin.deregister();
+        }
+    }
+
     /// Publishes `driver` on the next pass.
     pub fn changed(&mut self, driver: String) {
         self.dirty.insert(driver);

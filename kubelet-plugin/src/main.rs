@@ -170,5 +170,6 @@ async fn main() -> anyhow::Result<()> {
     .await?;
     tracing::info!("running");
     akri_runtime::stopped().await?;
+    agent.stop().await;
     Ok(())
 }

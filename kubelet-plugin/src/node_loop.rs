@@ -49,6 +49,10 @@ pub(crate) struct NodeLoop {
 /// then serves the registration socket and the rest of [`Leader`].
 pub(crate) type Takeover = BoxFuture<'static, Result<Leader, crate::agent::Error>>;
 
+/// How long a stopping agent keeps answering the kubelet's calls under way after it withdrew
+/// its registrations.
+const STOP_DRAIN: Duration = Duration::from_secs(1);
+
 /// What a configuration watch said, as far as the loop cares.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum WatchEvent {
@@ -94,6 +98,7 @@ impl NodeLoop {
         mut handlers: watch::Receiver<Handlers>,
         mut events: mpsc::Receiver<StreamEvent>,
         takeover: Option<Takeover>,
+        mut stop: tokio::sync::oneshot::Receiver<()>,
     ) {
         let mut takeover = takeover.unwrap_or_else(|| Box::pin(std::future::pending()));
         let (v1, mut v1_changes) =
@@ -129,6 +134,16 @@ impl NodeLoop {
                     }
                 }
                 _ = resync.tick() => if let Some(dra) = &mut self.dra { dra.resync() },
+                _ = &mut stop => {
+                    // A clean stop: the kubelet is told first, and calls under way (it may
+                    // have sent one just before) are answered; then everything goes, the
+                    // node's lock last.
+                    if let Some(dra) = &mut self.dra {
+                        dra.deregister();
+                        tokio::time::sleep(STOP_DRAIN).await;
+                    }
+                    return;
+                }
                 led = &mut takeover, if self.leader.is_none() => match led {
                     Ok(leader) => {
                         tracing::info!("the kubelet-plugin that led this node exited; leading now");

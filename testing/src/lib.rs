@@ -166,6 +166,40 @@ pub(crate) async fn poll<T, F: AsyncFn() -> Option<T>>(
     }
 }
 
+/// A running pod's identity, once it runs: its UID, its first container's id and restart count
+/// (the kubelet reports a started container a moment after it started). Equal before and after
+/// means the pod was neither replaced nor restarted.
+pub async fn running_pod(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    timeout: std::time::Duration,
+) -> (String, String, i32) {
+    eventually_within(&format!("pod {name} running"), timeout, async || {
+        let pod = pods.get(name).await.ok()?;
+        let status = pod.status?;
+        (status.phase.as_deref() == Some("Running")).then_some(())?;
+        let container = status.container_statuses?.into_iter().next()?;
+        let id = container.container_id.filter(|id| !id.is_empty())?;
+        Some((pod.metadata.uid?, id, container.restart_count))
+    })
+    .await
+}
+
+/// The median and the 99th percentile of `durations`, for a test to print.
+pub fn quantiles(mut durations: Vec<std::time::Duration>) -> String {
+    durations.sort();
+    if durations.is_empty() {
+        return "no samples".into();
+    }
+    let at = |q: f64| durations[((durations.len() - 1) as f64 * q).round() as usize];
+    format!(
+        "p50 {:?}, p99 {:?} of {}",
+        at(0.5),
+        at(0.99),
+        durations.len()
+    )
+}
+
 /// A typed object from the JSON a test writes it in; panics on a mistake in the test.
 pub fn from_json<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> T {
     serde_json::from_value(value).expect("valid object")

@@ -1367,16 +1367,7 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
         }
         took
     };
-    let quantiles = |mut took: Vec<Duration>| {
-        took.sort();
-        let at = |q: f64| took[((took.len() - 1) as f64 * q).round() as usize];
-        format!(
-            "p50 {:?}, p99 {:?} ({} prepares)",
-            at(0.5),
-            at(0.99),
-            took.len()
-        )
-    };
+    let quantiles = akri_testing::quantiles;
     let alone = cycle(30).await;
 
     // The new pod comes up: it stands by, registered beside the old one.
@@ -1395,8 +1386,8 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
     .await;
     let overlap = cycle(30).await;
 
-    // The old agent goes (the DaemonSet deletes its pod once the new one is ready).
-    drop(std::mem::replace(&mut node.agent, new));
+    // The old agent goes (the DaemonSet deletes its pod once the new one is ready; SIGTERM).
+    std::mem::replace(&mut node.agent, new).stop().await;
     let mut after = cycle(30).await;
     eventually("the old pod's driver deregistered", async || {
         (node.peer.driver_endpoints(DRIVER).await.ok()?.len() == 1).then_some(())

@@ -484,19 +484,9 @@ async fn output(pods: &Api<Pod>, pod: &str) -> String {
     .await
 }
 
-/// A running pod's identity: its UID, its container's id and restart count. Equal before and
-/// after means the pod was neither replaced nor restarted.
+/// A running pod's identity ([`akri_testing::running_pod`]).
 async fn running(pods: &Api<Pod>, name: &str) -> (String, String, i32) {
-    // The kubelet reports a started container a moment after it printed: wait for that.
-    akri_testing::eventually_within(&format!("pod {name} running"), WAIT, async || {
-        let pod = pods.get(name).await.ok()?;
-        let status = pod.status?;
-        (status.phase.as_deref() == Some("Running")).then_some(())?;
-        let container = status.container_statuses?.into_iter().next()?;
-        let id = container.container_id.filter(|id| !id.is_empty())?;
-        Some((pod.metadata.uid?, id, container.restart_count))
-    })
-    .await
+    akri_testing::running_pod(pods, name, WAIT).await
 }
 
 /// The broker the broker-controller made for `config`'s device (owned by its BrokerTemplate),

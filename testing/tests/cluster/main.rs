@@ -7,3 +7,4 @@ mod legacy_only;
 mod network;
 mod real_node;
 mod startup;
+mod upgrade;

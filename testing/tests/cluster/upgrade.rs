@@ -1,0 +1,360 @@
+//! An upgrade of the installed product as docs/operations.md "Upgrades" gives it, on a real node
+//! (containerd + the kubelet) with our images and the chart: `helm upgrade` to a rebuilt image
+//! (the same image under a new tag, so every pod is replaced) while pods with DRA claims keep
+//! starting and stopping on the node. The kubelet-plugin DaemonSet rolls with `maxSurge: 1`:
+//! the new pod serves beside the old one, which leaves only once the new one is ready. Checked
+//! against the kubelet's own metrics: no prepare or unprepare failed; every pod started; the
+//! node's slices kept their UIDs and generations; a running pod with a claim and one holding a
+//! legacy device-plugin slot kept their containers, and the slot stayed held.
+
+use akri_api::v0::Instance;
+use akri_testing::product::{Helm, Images, repo};
+use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+const NODE: &str = "upgraded";
+const USERS: &str = "apps";
+const WAIT: Duration = Duration::from_secs(180);
+/// The DiscoveryConfiguration the chart installs with `discoveryConfigurations.debugEcho`.
+const CLASS: &str = "akri-debug-echo";
+
+#[tokio::test]
+async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_slice() {
+    let cp = ControlPlane::start(ControlPlaneOptions::with_services())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    let images = Images::built()
+        .unwrap()
+        .only(&["akri-kubelet-plugin", "akri-driver-controller"]);
+    let node = RealNode::start(&cp, NODE).await.expect("real node");
+    images.load(&node).await.unwrap();
+    let busybox = node.busybox_image().unwrap();
+
+    // The product as the README installs it, with legacy mode on too, four debugEcho devices.
+    let kubectl = cp.bins().require("kubectl").unwrap();
+    let kubeconfig = cp.kubeconfig().display().to_string();
+    let applied = std::process::Command::new(&kubectl)
+        .args(["apply", "-f", "examples/akri-namespace.yaml"])
+        .current_dir(repo())
+        .env("KUBECONFIG", cp.kubeconfig())
+        .output()
+        .unwrap();
+    assert!(applied.status.success(), "{applied:?}");
+    let helm = Helm::new().unwrap();
+    let [registry, tag] = images.values();
+    helm.ok(&[
+        "install",
+        "akri",
+        "charts/akri",
+        "--namespace",
+        "akri",
+        "--kubeconfig",
+        &kubeconfig,
+        "--set",
+        &registry,
+        "--set",
+        &tag,
+        "--set",
+        "kubeletPlugin.debugEcho.enabled=true",
+        "--set",
+        "discoveryConfigurations.debugEcho.enabled=true",
+        "--set",
+        "discoveryConfigurations.debugEcho.discoveryDetails.descriptions={d0,d1,d2,d3}",
+        "--set",
+        "legacyDevicePlugin.enabled=true",
+        "--set",
+        "brokerController.enabled=false",
+        "--wait",
+        "--timeout",
+        "3m",
+    ])
+    .await
+    .unwrap_or_else(|e| panic!("{e}"));
+    let users = cp.create_namespace(USERS).await.unwrap();
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &users)
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "metadata": { "name": "one" },
+                "spec": { "spec": { "devices": { "requests": [
+                    { "name": "echo", "exactly": { "deviceClassName": CLASS } },
+                ] } } },
+            })),
+        )
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), &users);
+
+    // A pod holding a claim all along, and one holding a legacy slot.
+    let v0: akri_api::v0::Configuration = from_json(akri_testing::discovery::v0_debug_echo(
+        "slots",
+        &["s0"],
+        2,
+        true,
+    ));
+    Api::<akri_api::v0::Configuration>::namespaced(client.clone(), &users)
+        .create(&PostParams::default(), &v0)
+        .await
+        .unwrap();
+    create_pod(&pods, "holder", &busybox, json!({}), true).await;
+    create_pod(
+        &pods,
+        "slot-holder",
+        &busybox,
+        json!({ "akri.sh/slots": "1" }),
+        false,
+    )
+    .await;
+    let holder = running(&pods, "holder").await;
+    let slot_holder = running(&pods, "slot-holder").await;
+    let instances = Api::<Instance>::namespaced(client.clone(), &users);
+    let slots = akri_testing::eventually_within("the slot held", WAIT, async || {
+        let list = instances.list(&ListParams::default()).await.ok()?;
+        let instance = list
+            .items
+            .into_iter()
+            .find(|i| i.spec.configuration_name == "slots")?;
+        (instance
+            .spec
+            .device_usage
+            .values()
+            .filter(|n| *n == NODE)
+            .count()
+            == 1)
+            .then_some(instance.spec.device_usage)
+    })
+    .await;
+    let slices = published(&client).await;
+    let failed_before = kubelet_failures(&client).await;
+
+    // At rest: pods with a claim each start and stop, one after the other.
+    let mut at_rest = Vec::new();
+    for round in 0..5 {
+        at_rest.push(churn(&pods, &format!("rest-{round}"), &busybox).await);
+    }
+
+    // The upgrade, as the section gives it (to the same image under a new tag), while pods
+    // keep starting.
+    images.tag_as(&node, "rebuilt").await.unwrap();
+    let lines =
+        akri_testing::docs::section_lines(&repo().join("docs/operations.md"), "Upgrades").unwrap();
+    let [crds, upgrade] = &lines[..2] else {
+        panic!("{lines:?}")
+    };
+    assert!(
+        crds.starts_with("kubectl apply --server-side -f charts/akri/crds/"),
+        "{crds}"
+    );
+    assert!(
+        upgrade.starts_with("helm upgrade akri charts/akri"),
+        "{upgrade}"
+    );
+    let crds_applied = std::process::Command::new(&kubectl)
+        .args(crds.split_whitespace().skip(1))
+        .current_dir(repo())
+        .env("KUBECONFIG", cp.kubeconfig())
+        .output()
+        .unwrap();
+    assert!(crds_applied.status.success(), "{crds_applied:?}");
+    let mut args: Vec<String> = upgrade
+        .split_whitespace()
+        .skip(1)
+        .map(String::from)
+        .collect();
+    args.extend(
+        [
+            "--kubeconfig",
+            &kubeconfig,
+            "--set",
+            "image.tag=rebuilt",
+            "--wait",
+            "--timeout",
+            "5m",
+        ]
+        .map(String::from),
+    );
+    let upgrading = tokio::spawn(async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Helm::new().unwrap().ok(&args).await
+    });
+    let started = Instant::now();
+    let mut during = Vec::new();
+    let mut round = 0;
+    while !upgrading.is_finished() || during.len() < 5 {
+        during.push(churn(&pods, &format!("upgrade-{round}"), &busybox).await);
+        round += 1;
+    }
+    upgrading
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
+    eprintln!("helm upgrade --wait took {:?}", started.elapsed());
+
+    // The new plugin runs the rebuilt image, and leads (its driver registered).
+    let plugin_pods = Api::<Pod>::namespaced(client.clone(), "akri")
+        .list(&ListParams::default().labels("app.kubernetes.io/component=kubelet-plugin"))
+        .await
+        .unwrap();
+    let images_running: Vec<String> = (plugin_pods.items.iter())
+        .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
+        .collect();
+    assert!(
+        images_running.len() == 1 && images_running[0].ends_with(":rebuilt"),
+        "{images_running:?}"
+    );
+    for _ in 0..3 {
+        during.push(churn(&pods, &format!("after-{round}"), &busybox).await);
+        round += 1;
+    }
+
+    assert_eq!(
+        kubelet_failures(&client).await,
+        failed_before,
+        "a prepare or unprepare failed"
+    );
+    assert_eq!(
+        published(&client).await,
+        slices,
+        "a slice was replaced or rewritten"
+    );
+    assert_eq!(
+        running(&pods, "holder").await,
+        holder,
+        "the claim's pod was disturbed"
+    );
+    assert_eq!(
+        running(&pods, "slot-holder").await,
+        slot_holder,
+        "the slot's pod was disturbed"
+    );
+    let list = instances.list(&ListParams::default()).await.unwrap();
+    let now = list
+        .items
+        .into_iter()
+        .find(|i| i.spec.configuration_name == "slots")
+        .unwrap();
+    assert_eq!(now.spec.device_usage, slots, "the legacy slot moved");
+    let quantiles = akri_testing::quantiles;
+    eprintln!(
+        "pod with a claim, created to running, at rest: {}",
+        quantiles(at_rest)
+    );
+    eprintln!(
+        "pod with a claim, created to running, during the upgrade: {}",
+        quantiles(during)
+    );
+    eprintln!(
+        "the kubelet's PrepareResources: {}",
+        kubelet_prepare(&client).await
+    );
+}
+
+/// A pod of one busybox container that sleeps, with the claim template `one` (`claim`) and
+/// `limits`.
+async fn create_pod(
+    pods: &Api<Pod>,
+    name: &str,
+    busybox: &str,
+    limits: serde_json::Value,
+    claim: bool,
+) {
+    let mut pod = json!({
+        "metadata": { "name": name },
+        "spec": {
+            "nodeName": NODE,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": busybox, "imagePullPolicy": "Never",
+                "command": ["sh", "-c", "exec sleep 3600"],
+                "resources": { "limits": limits },
+            }],
+        },
+    });
+    if claim {
+        pod["spec"]["resourceClaims"] =
+            json!([{ "name": "echo", "resourceClaimTemplateName": "one" }]);
+        pod["spec"]["containers"][0]["resources"]["claims"] = json!([{ "name": "echo" }]);
+        // The scheduler places it: the claim must be allocated first.
+        pod["spec"].as_object_mut().unwrap().remove("nodeName");
+    }
+    pods.create(&PostParams::default(), &from_json(pod))
+        .await
+        .unwrap();
+}
+
+/// A pod with a claim, from creation to running, then deleted and gone; how long it took to run.
+async fn churn(pods: &Api<Pod>, name: &str, busybox: &str) -> Duration {
+    let start = Instant::now();
+    create_pod(pods, name, busybox, json!({}), true).await;
+    running(pods, name).await;
+    let took = start.elapsed();
+    pods.delete(name, &DeleteParams::default()).await.unwrap();
+    akri_testing::eventually_within(&format!("pod {name} gone"), WAIT, async || {
+        pods.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
+    took
+}
+
+/// A running pod's identity ([`akri_testing::running_pod`]).
+async fn running(pods: &Api<Pod>, name: &str) -> (String, String, i32) {
+    akri_testing::running_pod(pods, name, WAIT).await
+}
+
+/// The node's slices: UID and pool generation.
+async fn published(client: &kube::Client) -> Vec<(String, i64)> {
+    let slices = Api::<ResourceSlice>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("spec.nodeName={NODE}")))
+        .await
+        .unwrap();
+    let mut published: Vec<_> = (slices.items.into_iter())
+        .map(|s| (s.metadata.uid.unwrap(), s.spec.pool.generation))
+        .collect();
+    published.sort();
+    published
+}
+
+/// The kubelet's `/metrics`, through the API server.
+async fn kubelet_metrics(client: &kube::Client) -> String {
+    let request = http::Request::get(format!("/api/v1/nodes/{NODE}/proxy/metrics"))
+        .body(Vec::new())
+        .unwrap();
+    client.request_text(request).await.unwrap()
+}
+
+/// Failed DRA operations as the kubelet counts them: `dra_operations_duration_seconds` with
+/// `is_error="true"`, and DRA gRPC calls that did not end OK.
+async fn kubelet_failures(client: &kube::Client) -> Vec<String> {
+    (kubelet_metrics(client).await.lines())
+        .filter(|line| {
+            (line.starts_with("dra_operations_duration_seconds_count")
+                && line.contains("is_error=\"true\""))
+                || (line.starts_with("dra_grpc_operations_duration_seconds_count")
+                    && !line.contains("grpc_status_code=\"OK\""))
+        })
+        .map(String::from)
+        .collect()
+}
+
+/// The kubelet's PrepareResources histogram (successful ones): count, and how many within
+/// each bucket bound (0.1 s and more).
+async fn kubelet_prepare(client: &kube::Client) -> String {
+    (kubelet_metrics(client).await.lines())
+        .filter(|line| {
+            line.starts_with("dra_operations_duration_seconds_")
+                && line.contains("PrepareResources")
+                && !line.contains("Unprepare")
+                && line.contains("is_error=\"false\"")
+        })
+        .filter(|line| {
+            !line.contains("_bucket") || line.contains("le=\"0.1\"") || line.contains("le=\"+Inf\"")
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
