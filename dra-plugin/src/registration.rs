@@ -25,15 +25,16 @@ const UNIX_PATH_MAX: usize = 107;
 
 /// The registration socket's file name in `registry_dir`: `<driver>-reg.sock`, or with a pod's
 /// UID one per pod, so that two plugin pods of one driver (a rolling update) register side by
-/// side (the kubelet accepts both since Kubernetes 1.33). As upstream's helper names them,
-/// the first whose whole path a socket can have: `<driver>-<pod UID>-reg.sock`,
-/// `<driver>-<hash of the UID>-reg.sock`, `dra-<hash of both>-reg.sock`.
+/// side (the kubelet accepts both since Kubernetes 1.33): `<driver>-<hash of the UID>-reg.sock`,
+/// or `dra-<hash of both>-reg.sock` where that path is too long for a socket. These are the
+/// shorter two of upstream's helper's names; its first, with the whole UID (36 bytes), is left
+/// out because the kubelet dials the socket under its own root directory, whose path can be
+/// longer than the plugin's view of it (a root bind-mounted into the pod from elsewhere).
 pub fn socket_name(registry_dir: &Path, driver: &str, pod_uid: Option<&str>) -> String {
     let Some(uid) = pod_uid else {
         return format!("{driver}-reg.sock");
     };
     let candidates = [
-        format!("{driver}-{uid}-reg.sock"),
         format!("{driver}-{}-reg.sock", short_hash(uid, 8)),
         format!(
             "dra-{}-reg.sock",
@@ -190,27 +191,26 @@ mod tests {
     fn a_pods_registration_socket_is_named_as_upstream_names_it_and_always_fits() {
         let uid = "44e3ae2a-6939-4847-af3e-77b34f3157a0";
         let kubelet = Path::new("/var/lib/kubelet/plugins_registry");
+        // base64url of the UID's SHA-256's first 8 bytes, as upstream's second name.
+        let name = socket_name(kubelet, "debugecho.akri.sh", Some(uid));
         assert_eq!(
-            socket_name(kubelet, "debugecho.akri.sh", Some(uid)),
-            format!("debugecho.akri.sh-{uid}-reg.sock")
+            name,
+            format!("debugecho.akri.sh-{}-reg.sock", short_hash(uid, 8))
         );
+        assert_eq!(short_hash(uid, 8).len(), 11);
         assert_eq!(
             socket_name(kubelet, "debugecho.akri.sh", None),
             "debugecho.akri.sh-reg.sock"
         );
-        // The demo's real node: the first name would make a 110-byte path, which no socket
-        // can have (the kubelet's dial failed with "invalid argument").
+        // The real test node's kubelet sees the registry deeper than the pod does; with the
+        // whole UID the path had 110 bytes there, which no socket can have (its dial failed
+        // with "invalid argument").
         let deeper = Path::new("/tmp/akri-node-17341-0-rzCmYQ/kubelet/plugins_registry");
-        let name = socket_name(deeper, "debugecho.akri.sh", Some(uid));
-        assert!(
-            name.starts_with("debugecho.akri.sh-") && name.ends_with("-reg.sock"),
-            "{name}"
-        );
         assert!(
             deeper.join(&name).as_os_str().len() <= UNIX_PATH_MAX,
             "{name}"
         );
-        let long_driver = "a-very-long-driver-name.of-some-vendor.example.com";
+        let long_driver = "a-very-long-driver-name-of-some-vendor.devices.example.com";
         let name = socket_name(deeper, long_driver, Some(uid));
         assert!(name.starts_with("dra-"), "{name}");
         assert!(

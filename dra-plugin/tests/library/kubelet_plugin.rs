@@ -627,11 +627,16 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
             && endpoints.iter().any(|e| e.ends_with("dra-pod-new.sock")),
         "{endpoints:?}"
     );
+    let registry = peer.registry_dir();
     assert!(
-        peer.registry_dir()
-            .join(format!("{driver}-pod-new-reg.sock"))
+        registry
+            .join(dra_plugin::registration::socket_name(
+                &registry,
+                &driver,
+                Some("pod-new")
+            ))
             .exists(),
-        "the registration socket is named after the pod, as upstream's helper names it"
+        "the registration socket is named after the pod"
     );
 
     // A claim prepared while both serve: through either, the kubelet picks.
