@@ -16,14 +16,14 @@ echo "== Helm, for the chart tests (built from the Go module proxy, reused when 
 hack/helm.sh >/dev/null
 echo "== the discovery handlers' protocol peers (a Python virtualenv from PyPI, reused when up to date)"
 hack/peers.sh >/dev/null
-echo "== cargo test (akri_move:: runs after the images are built, legacy_only:: on Kubernetes 1.33 below)"
-cargo test --workspace -- --skip legacy_only:: --skip akri_move::
+echo "== cargo test (akri_move:: and upgrade:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
+cargo test --workspace -- --skip legacy_only:: --skip akri_move:: --skip upgrade::
 echo "== OCI images: static release binaries, packed without a Docker engine and checked (the demo installs them)"
 hack/images.sh
 echo "== the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
-echo "== the move off Akri as docs/operations.md gives it: the chart with our images on a real node"
-cargo test -p akri-testing --test cluster -- akri_move::
+echo "== the move off Akri and an upgrade as docs/operations.md give them: the chart with our images on a real node (one at a time: each runs kube-proxy)"
+cargo test -p akri-testing --test cluster -- akri_move:: upgrade:: --test-threads=1
 echo "== Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
 hack/k8s-bins.sh 1.34.4 >/dev/null
 echo "== cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"

@@ -123,7 +123,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
             .spec
             .device_usage
             .values()
-            .filter(|n| *n == NODE)
+            .filter(|n| n.to_string().contains(NODE))
             .count()
             == 1)
             .then_some(instance.spec.device_usage)
