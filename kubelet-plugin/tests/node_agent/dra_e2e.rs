@@ -94,6 +94,17 @@ async fn echo_configuration(client: &kube::Client, config: &str) {
         .unwrap();
 }
 
+/// The configuration `config` of [`echo_configuration`] and the pod of [`broker_pod`],
+/// prepared by `node`'s kubelet.
+async fn prepared_broker(node: &SimNode, client: &kube::Client, ns: &str, config: &str) {
+    echo_configuration(client, config).await;
+    broker_pod(client, ns, config).await;
+    eventually("the pod prepared", async || {
+        node.peer.prepare(ns, "broker").await.ok()
+    })
+    .await;
+}
+
 /// A ResourceClaimTemplate `echo` for one device of `config`, and pod `broker` whose container
 /// `broker` holds a claim from it; the scheduler places it.
 async fn broker_pod(client: &kube::Client, ns: &str, config: &str) {
@@ -662,12 +673,7 @@ async fn a_held_devices_health_stays_known_without_changes_and_turns_unhealthy_w
         .wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    echo_configuration(&client, &config).await;
-    broker_pod(&client, &ns, &config).await;
-    eventually("the pod prepared", async || {
-        node.peer.prepare(&ns, "broker").await.ok()
-    })
-    .await;
+    prepared_broker(&node, &client, &ns, &config).await;
     eventually("the device healthy in the pod's status", async || {
         (pod_health(&node.peer, &ns, "broker").await == ["Healthy"]).then_some(())
     })
@@ -1149,12 +1155,7 @@ async fn a_wedged_handlers_devices_turn_unknown_and_healthy_again_when_it_answer
     akri_kubelet_plugin::discovery::handler::register(&registration, &behind_relay)
         .await
         .unwrap();
-    echo_configuration(&client, &config).await;
-    broker_pod(&client, &ns, &config).await;
-    eventually("the pod prepared", async || {
-        node.peer.prepare(&ns, "broker").await.ok()
-    })
-    .await;
+    prepared_broker(&node, &client, &ns, &config).await;
     eventually("the device healthy in the pod's status", async || {
         (pod_health(&node.peer, &ns, "broker").await == ["Healthy"]).then_some(())
     })
@@ -1200,12 +1201,7 @@ async fn an_admins_device_taint_rule_drains_a_device_and_keeps_it_unallocatable(
         .wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    echo_configuration(&client, &config).await;
-    broker_pod(&client, &ns, &config).await;
-    eventually("the pod prepared", async || {
-        node.peer.prepare(&ns, "broker").await.ok()
-    })
-    .await;
+    prepared_broker(&node, &client, &ns, &config).await;
     let device = pool_devices(&client, &node.name).await.remove(0);
 
     let doc = akri_testing::product::repo().join("docs/operations.md");
@@ -1341,12 +1337,7 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
         .wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    echo_configuration(&client, &config).await;
-    broker_pod(&client, &ns, &config).await;
-    eventually("the pod prepared", async || {
-        node.peer.prepare(&ns, "broker").await.ok()
-    })
-    .await;
+    prepared_broker(&node, &client, &ns, &config).await;
     let at_rest = published(&client, &node.name, &ns).await;
     assert!(
         !at_rest.0.is_empty() && !at_rest.1.is_empty(),
