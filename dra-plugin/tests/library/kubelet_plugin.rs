@@ -33,6 +33,48 @@ async fn wait_until<F: AsyncFn() -> bool>(what: &str, check: F) {
     }
 }
 
+/// DeviceClass `class`: every device of `driver`.
+async fn gadget_class(client: &kube::Client, class: &str, driver: &str) {
+    Api::<DeviceClass>::all(client.clone())
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": class },
+            "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == '{driver}'") } }] },
+        })).unwrap())
+        .await
+        .unwrap();
+}
+
+/// Pod `user` in `ns` with one claim for `count` devices of `class` (from a template of its
+/// own), once the scheduler bound it.
+async fn bound_user_pod(client: &kube::Client, ns: &str, class: &str, count: u32) {
+    let template = format!("g-{count}");
+    Api::<ResourceClaimTemplate>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &serde_json::from_value(json!({
+            "metadata": { "name": template },
+            "spec": { "spec": { "devices": { "requests": [{ "name": "g", "exactly": { "deviceClassName": class, "count": count } }] } } },
+        })).unwrap())
+        .await
+        .unwrap();
+    let pods = Api::<Pod>::namespaced(client.clone(), ns);
+    pods.create(&PostParams::default(), &serde_json::from_value(json!({
+        "metadata": { "name": "user" },
+        "spec": {
+            "resourceClaims": [{ "name": "g", "resourceClaimTemplateName": template }],
+            "containers": [{ "name": "app", "image": "none", "resources": { "claims": [{ "name": "g" }] } }],
+        },
+    })).unwrap())
+    .await
+    .unwrap();
+    wait_until("pod bound", async || {
+        pods.get("user")
+            .await
+            .ok()
+            .and_then(|p| p.spec.and_then(|s| s.node_name))
+            .is_some()
+    })
+    .await;
+}
+
 /// The example driver with the builder's defaults (but `health`), in `dir`, with no kubelet to
 /// register with (for what it does with the API server alone).
 async fn plugin_without_kubelet(
@@ -104,13 +146,7 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
     let class = ControlPlane::unique_name("gadgets");
     let peer = KubeletPeer::start(cp, &node_name).await.unwrap();
 
-    Api::<DeviceClass>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": class },
-            "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == '{driver}'") } }] },
-        })).unwrap())
-        .await
-        .unwrap();
+    gadget_class(&client, &class, &driver).await;
 
     // The plugin, and the node's gadgets published through it.
     let state_dir = tempfile::tempdir().unwrap();
@@ -159,31 +195,7 @@ async fn prepares_through_the_kubelet_and_survives_restarts() {
     );
 
     // A pod with one claim for both gadgets.
-    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": "two" },
-            "spec": { "spec": { "devices": { "requests": [{ "name": "g", "exactly": { "deviceClassName": class, "count": 2 } }] } } },
-        })).unwrap())
-        .await
-        .unwrap();
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": { "name": "user" },
-        "spec": {
-            "resourceClaims": [{ "name": "g", "resourceClaimTemplateName": "two" }],
-            "containers": [{ "name": "app", "image": "none", "resources": { "claims": [{ "name": "g" }] } }],
-        },
-    })).unwrap())
-    .await
-    .unwrap();
-    wait_until("pod bound", async || {
-        pods.get("user")
-            .await
-            .ok()
-            .and_then(|p| p.spec.and_then(|s| s.node_name))
-            .is_some()
-    })
-    .await;
+    bound_user_pod(&client, &ns, &class, 2).await;
 
     let ids = peer
         .prepare(&ns, "user")
@@ -579,13 +591,7 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
     let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("g"));
     let class = ControlPlane::unique_name("gadgets");
     let peer = KubeletPeer::start(cp, &node_name).await.unwrap();
-    Api::<DeviceClass>::all(client.clone())
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": class },
-            "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == '{driver}'") } }] },
-        })).unwrap())
-        .await
-        .unwrap();
+    gadget_class(&client, &class, &driver).await;
     let start_pod = async |uid: &str| {
         Plugin::builder(&driver, &node_name)
             .registry_dir(peer.registry_dir())
@@ -640,31 +646,7 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
     );
 
     // A claim prepared while both serve: through either, the kubelet picks.
-    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
-        .create(&PostParams::default(), &serde_json::from_value(json!({
-            "metadata": { "name": "one" },
-            "spec": { "spec": { "devices": { "requests": [{ "name": "g", "exactly": { "deviceClassName": class } }] } } },
-        })).unwrap())
-        .await
-        .unwrap();
-    let pods = Api::<Pod>::namespaced(client.clone(), &ns);
-    pods.create(&PostParams::default(), &serde_json::from_value(json!({
-        "metadata": { "name": "user" },
-        "spec": {
-            "resourceClaims": [{ "name": "g", "resourceClaimTemplateName": "one" }],
-            "containers": [{ "name": "app", "image": "none", "resources": { "claims": [{ "name": "g" }] } }],
-        },
-    })).unwrap())
-    .await
-    .unwrap();
-    wait_until("pod bound", async || {
-        pods.get("user")
-            .await
-            .ok()
-            .and_then(|p| p.spec.and_then(|s| s.node_name))
-            .is_some()
-    })
-    .await;
+    bound_user_pod(&client, &ns, &class, 1).await;
     let ids = peer
         .prepare(&ns, "user")
         .await
