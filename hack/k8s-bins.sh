@@ -23,6 +23,12 @@ bin="$work/bin"
 
 log() { printf '[k8s-bins] %s\n' "$*" >&2; }
 
+# One build per version at a time: CI builds the older versions in the background while the
+# tests run, and hack/test.sh's own call for that version waits here, then finds it up to date.
+mkdir -p "$root"
+exec 9>"$work.lock"
+flock 9
+
 # The kubelet peer and the Go driver are written against the main version's packages only.
 with_peer=false
 [ "$version" = "$main_version" ] && with_peer=true
