@@ -95,6 +95,9 @@ pub trait DevicePlugin: Send + Sync + 'static {
 pub(crate) struct Service<P> {
     pub(crate) plugin: Arc<P>,
     pub(crate) closing: watch::Sender<bool>,
+    /// Told when the kubelet ends a `ListAndWatch` stream this plugin did not end: the
+    /// kubelet has dropped the registration (see [`crate::ServedPlugin`]).
+    pub(crate) dropped: Arc<tokio::sync::Notify>,
 }
 
 type DeviceStream = Pin<Box<dyn Stream<Item = Result<api::ListAndWatchResponse, Status>> + Send>>;
@@ -119,6 +122,7 @@ impl<P: DevicePlugin> api::device_plugin_server::DevicePlugin for Service<P> {
     ) -> Result<Response<Self::ListAndWatchStream>, Status> {
         let mut devices = self.plugin.devices();
         let mut closing = self.closing.subscribe();
+        let dropped = self.dropped.clone();
         let stream = async_stream(move |tx| async move {
             loop {
                 if *closing.borrow_and_update() {
@@ -134,17 +138,18 @@ impl<P: DevicePlugin> api::device_plugin_server::DevicePlugin for Service<P> {
                     .iter()
                     .map(api::Device::from)
                     .collect();
-                if tx
-                    .send(Ok(api::ListAndWatchResponse { devices: list }))
-                    .await
-                    .is_err()
-                {
+                let sent = tx.send(Ok(api::ListAndWatchResponse { devices: list }));
+                if sent.await.is_err() {
+                    dropped.notify_one();
                     return;
                 }
                 tokio::select! {
                     changed = devices.changed() => if changed.is_err() { return },
                     _ = closing.changed() => {}
-                    _ = tx.closed() => return,
+                    _ = tx.closed() => {
+                        dropped.notify_one();
+                        return;
+                    }
                 }
             }
         });

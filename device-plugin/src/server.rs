@@ -5,6 +5,14 @@
 //! creates a new `kubelet.sock`; plugins are expected to notice and register again. Every
 //! second the plugin checks that its socket is still there (serving it again if not) and
 //! that `kubelet.sock` is the one it registered with, and registers when either changed.
+//!
+//! It also registers again at once when the kubelet ends its `ListAndWatch` stream: the
+//! kubelet has dropped the registration. That is how a rolling update's new process keeps
+//! its resources on kubelets before 1.37. There, the kubelet keeps one client per resource
+//! name; when the old process exits, the end of the old client's stream disconnects the
+//! newest client, the new process's. From 1.37 on the kubelet keeps a client per socket and
+//! promotes the remaining one, so with sockets of their own (a per-process socket name) the
+//! hand-over has no gap at all.
 
 use crate::plugin::{DevicePlugin, Service};
 use kubelet_proto::deviceplugin::v1beta1 as api;
@@ -75,6 +83,7 @@ impl ServedPlugin {
         let service = Service {
             plugin,
             closing: closing.clone(),
+            dropped: Arc::default(),
         };
         let server = serve(&socket, service.clone_service())?;
         let (registered, registrations) = watch::channel(0);
@@ -127,6 +136,7 @@ impl<P> Service<P> {
         Service {
             plugin: self.plugin.clone(),
             closing: self.closing.clone(),
+            dropped: self.dropped.clone(),
         }
     }
 }
@@ -179,7 +189,12 @@ async fn keep_registered<P: DevicePlugin>(
     let mut failing = false;
     let mut interval = tokio::time::interval(CHECK);
     loop {
-        interval.tick().await;
+        tokio::select! {
+            _ = interval.tick() => {}
+            () = service.dropped.notified() => if registered_with.take().is_some() {
+                tracing::info!(resource = %config.resource_name, "the kubelet ended the device list stream; registering again");
+            },
+        }
         if inode(&socket).is_none() {
             tracing::info!(resource = %config.resource_name, "device plugin socket gone (kubelet restarted?); serving it again");
             match serve(&socket, service.clone_service()) {

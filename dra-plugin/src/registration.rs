@@ -35,13 +35,20 @@ pub fn socket_name(registry_dir: &Path, driver: &str, pod_uid: Option<&str>) -> 
         return format!("{driver}-reg.sock");
     };
     let candidates = [
-        format!("{driver}-{}-reg.sock", short_hash(uid, 8)),
+        format!("{driver}-{}-reg.sock", pod_tag(uid)),
         format!(
             "dra-{}-reg.sock",
             short_hash(&format!("{driver}\0{uid}"), 16)
         ),
     ];
     fitting(registry_dir, candidates)
+}
+
+/// The tag a pod's sockets carry in a rolling update (11 characters, URL-safe base64 of its
+/// UID's hash): the middle of `<driver>-<tag>-reg.sock`, for other sockets of the same pod
+/// to carry too, so that one can tell which process serves which.
+pub fn pod_tag(pod_uid: &str) -> String {
+    short_hash(pod_uid, 8)
 }
 
 /// The first of `candidates` whose path in `dir` a socket can have (else the last).

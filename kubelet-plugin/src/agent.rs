@@ -265,11 +265,23 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         );
     }
     let handlers = registry.subscribe();
+    // Served standing by too (under this pod's own sockets), so that the kubelet has a
+    // plugin to call for every resource all through a rolling update.
+    let legacy = config.legacy.as_ref().map(|options| {
+        let tag = config
+            .pod_uid
+            .as_deref()
+            .map(dra_plugin::registration::pod_tag);
+        let (client, grace) = (client.clone(), config.instance_grace);
+        let counters = metrics.legacy_counters();
+        let mut sink = LegacySink::start(client, &config.node_name, options, grace, tag, counters);
+        if leading.is_some() {
+            sink.lead();
+        }
+        sink
+    });
     let (leader, registry) = match leading {
-        Some(state_dir) => (
-            Some(lead(&client, &config, &metrics, registry, state_dir).await?),
-            None,
-        ),
+        Some(state_dir) => (Some(lead(&config, registry, state_dir).await?), None),
         None => (None, Some(registry)),
     };
     let (events_tx, events) = mpsc::channel::<StreamEvent>(64);
@@ -287,7 +299,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         node_name: config.node_name.clone(),
         discovery,
         dra,
-        legacy_wanted: config.legacy.is_some(),
+        legacy,
         leader,
         startup_wait: config.startup_wait,
         metrics: metrics.clone(),
@@ -295,10 +307,9 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     };
     // Standing by: the takeover holds the registry (not served yet) until the lock is free.
     let takeover = pending.zip(registry).map(|(unlocked, registry)| {
-        let (client, config, metrics) = (client, config, metrics.clone());
         let takeover: crate::node_loop::Takeover = Box::pin(async move {
             let state_dir = unlocked.lock().await?;
-            lead(&client, &config, &metrics, registry, state_dir).await
+            lead(&config, registry, state_dir).await
         });
         takeover
     });
@@ -314,10 +325,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
 }
 
 /// What only the leading agent of a node runs: the lock, the discovery-handler registration
-/// socket and the embedded handlers (whose socket paths are the node's, not the pod's), and
-/// the legacy device plugins.
+/// socket and the embedded handlers (whose socket paths are the node's, not the pod's).
 pub(crate) struct Leader {
-    pub legacy: Option<LegacySink>,
     _registry: Registry,
     _debug_echo: Option<DebugEcho>,
     _embedded: Vec<akri_discovery_handler::Served>,
@@ -328,9 +337,7 @@ pub(crate) struct Leader {
 
 /// Takes the lead: serves what [`Leader`] holds.
 async fn lead(
-    client: &kube::Client,
     config: &AgentConfig,
-    metrics: &Metrics,
     mut registry: Registry,
     state_dir: StateDir,
 ) -> Result<Leader, Error> {
@@ -350,17 +357,7 @@ async fn lead(
     for handler in &config.embedded_handlers {
         embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
     }
-    let legacy = config.legacy.as_ref().map(|options| {
-        LegacySink::start(
-            client.clone(),
-            &config.node_name,
-            options,
-            config.instance_grace,
-            metrics.legacy_counters(),
-        )
-    });
     Ok(Leader {
-        legacy,
         _registry: registry,
         _debug_echo: debug_echo,
         _embedded: embedded,

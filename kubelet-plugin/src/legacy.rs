@@ -54,16 +54,18 @@ pub struct LegacySink {
 }
 
 impl LegacySink {
-    /// Starts the device plugins' machinery; `counters` is set to theirs for the agent's
-    /// callers.
+    /// Starts the device plugins' machinery, standing by until [`lead`](Self::lead);
+    /// `counters` is set to theirs for the agent's callers. With `socket_tag` (a rolling
+    /// update's per-pod tag) the plugins' sockets are this process's own.
     pub fn start(
         client: kube::Client,
         node: &str,
         options: &LegacyOptions,
         instance_grace: Grace,
+        socket_tag: Option<String>,
         counters: &std::sync::OnceLock<Arc<Counters>>,
     ) -> Self {
-        let plugins = LegacyPlugins::start(
+        let plugins = LegacyPlugins::standing_by(
             client.clone(),
             LegacyConfig {
                 node: node.to_string(),
@@ -72,6 +74,7 @@ impl LegacySink {
                 reclaim_grace: options.reclaim_grace,
                 reclaim_interval: options.reclaim_interval,
                 node_lost_grace: options.node_lost_grace,
+                socket_tag,
             },
         );
         let _ = counters.set(plugins.counters());
@@ -88,6 +91,32 @@ impl LegacySink {
     /// Every legacy Instance, `(namespace, name)` per configuration name.
     pub fn instances_by_configuration(&self) -> BTreeMap<String, Vec<(String, String)>> {
         self.plugins.instances_by_configuration()
+    }
+
+    /// Takes the node's lead: from now on [`publish`](Self::publish) writes, and slots held
+    /// with no container behind them are reclaimed.
+    pub fn lead(&mut self) {
+        self.plugins.lead();
+    }
+
+    /// Whether the kubelet has taken every served plugin's registration.
+    pub fn all_registered(&self) -> bool {
+        self.plugins.all_registered()
+    }
+
+    /// Serves the plugins over the Instances the leading process writes, writing nothing:
+    /// what a process standing by does, so that the kubelet can call it before the leader
+    /// exits. Its `Allocate` claims slots as any node's does.
+    pub async fn serve(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
+        let namespaces: BTreeSet<String> = (configs.iter())
+            .filter_map(|c| c.metadata.namespace.clone())
+            .collect();
+        let mut served = Vec::new();
+        for namespace in namespaces {
+            let known = known(devices, &namespace);
+            served.extend(served_devices(configs, devices, &namespace, &known));
+        }
+        self.plugins.sync(&served).await;
     }
 
     /// Writes the Instances of every namespace's devices, then serves the plugins over them.

@@ -11,6 +11,7 @@
 use crate::agent::Leader;
 use crate::discovery::Handlers;
 use crate::dra_sink::DraSink;
+use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
 use crate::node_discovery::{NodeDiscovery, Sink, Wanted};
 use crate::same_name;
@@ -36,8 +37,9 @@ pub(crate) struct NodeLoop {
     pub node_name: String,
     pub discovery: NodeDiscovery,
     pub dra: Option<DraSink>,
-    /// Whether v0 Configurations are served (by the legacy sink, once this agent leads).
-    pub legacy_wanted: bool,
+    /// The v0 Configurations' device plugins: served standing by too, written for once this
+    /// agent leads.
+    pub legacy: Option<LegacySink>,
     /// What the node's leading agent runs; `None` while standing by ([`Takeover`]).
     pub leader: Option<Leader>,
     pub startup_wait: Duration,
@@ -103,11 +105,13 @@ impl NodeLoop {
         let mut takeover = takeover.unwrap_or_else(|| Box::pin(std::future::pending()));
         let (v1, mut v1_changes) =
             watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
-        let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy_wanted);
+        let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
         let property_changes = self.discovery.property_changes();
         let mut resync = tokio::time::interval(Duration::from_secs(30));
         // The DRA sink vouches for its devices' health this often, without a pass.
         let mut vouch = tokio::time::interval(dra_plugin::health::RESEND_INTERVAL);
+        // Standing by, a pass every second notices the kubelet taking this pod's plugins.
+        let mut standing_by = tokio::time::interval(Duration::from_secs(1));
         let startup_deadline = tokio::time::sleep(self.startup_wait);
         tokio::pin!(startup_deadline);
         // A finished sleep is ready again at once: poll it only until it has fired.
@@ -148,6 +152,9 @@ impl NodeLoop {
                     Ok(leader) => {
                         tracing::info!("the kubelet-plugin that led this node exited; leading now");
                         self.leader = Some(leader);
+                        if let Some(legacy) = &mut self.legacy {
+                            legacy.lead();
+                        }
                     }
                     Err(error) => {
                         tracing::error!(%error, "taking the lead failed; exiting");
@@ -160,13 +167,14 @@ impl NodeLoop {
                     }
                     continue;
                 }
+                _ = standing_by.tick(), if self.leader.is_none() => {}
                 _ = wake(self.dra.as_mut()) => {}
             }
             let mut wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
                 .chain(v0.state().iter().filter_map(|c| Wanted::of_v0(c)))
                 .collect();
             let leading = self.leader.is_some();
-            let held = match self.leader.as_ref().and_then(|l| l.legacy.as_ref()) {
+            let held = match &self.legacy {
                 Some(legacy) => {
                     let v0_names: Vec<(String, String)> = (v0.state().iter())
                         .filter_map(|c| {
@@ -209,21 +217,25 @@ impl NodeLoop {
                     self.metrics.set_discovery_errors(errors.failing());
                 }
             }
-            if let Some(legacy) = self.leader.as_mut().and_then(|l| l.legacy.as_mut()) {
-                if self.discovery.open(Sink::Legacy, &wanted, &registered) {
+            if let Some(legacy) = &mut self.legacy {
+                if !self.discovery.open(Sink::Legacy, &wanted, &registered) {
+                    starting = true;
+                } else if leading {
                     let devices = self.discovery.devices(Sink::Legacy);
                     legacy.publish(&v0.state(), &devices).await;
                 } else {
-                    starting = true;
+                    let devices = self.discovery.devices(Sink::Legacy);
+                    legacy.serve(&v0.state(), &devices).await;
+                    waiting_for_kubelet |= !legacy.all_registered();
                 }
             }
             match problem {
                 _ if starting => self
                     .readiness
                     .not_ready("starting: waiting for the discovery handlers to report"),
-                None if waiting_for_kubelet => self.readiness.not_ready(
-                    "standing by: waiting for the kubelet to take this pod's DRA drivers",
-                ),
+                None if waiting_for_kubelet => self
+                    .readiness
+                    .not_ready("standing by: waiting for the kubelet to take this pod's plugins"),
                 Some(problem) => self.readiness.not_ready(problem),
                 None if failing.is_empty() => self.readiness.ready(),
                 None => {}

@@ -70,6 +70,9 @@ pub struct LegacyConfig {
     pub reclaim_interval: Duration,
     /// How long a node stays NotReady before the slots it holds count as its pods' no more.
     pub node_lost_grace: Duration,
+    /// Added to every socket name (`akri.sh_<name>-<tag>.sock`): during a rolling update two
+    /// processes of one node serve the same resources, each under sockets of its own.
+    pub socket_tag: Option<String>,
 }
 
 /// Allocation counters, for `/metrics` and the benchmark.
@@ -90,6 +93,7 @@ pub struct LegacyPlugins {
     shared: Arc<Shared>,
     served: BTreeMap<String, (Arc<AkriPlugin>, ServedPlugin)>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    reclaiming: bool,
 }
 
 impl Drop for LegacyPlugins {
@@ -119,9 +123,19 @@ struct Shared {
 }
 
 impl LegacyPlugins {
-    /// Starts watching the legacy Instances (and reclaiming slots); serves no plugin until
+    /// Starts watching the legacy Instances and reclaiming slots; serves no plugin until
     /// [`sync`](Self::sync).
     pub fn start(client: kube::Client, config: LegacyConfig) -> Self {
+        let mut plugins = Self::standing_by(client, config);
+        plugins.lead();
+        plugins
+    }
+
+    /// Like [`start`](Self::start), but reclaims no slot until [`lead`](Self::lead): a
+    /// process standing by beside the node's leading one during a rolling update serves the
+    /// plugins (its `Allocate` claims slots like any other node's, by tested patches) and
+    /// leaves the node's held slots to the leader.
+    pub fn standing_by(client: kube::Client, config: LegacyConfig) -> Self {
         let shared = Arc::new(Shared {
             client,
             config,
@@ -132,18 +146,24 @@ impl LegacyPlugins {
             allocating: tokio::sync::Mutex::new(()),
             counters: Arc::default(),
         });
-        let mut tasks = vec![
+        let tasks = vec![
             tokio::spawn(watch_instances(shared.clone())),
             tokio::spawn(advertise(shared.clone())),
         ];
-        if shared.config.pod_resources_socket.is_some() {
-            tasks.push(tokio::spawn(reclaim(shared.clone())));
-        }
         LegacyPlugins {
             shared,
             served: BTreeMap::new(),
             tasks,
+            reclaiming: false,
         }
+    }
+
+    /// Starts reclaiming the slots this node holds with no container behind them (once).
+    pub fn lead(&mut self) {
+        if !self.reclaiming && self.shared.config.pod_resources_socket.is_some() {
+            self.tasks.push(tokio::spawn(reclaim(self.shared.clone())));
+        }
+        self.reclaiming = true;
     }
 
     pub fn counters(&self) -> Arc<Counters> {
@@ -160,6 +180,11 @@ impl LegacyPlugins {
                 .push(key.clone());
         }
         by_configuration
+    }
+
+    /// Whether the kubelet has taken every served plugin's registration.
+    pub fn all_registered(&self) -> bool {
+        (self.served.values()).all(|(_, served)| *served.registrations().borrow() > 0)
     }
 
     /// The resources served now.
@@ -224,7 +249,7 @@ impl LegacyPlugins {
                 running.replace_with(&plugin);
                 continue;
             }
-            let socket_name = format!("{}.sock", resource.replace('/', "_"));
+            let socket_name = socket_name(&resource, self.shared.config.socket_tag.as_deref());
             let config = PluginConfig {
                 dir: self.shared.config.device_plugin_dir.clone(),
                 resource_name: resource.clone(),
@@ -240,6 +265,15 @@ impl LegacyPlugins {
         *self.shared.plugins.lock().expect("plugins") =
             self.served.values().map(|(p, _)| p.clone()).collect();
         self.shared.bump();
+    }
+}
+
+/// The socket of `resource`'s plugin: `akri.sh_<name>.sock`, or `akri.sh_<name>-<tag>.sock`.
+fn socket_name(resource: &str, tag: Option<&str>) -> String {
+    let base = resource.replace('/', "_");
+    match tag {
+        Some(tag) => format!("{base}-{tag}.sock"),
+        None => format!("{base}.sock"),
     }
 }
 
@@ -722,5 +756,19 @@ async fn reclaim(shared: Arc<Shared>) {
             }
         }
         unused.retain(|key, _| seen.contains(key));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::socket_name;
+
+    #[test]
+    fn a_tagged_socket_name_differs_per_process_and_keeps_the_resource() {
+        assert_eq!(socket_name("akri.sh/cams", None), "akri.sh_cams.sock");
+        assert_eq!(
+            socket_name("akri.sh/cams", Some("Ab3_x9Qz")),
+            "akri.sh_cams-Ab3_x9Qz.sock"
+        );
     }
 }

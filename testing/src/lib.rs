@@ -177,6 +177,14 @@ pub async fn running_pod(
     eventually_within(&format!("pod {name} running"), timeout, async || {
         let pod = pods.get(name).await.ok()?;
         let status = pod.status?;
+        // A pod that failed (admission refused it, say) never runs: say why at once.
+        if status.phase.as_deref() == Some("Failed") {
+            panic!(
+                "pod {name} failed: {} {}",
+                status.reason.unwrap_or_default(),
+                status.message.unwrap_or_default()
+            );
+        }
         (status.phase.as_deref() == Some("Running")).then_some(())?;
         let container = status.container_statuses?.into_iter().next()?;
         let id = container.container_id.filter(|id| !id.is_empty())?;

@@ -1,11 +1,14 @@
 //! An upgrade of the installed product as docs/operations.md "Upgrades" gives it, on a real node
 //! (containerd + the kubelet) with our images and the chart: `helm upgrade` to a rebuilt image
-//! (the same image under a new tag, so every pod is replaced) while pods with DRA claims keep
-//! starting and stopping on the node. The kubelet-plugin DaemonSet rolls with `maxSurge: 1`:
-//! the new pod serves beside the old one, which leaves only once the new one is ready. Checked
-//! against the kubelet's own metrics: no prepare or unprepare failed; every pod started; the
-//! node's slices kept their UIDs and generations; a running pod with a claim and one holding a
-//! legacy device-plugin slot kept their containers, and the slot stayed held.
+//! (the same image under a new tag, so every pod is replaced) while pods keep starting and
+//! stopping on the node, each with a DRA claim (where the cluster serves DRA) and a legacy
+//! device-plugin resource. The kubelet-plugin DaemonSet rolls with `maxSurge: 1`: the new pod
+//! serves beside the old one, which leaves only once the new one is ready. Checked: every pod
+//! started (none refused admission); against the kubelet's own metrics, no prepare or
+//! unprepare failed; the node's slices kept their UIDs and generations; a running pod with a
+//! claim and one holding a legacy device-plugin slot kept their containers, and the slot stayed
+//! held. CI runs it on the main version and on 1.33 (legacy only, a kubelet before 1.37: one
+//! device-plugin client per resource, see `device_plugin::server`).
 
 use akri_api::v0::Instance;
 use akri_testing::product::{Helm, Images, repo};
@@ -75,19 +78,23 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     ])
     .await
     .unwrap_or_else(|e| panic!("{e}"));
+    let dra = cp.serves_dra();
+    eprintln!("Kubernetes {}, DRA served: {dra}", cp.bins().version());
     let users = cp.create_namespace(USERS).await.unwrap();
-    Api::<ResourceClaimTemplate>::namespaced(client.clone(), &users)
-        .create(
-            &PostParams::default(),
-            &from_json(json!({
-                "metadata": { "name": "one" },
-                "spec": { "spec": { "devices": { "requests": [
-                    { "name": "echo", "exactly": { "deviceClassName": CLASS } },
-                ] } } },
-            })),
-        )
-        .await
-        .unwrap();
+    if dra {
+        Api::<ResourceClaimTemplate>::namespaced(client.clone(), &users)
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "metadata": { "name": "one" },
+                    "spec": { "spec": { "devices": { "requests": [
+                        { "name": "echo", "exactly": { "deviceClassName": CLASS } },
+                    ] } } },
+                })),
+            )
+            .await
+            .unwrap();
+    }
     let pods = Api::<Pod>::namespaced(client.clone(), &users);
 
     // A pod holding a claim all along, and one holding a legacy slot.
@@ -101,41 +108,46 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .create(&PostParams::default(), &v0)
         .await
         .unwrap();
-    create_pod(&pods, "holder", &busybox, json!({}), true).await;
-    create_pod(
-        &pods,
-        "slot-holder",
-        &busybox,
-        json!({ "akri.sh/slots": "1" }),
-        false,
-    )
-    .await;
-    let holder = running(&pods, "holder").await;
+    if dra {
+        create_pod(&pods, "holder", &busybox, json!({}), true).await;
+    }
+    let slot = json!({ SLOT.0: SLOT.1 });
+    create_pod(&pods, "slot-holder", &busybox, slot, false).await;
+    let holder = match dra {
+        true => Some(running(&pods, "holder").await),
+        false => None,
+    };
     let slot_holder = running(&pods, "slot-holder").await;
     let instances = Api::<Instance>::namespaced(client.clone(), &users);
-    let slots = akri_testing::eventually_within("the slot held", WAIT, async || {
-        let list = instances.list(&ListParams::default()).await.ok()?;
-        let instance = list
-            .items
-            .into_iter()
-            .find(|i| i.spec.configuration_name == "slots")?;
-        (instance
-            .spec
-            .device_usage
-            .values()
-            .filter(|n| n.to_string().contains(NODE))
-            .count()
-            == 1)
-            .then_some(instance.spec.device_usage)
+    // The slot-holder's slot; the churn's pods take the other one in turn.
+    let held = async || {
+        let list = instances.list(&ListParams::default()).await.unwrap();
+        let instance = (list.items.into_iter())
+            .find(|i| i.spec.configuration_name == "slots")
+            .expect("the Instance of `slots`");
+        let held = instance.spec.device_usage.into_iter();
+        held.filter(|(_, n)| n.to_string().contains(NODE))
+            .collect::<Vec<_>>()
+    };
+    let slot = akri_testing::eventually_within("the slot held", WAIT, async || {
+        let held = held().await;
+        (held.len() == 1).then(|| held[0].clone())
     })
     .await;
-    let slices = published(&client).await;
-    let failed_before = kubelet_failures(&client).await;
+    let (slices, failed_before) = match dra {
+        true => (published(&client).await, kubelet_failures(&client).await),
+        false => Default::default(),
+    };
 
-    // At rest: pods with a claim each start and stop, one after the other.
-    let mut at_rest = Vec::new();
+    // At rest: pods start and stop, one round after the other.
+    let churn = Churn {
+        pods: pods.clone(),
+        busybox,
+        dra,
+    };
+    let mut at_rest = Timings::default();
     for round in 0..5 {
-        at_rest.push(churn(&pods, &format!("rest-{round}"), &busybox).await);
+        at_rest.add(churn.round(&format!("rest-{round}")).await);
     }
 
     // The upgrade, as the section gives it (to the same image under a new tag), while pods
@@ -183,10 +195,10 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         Helm::new().unwrap().ok(&args).await
     });
     let started = Instant::now();
-    let mut during = Vec::new();
+    let mut during = Timings::default();
     let mut round = 0;
-    while !upgrading.is_finished() || during.len() < 5 {
-        during.push(churn(&pods, &format!("upgrade-{round}"), &busybox).await);
+    while !upgrading.is_finished() || round < 5 {
+        during.add(churn.round(&format!("upgrade-{round}")).await);
         round += 1;
     }
     upgrading
@@ -208,50 +220,108 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         "{images_running:?}"
     );
     for _ in 0..3 {
-        during.push(churn(&pods, &format!("after-{round}"), &busybox).await);
+        during.add(churn.round(&format!("after-{round}")).await);
         round += 1;
     }
 
-    assert_eq!(
-        kubelet_failures(&client).await,
-        failed_before,
-        "a prepare or unprepare failed"
-    );
-    assert_eq!(
-        published(&client).await,
-        slices,
-        "a slice was replaced or rewritten"
-    );
-    assert_eq!(
-        running(&pods, "holder").await,
-        holder,
-        "the claim's pod was disturbed"
-    );
+    if dra {
+        assert_eq!(
+            kubelet_failures(&client).await,
+            failed_before,
+            "a prepare or unprepare failed"
+        );
+        assert_eq!(
+            published(&client).await,
+            slices,
+            "a slice was replaced or rewritten"
+        );
+        assert_eq!(
+            Some(running(&pods, "holder").await),
+            holder,
+            "the claim's pod was disturbed"
+        );
+    }
     assert_eq!(
         running(&pods, "slot-holder").await,
         slot_holder,
         "the slot's pod was disturbed"
     );
-    let list = instances.list(&ListParams::default()).await.unwrap();
-    let now = list
-        .items
-        .into_iter()
-        .find(|i| i.spec.configuration_name == "slots")
-        .unwrap();
-    assert_eq!(now.spec.device_usage, slots, "the legacy slot moved");
-    let quantiles = akri_testing::quantiles;
-    eprintln!(
-        "pod with a claim, created to running, at rest: {}",
-        quantiles(at_rest)
+    assert!(
+        held().await.contains(&slot),
+        "the legacy slot {slot:?} moved"
     );
-    eprintln!(
-        "pod with a claim, created to running, during the upgrade: {}",
-        quantiles(during)
-    );
-    eprintln!(
-        "the kubelet's PrepareResources: {}",
-        kubelet_prepare(&client).await
-    );
+    at_rest.print("at rest");
+    during.print("during the upgrade");
+    if dra {
+        eprintln!(
+            "the kubelet's PrepareResources: {}",
+            kubelet_prepare(&client).await
+        );
+    }
+}
+
+/// What a pod of the churn asks for besides a claim: one legacy device-plugin slot.
+const SLOT: (&str, &str) = ("akri.sh/slots", "1");
+
+/// Pods that start and stop on the node, one round at a time.
+struct Churn {
+    pods: Api<Pod>,
+    busybox: String,
+    /// With a DRA claim too.
+    dra: bool,
+}
+
+/// How long the churn's pods took from creation to running.
+#[derive(Default)]
+struct Timings {
+    claims: Vec<Duration>,
+    slots: Vec<Duration>,
+}
+
+impl Timings {
+    fn add(&mut self, (claim, slot): (Option<Duration>, Duration)) {
+        self.claims.extend(claim);
+        self.slots.push(slot);
+    }
+
+    fn print(self, when: &str) {
+        let quantiles = akri_testing::quantiles;
+        if !self.claims.is_empty() {
+            let claims = quantiles(self.claims);
+            eprintln!("pod with a claim, created to running, {when}: {claims}");
+        }
+        let slots = quantiles(self.slots);
+        eprintln!("pod with a legacy slot, created to running, {when}: {slots}");
+    }
+}
+
+impl Churn {
+    /// A pod with a claim (where DRA is served) and one with a legacy slot, both from creation
+    /// to running, then deleted and gone; how long each took to run.
+    async fn round(&self, name: &str) -> (Option<Duration>, Duration) {
+        let claim = async {
+            match self.dra {
+                true => Some(self.one(&format!("{name}-claim"), json!({}), true).await),
+                false => None,
+            }
+        };
+        let slot_pod = format!("{name}-slot");
+        let slot = self.one(&slot_pod, json!({ SLOT.0: SLOT.1 }), false);
+        tokio::join!(claim, slot)
+    }
+
+    async fn one(&self, name: &str, limits: serde_json::Value, claim: bool) -> Duration {
+        let (pods, start) = (&self.pods, Instant::now());
+        create_pod(pods, name, &self.busybox, limits, claim).await;
+        running(pods, name).await;
+        let took = start.elapsed();
+        pods.delete(name, &DeleteParams::default()).await.unwrap();
+        akri_testing::eventually_within(&format!("pod {name} gone"), WAIT, async || {
+            pods.get_opt(name).await.ok()?.is_none().then_some(())
+        })
+        .await;
+        took
+    }
 }
 
 /// A pod of one busybox container that sleeps, with the claim template `one` (`claim`) and
@@ -286,20 +356,6 @@ async fn create_pod(
     pods.create(&PostParams::default(), &from_json(pod))
         .await
         .unwrap();
-}
-
-/// A pod with a claim, from creation to running, then deleted and gone; how long it took to run.
-async fn churn(pods: &Api<Pod>, name: &str, busybox: &str) -> Duration {
-    let start = Instant::now();
-    create_pod(pods, name, busybox, json!({}), true).await;
-    running(pods, name).await;
-    let took = start.elapsed();
-    pods.delete(name, &DeleteParams::default()).await.unwrap();
-    akri_testing::eventually_within(&format!("pod {name} gone"), WAIT, async || {
-        pods.get_opt(name).await.ok()?.is_none().then_some(())
-    })
-    .await;
-    took
 }
 
 /// A running pod's identity ([`akri_testing::running_pod`]).

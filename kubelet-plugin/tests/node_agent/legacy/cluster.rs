@@ -84,6 +84,20 @@ pub async fn start_node_in(
     .await
 }
 
+/// [`start_node`] as a rolling update's pod `pod_uid` (its plugins' sockets its own).
+pub async fn start_pod(
+    cp: &ControlPlane,
+    client: &kube::Client,
+    reclaim_grace: Duration,
+    pod_uid: &str,
+) -> SimNode {
+    SimNode::start(cp, client, "unused-by-the-legacy-path", |config, peer| {
+        legacy(config, peer, reclaim_grace);
+        config.pod_uid = Some(pod_uid.to_string());
+    })
+    .await
+}
+
 /// Both sinks, shared debugEcho devices, the legacy device plugins on the peer's kubelet.
 fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration) {
     config.debug_echo_mut().shared = true;

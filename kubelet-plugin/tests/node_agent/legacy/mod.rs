@@ -10,7 +10,7 @@ use akri_api::v1::DiscoveryConfiguration;
 use akri_testing::ControlPlane;
 use cluster::{
     Healthy, NODE_LOST_GRACE, allocated_slot, cluster, eventually, expect_view, kubelet_view,
-    registered, slot,
+    registered, slot, start_pod,
 };
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -711,4 +711,90 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
         "more pods held the capacity-3 camera at once than it has slots"
     );
     assert!(admitted >= 3, "the race admitted only {admitted} pods");
+}
+
+/// A rolling update of the kubelet-plugin on a node serving v0 Configurations, as the chart's
+/// `maxSurge: 1` makes it: the new pod's agent serves the device plugins beside the old one's
+/// under sockets of its own, is ready once the kubelet took them, and the kubelet's device
+/// manager (1.37's, which keeps a client per socket) allocates through it all along, also
+/// while the old agent stops. Not one allocation fails, before, during or after.
+#[tokio::test]
+async fn a_standby_agent_serves_the_device_plugins_and_no_allocation_fails_in_the_hand_over() {
+    let mut c = cluster(0, Duration::from_secs(600)).await;
+    let node = start_pod(&c.cp, &c.client, Duration::from_secs(600), "pod-old").await;
+    c.nodes.push(node);
+    let config = ControlPlane::unique_name("cams");
+    let [cam1, _] = c.cameras(&config, true).await;
+    let mut node = c.nodes.pop().unwrap();
+    let (il, cl) = (format!("akri.sh/{cam1}"), format!("akri.sh/{config}"));
+    registered(&node, &il, 2).await;
+
+    // Admit and release a pod asking for one device of each resource, `rounds` times; the
+    // allocations that failed.
+    let round = AtomicI64::new(0);
+    let cycle = async |node: &cluster::SimNode, rounds: usize| {
+        let mut failed = Vec::new();
+        for _ in 0..rounds {
+            let pod = format!("user-{}", round.fetch_add(1, SeqCst));
+            c.pod(&pod, &[("il", &il, 1), ("cl", &cl, 1)]).await;
+            for container in ["il", "cl"] {
+                if let Err(error) = node.peer.allocate(&c.ns, &pod, container).await {
+                    failed.push(format!("{pod}/{container}: {error}"));
+                }
+            }
+            node.peer.release(&c.ns, &pod).await.unwrap();
+        }
+        failed
+    };
+    let mut failed = cycle(&node, 10).await;
+
+    // The new pod: ready once the kubelet took its plugins, which it serves beside the old
+    // one's, each under its own socket.
+    let mut new_config = node.config.clone();
+    new_config.pod_uid = Some("pod-new".into());
+    let new = akri_kubelet_plugin::agent::start(c.client.clone(), new_config)
+        .await
+        .expect("the new agent starts beside the old one");
+    eventually("the new agent ready", async || {
+        new.readiness().is_ready().then_some(())
+    })
+    .await;
+    let dir = node
+        .config
+        .legacy
+        .as_ref()
+        .unwrap()
+        .device_plugin_dir
+        .clone();
+    let sockets = |resource: &str| {
+        let prefix = resource.replace('/', "_");
+        let mut names: Vec<String> = (std::fs::read_dir(&dir).unwrap())
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.starts_with(&prefix) && n.ends_with(".sock"))
+            .collect();
+        names.sort();
+        names
+    };
+    let both = sockets(&il);
+    assert_eq!(both.len(), 2, "two sockets for {il}: {both:?}");
+    let new_counters = new.legacy_counters().unwrap();
+    failed.extend(cycle(&node, 10).await);
+    // The kubelet calls the newest registration: the process standing by.
+    assert!(
+        new_counters.allocations.load(SeqCst) >= 20,
+        "{new_counters:?}"
+    );
+
+    // The old agent goes (SIGTERM) while pods keep being admitted.
+    let old = std::mem::replace(&mut node.agent, new);
+    let (_, during) = tokio::join!(old.stop(), cycle(&node, 10));
+    failed.extend(during);
+    failed.extend(cycle(&node, 10).await);
+    assert_eq!(failed, Vec::<String>::new(), "allocations failed");
+    let left = sockets(&il);
+    assert!(
+        left.len() == 1 && both.contains(&left[0]),
+        "{left:?} of {both:?}"
+    );
+    expect_view(&node, &il, 2, Healthy::Count(2)).await;
 }
