@@ -37,3 +37,5 @@ echo "== Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there
 hack/k8s-bins.sh 1.33.13 >/dev/null
 echo "== the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"
 AKRI_K8S_VERSION=1.33.13 cargo test -p akri-testing --test cluster -- legacy_only:: startup::
+echo "== an upgrade on Kubernetes 1.33: the legacy device plugins handed over on a kubelet before 1.37"
+AKRI_K8S_VERSION=1.33.13 cargo test -p akri-testing --test cluster -- upgrade::

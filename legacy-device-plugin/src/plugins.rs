@@ -158,12 +158,18 @@ impl LegacyPlugins {
         }
     }
 
-    /// Starts reclaiming the slots this node holds with no container behind them (once).
+    /// Starts reclaiming the slots this node holds with no container behind them (once), and
+    /// sends every plugin's device list again. The kubelet keeps one device list per
+    /// resource, the last any process of the node sent: the one that led until now may have
+    /// sent its own view last, and it is gone.
     pub fn lead(&mut self) {
         if !self.reclaiming && self.shared.config.pod_resources_socket.is_some() {
             self.tasks.push(tokio::spawn(reclaim(self.shared.clone())));
         }
         self.reclaiming = true;
+        for (plugin, _) in self.served.values() {
+            plugin.devices.send_modify(|_| {});
+        }
     }
 
     pub fn counters(&self) -> Arc<Counters> {

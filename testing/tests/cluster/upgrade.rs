@@ -1,7 +1,7 @@
 //! An upgrade of the installed product as docs/operations.md "Upgrades" gives it, on a real node
 //! (containerd + the kubelet) with our images and the chart: `helm upgrade` to a rebuilt image
-//! (the same image under a new tag, so every pod is replaced) while pods keep starting and
-//! stopping on the node, each with a DRA claim (where the cluster serves DRA) and a legacy
+//! (the same image under a new tag, so every pod is replaced, the external debugEcho
+//! handler's too) while pods keep starting and stopping on the node, each with a DRA claim (where the cluster serves DRA) and a legacy
 //! device-plugin resource. The kubelet-plugin DaemonSet rolls with `maxSurge: 1`: the new pod
 //! serves beside the old one, which leaves only once the new one is ready. Checked: every pod
 //! started (none refused admission); against the kubelet's own metrics, no prepare or
@@ -15,7 +15,7 @@ use akri_testing::product::{Helm, Images, repo};
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 use std::time::{Duration, Instant};
 
@@ -31,9 +31,11 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    let images = Images::built()
-        .unwrap()
-        .only(&["akri-kubelet-plugin", "akri-driver-controller"]);
+    let images = Images::built().unwrap().only(&[
+        "akri-kubelet-plugin",
+        "akri-driver-controller",
+        "akri-debug-echo-discovery-handler",
+    ]);
     let node = RealNode::start(&cp, NODE).await.expect("real node");
     images.load(&node).await.unwrap();
     let busybox = node.busybox_image().unwrap();
@@ -63,7 +65,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         "--set",
         &tag,
         "--set",
-        "kubeletPlugin.debugEcho.enabled=true",
+        "discoveryHandlers.debugEcho.enabled=true",
         "--set",
         "discoveryConfigurations.debugEcho.enabled=true",
         "--set",
@@ -195,10 +197,28 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         Helm::new().unwrap().ok(&args).await
     });
     let started = Instant::now();
+    let sampler = {
+        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+        tokio::spawn(async move {
+            let mut seen = Vec::new();
+            loop {
+                let node = nodes.get(NODE).await.unwrap();
+                let value = (node.status.and_then(|s| s.allocatable))
+                    .and_then(|a| a.get(SLOT.0).map(|q| q.0.clone()));
+                if seen.last().map(|(_, v)| v) != Some(&value) {
+                    eprintln!("{:?} allocatable {value:?}", started.elapsed());
+                    seen.push((started.elapsed(), value));
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        })
+    };
     let mut during = Timings::default();
     let mut round = 0;
     while !upgrading.is_finished() || round < 5 {
-        during.add(churn.round(&format!("upgrade-{round}")).await);
+        let took = churn.round(&format!("upgrade-{round}")).await;
+        eprintln!("{:?} round {round}: {took:?}", started.elapsed());
+        during.add(took);
         round += 1;
     }
     upgrading
@@ -207,24 +227,50 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
     eprintln!("helm upgrade --wait took {:?}", started.elapsed());
 
-    // The new plugin runs the rebuilt image, and leads (its driver registered).
-    let plugin_pods = Api::<Pod>::namespaced(client.clone(), "akri")
-        .list(&ListParams::default().labels("app.kubernetes.io/component=kubelet-plugin"))
+    // The plugin and the handler run the rebuilt image, one pod each (the handler's rolled
+    // too: it registered again with whichever plugin served the node's registration socket).
+    let akri_pods = Api::<Pod>::namespaced(client.clone(), "akri");
+    let mut plugin = String::new();
+    for component in ["kubelet-plugin", "debug-echo-discovery-handler"] {
+        let label = format!("app.kubernetes.io/component={component}");
+        let pods = akri_pods
+            .list(&ListParams::default().labels(&label))
+            .await
+            .unwrap();
+        let images_running: Vec<String> = (pods.items.iter())
+            .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
+            .collect();
+        assert!(
+            images_running.len() == 1 && images_running[0].ends_with(":rebuilt"),
+            "{component}: {images_running:?}"
+        );
+        if component == "kubelet-plugin" {
+            plugin = pods.items[0].metadata.name.clone().unwrap();
+        }
+    }
+    // How the kubelet took the hand-over of the device plugins: before 1.37 it dropped the
+    // new pod's registrations when the old pod went (one client per resource), and the new
+    // pod registered again; from 1.37 (a client per socket) it keeps them.
+    let log = akri_pods
+        .logs(&plugin, &LogParams::default())
         .await
         .unwrap();
-    let images_running: Vec<String> = (plugin_pods.items.iter())
-        .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
-        .collect();
-    assert!(
-        images_running.len() == 1 && images_running[0].ends_with(":rebuilt"),
-        "{images_running:?}"
-    );
+    let registered_again = log.contains("the kubelet ended the device list stream");
+    let minor: u32 = cp.bins().version().split('.').nth(1).unwrap().parse().unwrap();
+    assert_eq!(registered_again, minor < 37, "the new plugin's log:\n{log}");
     for _ in 0..3 {
-        during.add(churn.round(&format!("after-{round}")).await);
+        let took = churn.round(&format!("after-{round}")).await;
+        eprintln!("{:?} round {round}: {took:?}", started.elapsed());
+        during.add(took);
         round += 1;
     }
+    sampler.abort();
 
     if dra {
+        // Past the new plugin's start-up wait (30 s) and a resync: a discovery handler it had
+        // lost in the hand-over would have left its configuration's devices unpublished.
+        tokio::time::sleep(Duration::from_secs(35)).await;
+        churn.round(&format!("after-{round}")).await;
         assert_eq!(
             kubelet_failures(&client).await,
             failed_before,
