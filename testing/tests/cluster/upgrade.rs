@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 const NODE: &str = "upgraded";
@@ -147,10 +148,13 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         busybox,
         dra,
     };
+    let scraper = Prepares::scrape(&client);
+    let before_rest = scraper.snapshot().await;
     let mut at_rest = Timings::default();
     for round in 0..5 {
         at_rest.add(churn.round(&format!("rest-{round}")).await);
     }
+    let before_upgrade = scraper.snapshot().await;
 
     // The upgrade, as the section gives it (to the same image under a new tag), while pods
     // keep starting.
@@ -256,7 +260,14 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .await
         .unwrap();
     let registered_again = log.contains("the kubelet ended the device list stream");
-    let minor: u32 = cp.bins().version().split('.').nth(1).unwrap().parse().unwrap();
+    let minor: u32 = cp
+        .bins()
+        .version()
+        .split('.')
+        .nth(1)
+        .unwrap()
+        .parse()
+        .unwrap();
     assert_eq!(registered_again, minor < 37, "the new plugin's log:\n{log}");
     for _ in 0..3 {
         let took = churn.round(&format!("after-{round}")).await;
@@ -299,11 +310,120 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     at_rest.print("at rest");
     during.print("during the upgrade");
     if dra {
+        let after = scraper.snapshot().await;
+        let rest = Prepares::between(&before_rest, &before_upgrade);
+        let upgrade = Prepares::between(&before_upgrade, &after);
+        eprintln!("the plugins' prepares at rest: {rest}");
+        eprintln!("the plugins' prepares during and after the upgrade: {upgrade}");
         eprintln!(
             "the kubelet's PrepareResources: {}",
             kubelet_prepare(&client).await
         );
     }
+}
+
+/// The plugin pods' own prepare histograms (`akri_kubelet_plugin_prepare_seconds`, buckets
+/// from 1 ms doubling: finer than the kubelet's, whose first is 0.1 s), read through the API
+/// server every 250 ms while the test runs, the last read of each pod kept: the old pod's
+/// prepares are counted up to its last quarter second (it stops taking prepares a second
+/// before it exits).
+struct Prepares {
+    latest: std::sync::Arc<tokio::sync::Mutex<BTreeMap<String, Histogram>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Cumulative counts by upper bound (seconds, as printed).
+type Histogram = BTreeMap<String, u64>;
+
+impl Drop for Prepares {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Prepares {
+    fn scrape(client: &kube::Client) -> Self {
+        let latest = std::sync::Arc::<tokio::sync::Mutex<BTreeMap<String, Histogram>>>::default();
+        let (client, into) = (client.clone(), latest.clone());
+        let task = tokio::spawn(async move {
+            let pods = Api::<Pod>::namespaced(client.clone(), "akri");
+            let plugins =
+                ListParams::default().labels("app.kubernetes.io/component=kubelet-plugin");
+            loop {
+                for pod in pods
+                    .list(&plugins)
+                    .await
+                    .map(|l| l.items)
+                    .unwrap_or_default()
+                {
+                    let Some(name) = pod.metadata.name else {
+                        continue;
+                    };
+                    let path = format!("/api/v1/namespaces/akri/pods/{name}:8080/proxy/metrics");
+                    let request = http::Request::get(path).body(Vec::new()).unwrap();
+                    if let Ok(text) = client.request_text(request).await {
+                        into.lock().await.insert(name, ok_prepares(&text));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+        });
+        Prepares { latest, task }
+    }
+
+    /// Every pod's latest histogram, after a fresh read.
+    async fn snapshot(&self) -> BTreeMap<String, Histogram> {
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        self.latest.lock().await.clone()
+    }
+
+    /// The prepares between two snapshots, all pods together: their count, and the median
+    /// and 99th percentile as the bucket bounds they fall within.
+    fn between(from: &BTreeMap<String, Histogram>, to: &BTreeMap<String, Histogram>) -> String {
+        let mut sum = Histogram::new();
+        for (pod, histogram) in to {
+            for (le, n) in histogram {
+                let before = from.get(pod).and_then(|h| h.get(le)).copied().unwrap_or(0);
+                *sum.entry(le.clone()).or_default() += n - before;
+            }
+        }
+        let mut buckets: Vec<(f64, u64)> = (sum.iter())
+            .map(|(le, n)| (le.parse().unwrap_or(f64::INFINITY), *n))
+            .collect();
+        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let count = buckets.last().map_or(0, |b| b.1);
+        let within = |q: f64| {
+            let rank = (count as f64 * q).ceil() as u64;
+            (buckets.iter())
+                .find(|(_, n)| *n >= rank)
+                .map_or(f64::INFINITY, |b| b.0)
+        };
+        format!(
+            "{count}, p50 <= {} s, p99 <= {} s",
+            within(0.5),
+            within(0.99)
+        )
+    }
+}
+
+/// The `ok` prepares' cumulative buckets of one `/metrics` text, all drivers together.
+fn ok_prepares(text: &str) -> Histogram {
+    let mut histogram = Histogram::new();
+    for line in text.lines() {
+        if !line.starts_with("akri_kubelet_plugin_prepare_seconds_bucket{")
+            || !line.contains("result=\"ok\"")
+        {
+            continue;
+        }
+        let Some(le) = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()) else {
+            continue;
+        };
+        let n: u64 = (line.rsplit(' ').next())
+            .and_then(|n| n.parse::<f64>().ok())
+            .map_or(0, |n| n as u64);
+        *histogram.entry(le.to_string()).or_default() += n;
+    }
+    histogram
 }
 
 /// What a pod of the churn asks for besides a claim: one legacy device-plugin slot.
