@@ -299,7 +299,9 @@ impl NodeDiscovery {
 
     /// The resolved properties `config`'s stream runs with; `None`: it does not run.
     async fn properties(&mut self, config: &Wanted) -> Option<BTreeMap<String, Vec<u8>>> {
-        let resolved = self.sources.resolve(&config.properties).await;
+        // A v0 Configuration is namespaced: its properties read its own namespace only.
+        let own = (config.sink == Sink::Legacy).then_some(config.group.as_str());
+        let resolved = self.sources.resolve(&config.properties, own).await;
         let note = |errors: &mut DiscoveryErrors, error: Option<String>| {
             if config.sink == Sink::Dra {
                 match error {

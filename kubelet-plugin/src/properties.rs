@@ -51,6 +51,16 @@ pub enum Error {
         namespace: String,
         name: String,
     },
+    #[error(
+        "discovery property {property}: {kind} {namespace}/{name} is outside the Configuration's namespace {own}; an akri.sh/v0 Configuration reads only its own namespace's Secrets and ConfigMaps (Akri's default namespace for a reference is `default`: set `namespace: {own}` and keep the object there)"
+    )]
+    OutsideOwnNamespace {
+        property: String,
+        kind: &'static str,
+        namespace: String,
+        name: String,
+        own: String,
+    },
 }
 
 impl Error {
@@ -129,14 +139,30 @@ impl PropertySources {
     }
 
     /// The properties as the handler receives them (name -> bytes). Optional references
-    /// that do not resolve are left out.
+    /// that do not resolve are left out. With `own_namespace` (a namespaced configuration's),
+    /// references to any other namespace are refused too: whoever may create a Configuration
+    /// in one namespace must not get another namespace's Secrets into a handler.
     pub async fn resolve(
         &mut self,
         properties: &[DiscoveryProperty],
+        own_namespace: Option<&str>,
     ) -> Result<BTreeMap<String, Vec<u8>>, Error> {
         for property in properties {
-            if let (Some((source, _)), Some(allowed)) =
-                (reference(property), &self.allowed_namespaces)
+            let Some((source, _)) = reference(property) else {
+                continue;
+            };
+            if let Some(own) = own_namespace
+                && source.namespace != own
+            {
+                return Err(Error::OutsideOwnNamespace {
+                    property: property.name.clone(),
+                    kind: source.kind,
+                    namespace: source.namespace,
+                    name: source.name,
+                    own: own.to_string(),
+                });
+            }
+            if let Some(allowed) = &self.allowed_namespaces
                 && !allowed.contains(&source.namespace)
             {
                 return Err(Error::NamespaceNotAllowed {
@@ -386,7 +412,7 @@ mod tests {
         .unwrap();
         let allowed = BTreeSet::from(["cameras".to_string()]);
         let mut sources = PropertySources::new(client, Some(allowed));
-        let error = sources.resolve(&properties).await.unwrap_err();
+        let error = sources.resolve(&properties, None).await.unwrap_err();
         assert!(matches!(error, Error::NamespaceNotAllowed { .. }));
         assert!(!error.is_transient(), "a definite refusal, not an outage");
         assert!(
@@ -396,10 +422,42 @@ mod tests {
             "{error}"
         );
         let literal_only = &properties[..1];
-        assert_eq!(sources.resolve(literal_only).await.unwrap()["plain"], b"x");
+        assert_eq!(
+            sources.resolve(literal_only, None).await.unwrap()["plain"],
+            b"x"
+        );
         assert!(
             sources.watched.is_empty(),
             "nothing watched for a refused reference"
         );
+    }
+
+    #[tokio::test]
+    async fn a_namespaced_configuration_reads_only_its_own_namespace() {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        // Akri's default namespace for a reference is `default`, whatever the Configuration's.
+        let properties: Vec<DiscoveryProperty> = serde_json::from_value(serde_json::json!([
+            { "name": "password", "valueFrom": { "secretKeyRef": {
+                "name": "camera-creds", "namespace": "default", "key": "pw" } } },
+        ]))
+        .unwrap();
+        // Even where the node may read that namespace.
+        let allowed = BTreeSet::from(["default".to_string(), "team-a".to_string()]);
+        let mut sources = PropertySources::new(client, Some(allowed));
+        let error = (sources.resolve(&properties, Some("team-a")).await).unwrap_err();
+        assert!(
+            matches!(error, Error::OutsideOwnNamespace { .. }),
+            "{error}"
+        );
+        assert!(!error.is_transient());
+        let message = error.to_string();
+        assert!(
+            message.contains(
+                "Secret default/camera-creds is outside the Configuration's namespace team-a"
+            ),
+            "{message}"
+        );
+        assert!(sources.watched.is_empty(), "nothing watched");
     }
 }

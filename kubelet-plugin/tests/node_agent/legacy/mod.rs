@@ -798,3 +798,63 @@ async fn a_standby_agent_serves_the_device_plugins_and_no_allocation_fails_in_th
     );
     expect_view(&node, &il, 2, Healthy::Count(2)).await;
 }
+
+/// A v0 Configuration is namespaced, so its discovery properties read its own namespace's
+/// Secrets only: one naming a Secret of another namespace (Akri's default for a reference is
+/// `default`) does not run, even on a node allowed to read there, while one naming a Secret
+/// of its own namespace does.
+#[tokio::test]
+async fn a_v0_configuration_reads_secrets_of_its_own_namespace_only() {
+    let c = cluster(1, Duration::from_secs(600)).await;
+    let other = c.cp.create_namespace("elsewhere").await.unwrap();
+    for namespace in [&c.ns, &other] {
+        let secret: k8s_openapi::api::core::v1::Secret =
+            akri_testing::from_json(serde_json::json!({
+                "metadata": { "name": "camera-creds" },
+                "stringData": { "password": "hunter2" },
+            }));
+        Api::namespaced(c.client.clone(), namespace)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+    }
+    let with_secret_in = |name: &str, namespace: &str| {
+        let mut config = akri_testing::discovery::v0_debug_echo(name, &["cam0"], 1, true);
+        config["spec"]["discoveryHandler"]["discoveryProperties"] = serde_json::json!([
+            { "name": "PASSWORD", "valueFrom": { "secretKeyRef": {
+                "name": "camera-creds", "namespace": namespace, "key": "password" } } },
+        ]);
+        akri_testing::from_json::<Configuration>(config)
+    };
+    let configurations = Api::<Configuration>::namespaced(c.client.clone(), &c.ns);
+    let (own, foreign) = (
+        ControlPlane::unique_name("own"),
+        ControlPlane::unique_name("foreign"),
+    );
+    for config in [
+        with_secret_in(&foreign, &other),
+        with_secret_in(&own, &c.ns),
+    ] {
+        configurations
+            .create(&PostParams::default(), &config)
+            .await
+            .unwrap();
+    }
+    let instances_of = async |name: &str| {
+        let list = c.instances().list(&Default::default()).await.unwrap();
+        (list.items.iter())
+            .filter(|i| i.spec.configuration_name == name)
+            .count()
+    };
+    eventually("the own-namespace configuration's Instance", async || {
+        (instances_of(&own).await == 1).then_some(())
+    })
+    .await;
+    // Both were created before; give the refused one a few more passes.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        instances_of(&foreign).await,
+        0,
+        "a Secret of another namespace reached the handler"
+    );
+}
