@@ -114,6 +114,19 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     if dra {
         create_pod(&pods, "holder", &busybox, json!({}), true).await;
     }
+    // The slot holder is placed on the node directly, and a kubelet admits a pod asking for a
+    // resource no plugin serves yet without giving it anything: wait for the plugin first (it
+    // offers one device per Instance with a free slot, seed 003).
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+    let allocatable = async || {
+        let node = nodes.get(NODE).await.ok()?;
+        let allocatable = node.status?.allocatable?;
+        allocatable.get(SLOT.0).map(|q| q.0.clone())
+    };
+    akri_testing::eventually_within("the legacy resource allocatable", WAIT, async || {
+        (allocatable().await.as_deref() == Some("1")).then_some(())
+    })
+    .await;
     let slot = json!({ SLOT.0: SLOT.1 });
     create_pod(&pods, "slot-holder", &busybox, slot, false).await;
     let holder = match dra {
@@ -125,11 +138,10 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     // The slot-holder's slot; the churn's pods take the other one in turn.
     let held = async || {
         let list = instances.list(&ListParams::default()).await.unwrap();
-        let instance = (list.items.into_iter())
-            .find(|i| i.spec.configuration_name == "slots")
-            .expect("the Instance of `slots`");
-        let held = instance.spec.device_usage.into_iter();
-        held.filter(|(_, n)| n.to_string().contains(NODE))
+        let instances = list.items.into_iter();
+        let usage = instances.filter(|i| i.spec.configuration_name == "slots");
+        (usage.flat_map(|i| i.spec.device_usage))
+            .filter(|(_, n)| n.to_string().contains(NODE))
             .collect::<Vec<_>>()
     };
     let slot = akri_testing::eventually_within("the slot held", WAIT, async || {
@@ -202,7 +214,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     });
     let started = Instant::now();
     let sampler = {
-        let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
+        let nodes = nodes.clone();
         tokio::spawn(async move {
             let mut seen = Vec::new();
             loop {
