@@ -6,7 +6,9 @@ PyPI), with a device-service endpoint, for the ONVIF discovery handler's tests.
 
 WS-Discovery answers Probes for dn:NetworkVideoTransmitter on 239.255.255.250:3702 (IPv4)
 with the camera's endpoint (urn:uuid:<uuid>), scopes and XAddrs
-http://127.0.0.1:<port>/onvif/device_service. The device service (SOAP 1.2 over HTTP)
+http://<host>:<port>/onvif/device_service, where <host> is the address this host sends to the
+group from: the one the answer comes from, and the only one at which the handler asks a device
+service (a camera's credential goes nowhere else). The device service (SOAP 1.2 over HTTP)
 answers GetNetworkInterfaces (the --ip and --mac), GetCapabilities (the media service),
 GetProfiles and GetStreamUri (rtsp://<ip>:554/<uuid>/main). With --username/--password every
 call but GetSystemDateAndTime needs a WS-Security UsernameToken with the password digest
@@ -22,6 +24,7 @@ import hashlib
 import http.server
 import re
 import signal
+import socket
 import sys
 import threading
 
@@ -64,6 +67,13 @@ def text_of(xml: str, name: str):
     return match.group(1) if match else None
 
 
+def multicast_source() -> str:
+    """The address this host sends to the WS-Discovery group from."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect(("239.255.255.250", 3702))
+        return s.getsockname()[0]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, required=True)
@@ -74,7 +84,8 @@ def main() -> None:
     parser.add_argument("--username")
     parser.add_argument("--password")
     args = parser.parse_args()
-    service_url = f"http://127.0.0.1:{args.port}/onvif/device_service"
+    host = multicast_source()
+    service_url = f"http://{host}:{args.port}/onvif/device_service"
 
     def authenticated(xml: str) -> bool:
         if not args.username:
@@ -115,7 +126,7 @@ def main() -> None:
                 body, status = envelope(
                     "<tds:GetCapabilitiesResponse><tds:Capabilities>"
                     f"<tt:Device><tt:XAddr>{service_url}</tt:XAddr></tt:Device>"
-                    f"<tt:Media><tt:XAddr>http://127.0.0.1:{args.port}/onvif/media_service</tt:XAddr>"
+                    f"<tt:Media><tt:XAddr>http://{host}:{args.port}/onvif/media_service</tt:XAddr>"
                     "</tt:Media></tds:Capabilities></tds:GetCapabilitiesResponse>"
                 ), 200
             elif name == "GetProfiles":
@@ -140,7 +151,7 @@ def main() -> None:
             self.end_headers()
             self.wfile.write(body)
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
+    server = http.server.ThreadingHTTPServer((host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     publishing = ThreadedWSPublishing(uuid_=f"urn:uuid:{args.uuid}")
     publishing.start()

@@ -24,6 +24,17 @@ pub fn python() -> Result<PathBuf, Error> {
     }
 }
 
+/// The address this host sends to the WS-Discovery multicast group from: where a probe's
+/// answers come from, so where `onvif_camera.py` serves its device service (the ONVIF handler
+/// asks a device service only at the address that answered).
+pub fn multicast_source() -> std::net::IpAddr {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").expect("a UDP socket");
+    socket
+        .connect("239.255.255.250:3702")
+        .expect("a route to the WS-Discovery group");
+    socket.local_addr().expect("the socket's address").ip()
+}
+
 /// A running peer. Dropping it kills it.
 #[derive(Debug)]
 pub struct Peer {

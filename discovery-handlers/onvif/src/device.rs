@@ -11,6 +11,10 @@ use hyper_util::rt::TokioExecutor;
 use sha1::Digest;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The largest answer read from a device service; a larger one fails its call. ONVIF answers
+/// to the four calls made here are a few kilobytes.
+pub const MAX_RESPONSE: usize = 1024 * 1024;
+
 const DEVICE_WSDL: &str = "http://www.onvif.org/ver10/device/wsdl";
 const MEDIA_WSDL: &str = "http://www.onvif.org/ver10/media/wsdl";
 
@@ -103,6 +107,15 @@ impl DeviceService {
         else {
             return Ok(None);
         };
+        // The credential goes only to the device's own address, not wherever it points.
+        if crate::probe::host_of(&media).is_none_or(|host| crate::probe::host_of(url) != Some(host))
+        {
+            return Err(QueryError {
+                operation: "GetProfiles",
+                url: media,
+                reason: format!("not at the device service's address ({url}); not asked"),
+            });
+        }
         let profiles = self
             .call(
                 &media,
@@ -162,11 +175,15 @@ impl DeviceService {
                 .await
                 .map_err(|e| error(with_sources(&e)))?;
             let status = response.status();
-            let body = response
-                .into_body()
+            let body = http_body_util::Limited::new(response.into_body(), MAX_RESPONSE)
                 .collect()
                 .await
-                .map_err(|e| error(e.to_string()))?
+                .map_err(
+                    |e| match e.downcast_ref::<http_body_util::LengthLimitError>() {
+                        Some(_) => error(format!("an answer larger than {MAX_RESPONSE} bytes")),
+                        None => error(e.to_string()),
+                    },
+                )?
                 .to_bytes();
             Ok::<_, QueryError>((status, String::from_utf8_lossy(&body).into_owned()))
         };
@@ -291,6 +308,104 @@ mod tests {
         assert!(
             created.starts_with("20") && created.ends_with('Z'),
             "{created}"
+        );
+    }
+
+    /// A device service on `ip` that answers every call with `answer(request)` and closes;
+    /// its URL and how many connections it took.
+    async fn device_service(
+        ip: &str,
+        answer: fn(&str) -> String,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+        let url = format!(
+            "http://{}/onvif/device_service",
+            listener.local_addr().unwrap()
+        );
+        let taken = std::sync::Arc::<std::sync::atomic::AtomicUsize>::default();
+        let count = taken.clone();
+        tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let mut request = Vec::new();
+                let mut buffer = [0u8; 4096];
+                // Headers and the (small) body: enough to tell the call.
+                while let Ok(n) = stream.read(&mut buffer).await {
+                    request.extend_from_slice(&buffer[..n]);
+                    let text = String::from_utf8_lossy(&request);
+                    if n == 0 || text.contains("</s:Envelope>") {
+                        break;
+                    }
+                }
+                let body = answer(&String::from_utf8_lossy(&request));
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Type: application/soap+xml\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(body.as_bytes()).await;
+            }
+        });
+        (url, taken)
+    }
+
+    fn envelope(body: &str) -> String {
+        format!(
+            r#"<s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope" xmlns:tds="{DEVICE_WSDL}" xmlns:tt="http://www.onvif.org/ver10/schema"><s:Body>{body}</s:Body></s:Envelope>"#
+        )
+    }
+
+    /// A camera whose capabilities name the media service at `media`; its network interface
+    /// answer is ordinary.
+    fn camera_pointing_at(request: &str, media: &str) -> String {
+        if request.contains("GetCapabilities") {
+            return envelope(&format!(
+                "<tds:GetCapabilitiesResponse><tds:Capabilities><tt:Media><tt:XAddr>{media}</tt:XAddr></tt:Media></tds:Capabilities></tds:GetCapabilitiesResponse>"
+            ));
+        }
+        envelope(
+            "<tds:GetNetworkInterfacesResponse><tds:NetworkInterfaces><tt:Info><tt:HwAddress>00:11:22:33:44:55</tt:HwAddress></tt:Info><tt:IPv4><tt:Config><tt:Manual><tt:Address>10.0.0.5</tt:Address></tt:Manual></tt:Config></tt:IPv4></tds:NetworkInterfaces></tds:GetNetworkInterfacesResponse>",
+        )
+    }
+
+    static MEDIA: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+    #[tokio::test]
+    async fn the_credential_goes_to_a_media_service_only_at_the_devices_address() {
+        let credential = Credential {
+            username: "admin".into(),
+            password: "s3cret".into(),
+        };
+        let service = DeviceService::new(Duration::from_secs(3));
+        let answer: fn(&str) -> String =
+            |request| camera_pointing_at(request, &MEDIA.lock().unwrap());
+        // A media service elsewhere (another address of this host): never asked.
+        let (elsewhere, asked_elsewhere) = device_service("127.0.0.2", |_| envelope("")).await;
+        *MEDIA.lock().unwrap() = elsewhere;
+        let (device, _) = device_service("127.0.0.1", answer).await;
+        let info = service.info(&device, Some(&credential)).await.unwrap();
+        assert_eq!(info.ip_address.as_deref(), Some("10.0.0.5"));
+        assert_eq!(info.stream_uri, None);
+        assert_eq!(asked_elsewhere.load(std::sync::atomic::Ordering::SeqCst), 0);
+        // At the device's own address: asked.
+        let (beside, asked_beside) = device_service("127.0.0.1", |_| envelope("")).await;
+        *MEDIA.lock().unwrap() = beside;
+        service.info(&device, Some(&credential)).await.unwrap();
+        assert!(asked_beside.load(std::sync::atomic::Ordering::SeqCst) > 0);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_answer_fails_the_call_instead_of_being_read_whole() {
+        let (device, _) = device_service("127.0.0.1", |_| "x".repeat(MAX_RESPONSE + 1)).await;
+        let error = (DeviceService::new(Duration::from_secs(3))
+            .info(&device, None)
+            .await)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("an answer larger than 1048576 bytes"),
+            "{error}"
         );
     }
 

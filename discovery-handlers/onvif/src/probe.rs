@@ -1,14 +1,26 @@
 //! WS-Discovery: one multicast Probe for ONVIF NetworkVideoTransmitters, and the
 //! ProbeMatches that come back within the timeout.
+//!
+//! Whoever answers a probe is untrusted: it is on the network, and the handler runs on the
+//! host's network. A camera's device service is taken only at the address its answer came
+//! from (the handler sends the camera's credential there, and nowhere an answer merely
+//! names), and one probe window keeps at most [`MAX_CAMERAS`] cameras from at most
+//! [`MAX_ANSWERS`] datagrams, however many arrive.
 
 use crate::xml;
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 use tokio::net::UdpSocket;
 
 /// WS-Discovery's IPv4 multicast group and port.
 pub const MULTICAST: &str = "239.255.255.250:3702";
+
+/// The most cameras one probe window keeps; later new ones are left out (and logged).
+pub const MAX_CAMERAS: usize = 1024;
+
+/// The most datagrams one probe window reads; the window ends after them.
+pub const MAX_ANSWERS: usize = 4 * MAX_CAMERAS;
 
 /// A camera that answered.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -51,6 +63,22 @@ pub fn parse(response: &str, probe_id: &str) -> Vec<Camera> {
         .collect()
 }
 
+/// `camera` with only the device-service URLs at `from`, the address its answer came from;
+/// `None` when it names none there.
+pub fn at_sender(mut camera: Camera, from: IpAddr) -> Option<Camera> {
+    camera.service_urls.retain(|u| host_of(u) == Some(from));
+    (!camera.service_urls.is_empty()).then_some(camera)
+}
+
+/// The IP address a URL names as its host (`None` for a name or no host).
+pub fn host_of(url: &str) -> Option<IpAddr> {
+    match url::Url::parse(url).ok()?.host()? {
+        url::Host::Ipv4(ip) => Some(IpAddr::V4(ip)),
+        url::Host::Ipv6(ip) => Some(IpAddr::V6(ip)),
+        url::Host::Domain(_) => None,
+    }
+}
+
 fn words(text: Option<&String>) -> Vec<String> {
     text.map(|t| t.split_whitespace().map(str::to_string).collect())
         .unwrap_or_default()
@@ -69,15 +97,39 @@ pub async fn probe(target: SocketAddr, timeout: Duration) -> std::io::Result<Vec
     let id = uuid::Uuid::new_v4().to_string();
     socket.send_to(message(&id).as_bytes(), target).await?;
     let mut cameras = BTreeMap::new();
+    let (mut elsewhere, mut over) = (0, 0);
     let mut buffer = vec![0u8; 64 * 1024];
     let deadline = tokio::time::Instant::now() + timeout;
-    while let Ok(received) = tokio::time::timeout_at(deadline, socket.recv_from(&mut buffer)).await
-    {
-        let (length, _) = received?;
+    for _ in 0..MAX_ANSWERS {
+        let Ok(received) = tokio::time::timeout_at(deadline, socket.recv_from(&mut buffer)).await
+        else {
+            break;
+        };
+        let (length, from) = received?;
         let text = String::from_utf8_lossy(&buffer[..length]);
         for camera in parse(&text, &id) {
+            let Some(camera) = at_sender(camera, from.ip()) else {
+                elsewhere += 1;
+                continue;
+            };
+            if cameras.len() >= MAX_CAMERAS && !cameras.contains_key(&camera.uuid) {
+                over += 1;
+                continue;
+            }
             cameras.entry(camera.uuid.clone()).or_insert(camera);
         }
+    }
+    if elsewhere > 0 {
+        tracing::warn!(
+            answers = elsewhere,
+            "cameras whose device service is not at the address they answered from were left out (their credentials go only there)"
+        );
+    }
+    if over > 0 {
+        tracing::warn!(
+            left_out = over,
+            "more than {MAX_CAMERAS} cameras answered one probe"
+        );
     }
     Ok(cameras.into_values().collect())
 }
@@ -110,6 +162,70 @@ mod tests {
             "not an answer to ours"
         );
         assert!(parse("garbage", "PROBE").is_empty());
+    }
+
+    #[test]
+    fn only_device_services_at_the_answering_address_are_kept() {
+        let camera = parse(MATCHES, "PROBE").remove(0);
+        let kept = at_sender(camera.clone(), "10.0.0.11".parse().unwrap()).unwrap();
+        assert_eq!(kept.service_urls, ["http://10.0.0.11/onvif/device_service"]);
+        let v6 = at_sender(camera.clone(), "fe80::1".parse().unwrap()).unwrap();
+        assert_eq!(v6.service_urls, ["http://[fe80::1]/onvif/device_service"]);
+        // An answer from elsewhere naming these addresses: nothing is taken from it.
+        assert!(at_sender(camera, "10.0.0.66".parse().unwrap()).is_none());
+        assert_eq!(host_of("http://camera.local/onvif"), None);
+    }
+
+    /// Answers each probe it receives with `cameras` ProbeMatches, one camera each, whose
+    /// device service is at `service_host`.
+    async fn responder(cameras: usize, service_host: &'static str) -> SocketAddr {
+        let socket = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let address = socket.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buffer = vec![0u8; 64 * 1024];
+            let (length, from) = socket.recv_from(&mut buffer).await.unwrap();
+            let probe = String::from_utf8_lossy(&buffer[..length]).into_owned();
+            let id = xml::texts(&probe, &["Header", "MessageID"]).remove(0);
+            for i in 0..cameras {
+                let answer = MATCHES
+                    .replace("uuid:PROBE", &id)
+                    .replace(
+                        "1B4E28BA-2FA1-11D2-883F-0016D3CCA427",
+                        &format!("{i:08}-0000-4000-8000-000000000000"),
+                    )
+                    .replace("10.0.0.11", service_host);
+                socket.send_to(answer.as_bytes(), from).await.unwrap();
+                // Paced, so that the receiving socket's buffer drops none.
+                if i % 16 == 15 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+        });
+        address
+    }
+
+    #[tokio::test]
+    async fn a_probe_keeps_cameras_at_their_answering_address_and_at_most_its_bound() {
+        let found = probe(responder(3, "127.0.0.1").await, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), 3);
+        assert!(
+            found
+                .iter()
+                .all(|c| c.service_urls == ["http://127.0.0.1/onvif/device_service"])
+        );
+        // Answers naming another host than the one answering: no camera.
+        let found = probe(responder(3, "10.0.0.11").await, Duration::from_secs(1))
+            .await
+            .unwrap();
+        assert!(found.is_empty(), "{found:?}");
+        // A flood: the window keeps its bound.
+        let flood = MAX_CAMERAS + 200;
+        let found = probe(responder(flood, "127.0.0.1").await, Duration::from_secs(2))
+            .await
+            .unwrap();
+        assert_eq!(found.len(), MAX_CAMERAS);
     }
 
     #[test]

@@ -70,7 +70,8 @@ fn uuid_for(name: &str) -> String {
 }
 
 fn service_url(camera: &Camera) -> String {
-    format!("http://127.0.0.1:{}/onvif/device_service", camera.port)
+    let host = akri_testing::peers::multicast_source();
+    format!("http://{host}:{}/onvif/device_service", camera.port)
 }
 
 async fn next(stream: &mut tonic::Streaming<proto::DiscoverResponse>) -> Vec<proto::Device> {

@@ -630,7 +630,10 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
     assert_shows(
         &output,
         &[
-            format!("ONVIF_DEVICE_SERVICE_URL=http://127.0.0.1:{port}/onvif/device_service"),
+            format!(
+                "ONVIF_DEVICE_SERVICE_URL=http://{}:{port}/onvif/device_service",
+                akri_testing::peers::multicast_source()
+            ),
             format!("ONVIF_DEVICE_UUID={uuid}"),
             "ONVIF_DEVICE_IP_ADDRESS=10.20.30.40".to_string(),
             "ONVIF_DEVICE_MAC_ADDRESS=00:0a:0b:0c:0d:0e".to_string(),
