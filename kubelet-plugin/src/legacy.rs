@@ -119,7 +119,8 @@ impl LegacySink {
         self.plugins.sync(&served).await;
     }
 
-    /// Writes the Instances of every namespace's devices, then serves the plugins over them.
+    /// Writes the Instances of every namespace's devices, then serves the plugins over them
+    /// ([`serve`](Self::serve), with the names as written).
     pub async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
         self.release_akri_finalizers(configs).await;
         let namespaces: BTreeSet<String> = configs
@@ -127,7 +128,6 @@ impl LegacySink {
             .filter_map(|c| c.metadata.namespace.clone())
             .chain(self.writers.keys().cloned())
             .collect();
-        let mut served = Vec::new();
         for namespace in namespaces {
             let writer = self.writers.entry(namespace.clone()).or_insert_with(|| {
                 let (client, grace) = (self.client.clone(), self.instance_grace);
@@ -160,9 +160,8 @@ impl LegacySink {
                 tracing::warn!(%namespace, renamed, "another node's devices have these Instance names; renamed");
                 known = self::known(devices, &namespace);
             }
-            served.extend(served_devices(configs, devices, &namespace, &known));
         }
-        self.plugins.sync(&served).await;
+        self.serve(configs, devices).await;
     }
 }
 

@@ -220,13 +220,14 @@ impl NodeLoop {
             if let Some(legacy) = &mut self.legacy {
                 if !self.discovery.open(Sink::Legacy, &wanted, &registered) {
                     starting = true;
-                } else if leading {
-                    let devices = self.discovery.devices(Sink::Legacy);
-                    legacy.publish(&v0.state(), &devices).await;
                 } else {
                     let devices = self.discovery.devices(Sink::Legacy);
-                    legacy.serve(&v0.state(), &devices).await;
-                    waiting_for_kubelet |= !legacy.all_registered();
+                    if leading {
+                        legacy.publish(&v0.state(), &devices).await;
+                    } else {
+                        legacy.serve(&v0.state(), &devices).await;
+                        waiting_for_kubelet |= !legacy.all_registered();
+                    }
                 }
             }
             match problem {

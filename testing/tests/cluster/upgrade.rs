@@ -118,13 +118,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     // resource no plugin serves yet without giving it anything: wait for the plugin first (it
     // offers one device per Instance with a free slot, seed 003).
     let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(client.clone());
-    let allocatable = async || {
-        let node = nodes.get(NODE).await.ok()?;
-        let allocatable = node.status?.allocatable?;
-        allocatable.get(SLOT.0).map(|q| q.0.clone())
-    };
     akri_testing::eventually_within("the legacy resource allocatable", WAIT, async || {
-        (allocatable().await.as_deref() == Some("1")).then_some(())
+        (allocatable(&nodes).await.as_deref() == Some("1")).then_some(())
     })
     .await;
     let slot = json!({ SLOT.0: SLOT.1 });
@@ -218,9 +213,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         tokio::spawn(async move {
             let mut seen = Vec::new();
             loop {
-                let node = nodes.get(NODE).await.unwrap();
-                let value = (node.status.and_then(|s| s.allocatable))
-                    .and_then(|a| a.get(SLOT.0).map(|q| q.0.clone()));
+                let value = allocatable(&nodes).await;
                 if seen.last().map(|(_, v)| v) != Some(&value) {
                     eprintln!("{:?} allocatable {value:?}", started.elapsed());
                     seen.push((started.elapsed(), value));
@@ -436,6 +429,13 @@ fn ok_prepares(text: &str) -> Histogram {
         *histogram.entry(le.to_string()).or_default() += n;
     }
     histogram
+}
+
+/// The node's allocatable legacy resource, as the scheduler sees it.
+async fn allocatable(nodes: &Api<k8s_openapi::api::core::v1::Node>) -> Option<String> {
+    let node = nodes.get(NODE).await.ok()?;
+    let allocatable = node.status?.allocatable?;
+    allocatable.get(SLOT.0).map(|q| q.0.clone())
 }
 
 /// What a pod of the churn asks for besides a claim: one legacy device-plugin slot.
