@@ -9,7 +9,7 @@
 //! template's UID label are ever deleted, and only after the stores were listed, so nothing
 //! of anyone else's, and nothing while the controller does not yet know what exists, goes.
 
-use crate::apply::{Applier, Outcome};
+use crate::apply::{Applier, Kept, Outcome};
 use crate::desired::{self, Desired};
 use crate::metrics::Metrics;
 use akri_api::v1::{
@@ -24,10 +24,10 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerRuntimeConfig, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
-use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The field manager of everything the broker-controller applies.
@@ -52,6 +52,9 @@ pub struct ControllerConfig {
     /// How often every template is looked at again without a change (a broker object of a
     /// kind the controller does not watch, deleted by hand, comes back by then).
     pub resync: Duration,
+    /// The namespaces whose BrokerTemplates it serves (where it may write); `None`: all.
+    /// A template elsewhere gets only a status that says so.
+    pub namespaces: Option<BTreeSet<String>>,
 }
 
 impl ControllerConfig {
@@ -60,6 +63,7 @@ impl ControllerConfig {
             instance_namespace: instance_namespace.to_string(),
             debounce: Duration::from_millis(500),
             resync: Duration::from_secs(300),
+            namespaces: None,
         }
     }
 }
@@ -71,7 +75,13 @@ struct Context {
     configurations: Store<DiscoveryConfiguration>,
     applier: Applier,
     metrics: Metrics,
+    finished_jobs: FinishedJobs,
 }
+
+/// Jobs the watch saw finished, by template UID, until a pass keeps them in the template's
+/// status: a Job whose `ttlSecondsAfterFinished` is 0 is gone before a pass lists it, but the
+/// watch's last sight of it says it finished.
+type FinishedJobs = Arc<Mutex<BTreeMap<String, BTreeSet<String>>>>;
 
 /// Runs until the watches end (they do not, short of the task being dropped).
 pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metrics) {
@@ -99,14 +109,36 @@ pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metric
         configurations,
         applier: Applier::new(client.clone(), FIELD_MANAGER),
         metrics,
+        finished_jobs: FinishedJobs::default(),
     });
     // The brokers the controller made are watched where it can (the common kinds), so one
     // that is deleted or finishes is seen at once; other kinds are looked at on resync.
     let owned = watcher::Config::default().labels(crate::render::TEMPLATE_UID_LABEL);
+    // Where it serves only some namespaces, it may read only there.
+    let served: Vec<Option<String>> = match &config.namespaces {
+        Some(namespaces) => namespaces.iter().cloned().map(Some).collect(),
+        None => vec![None],
+    };
+    let mut controller = controller;
+    for namespace in served {
+        let jobs =
+            watcher(api::<Job>(&client, namespace.as_deref()), owned.clone()).touched_objects();
+        let seen = ctx.finished_jobs.clone();
+        controller = controller
+            .owns(api::<Pod>(&client, namespace.as_deref()), owned.clone())
+            .owns(api::<Service>(&client, namespace.as_deref()), owned.clone())
+            .watches_stream(jobs, move |job: Job| {
+                if let Some((uid, key)) = crate::apply::finished_job(&job) {
+                    seen.lock()
+                        .expect("finished jobs")
+                        .entry(uid)
+                        .or_default()
+                        .insert(key);
+                }
+                owner_template(&job)
+            });
+    }
     controller
-        .owns(Api::<Pod>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned.clone())
-        .owns(Api::<Job>::all(client.clone()), owned)
         .watches_stream(instance_stream, move |i: Instance| {
             templates_of(&for_instance, &i.spec.configuration_name)
         })
@@ -121,6 +153,27 @@ pub async fn run(client: kube::Client, config: ControllerConfig, metrics: Metric
             }
         })
         .await;
+}
+
+/// The BrokerTemplate that owns `object`, if one does.
+fn owner_template(object: &impl Resource) -> Option<ObjectRef<BrokerTemplate>> {
+    let namespace = object.meta().namespace.as_deref()?;
+    object
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "BrokerTemplate" && o.api_version.starts_with("akri.sh/"))
+        .map(|o| ObjectRef::new(&o.name).within(namespace))
+}
+
+/// `K`s in `namespace`, or in all namespaces.
+fn api<K>(client: &kube::Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(namespace) => Api::namespaced(client.clone(), namespace),
+        None => Api::all(client.clone()),
+    }
 }
 
 /// The BrokerTemplates of a DiscoveryConfiguration.
@@ -158,6 +211,26 @@ async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action
     let (Some(namespace), Some(uid)) = (template.namespace(), template.uid()) else {
         return Err(Error::Incomplete(template.name_any()));
     };
+    if let Some(served) = &ctx.config.namespaces
+        && !served.contains(&namespace)
+    {
+        let served: Vec<&str> = served.iter().map(String::as_str).collect();
+        let message = format!(
+            "the broker-controller makes brokers only in the namespaces [{}] (the chart's brokerController.namespaces), not in {namespace}",
+            served.join(", ")
+        );
+        let previous = template.status.clone().unwrap_or_default();
+        let status = BrokerTemplateStatus {
+            observed_generation: template.meta().generation,
+            conditions: vec![keep_transition_time(
+                condition(false, "NamespaceNotServed", message),
+                &previous.conditions,
+            )],
+            ..Default::default()
+        };
+        write_status(ctx, &template, &namespace, &previous, status).await?;
+        return Ok(Action::await_change());
+    }
     let configuration_name = &template.spec.discovery_reference.name;
     let configuration = ctx.configurations.get(&ObjectRef::new(configuration_name));
     let instances: Vec<Arc<Instance>> = ctx
@@ -183,9 +256,28 @@ async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action
         &owner,
     );
     let previous = template.status.clone().unwrap_or_default();
+    // What could not be rendered this time is kept as it is: only a definite change (an
+    // Instance gone, the template changed) deletes.
+    // Taken now, kept in the status below (or given back if that fails).
+    let seen = (ctx.finished_jobs.lock().expect("finished jobs"))
+        .remove(&uid)
+        .unwrap_or_default();
+    let mut finished_jobs: BTreeSet<String> = previous.finished_jobs.iter().cloned().collect();
+    finished_jobs.extend(seen.iter().cloned());
+    let kept = Kept {
+        instances: &desired.failed_instances,
+        globals: desired.failed_globals,
+        finished_jobs: &finished_jobs,
+    };
     let outcome: Outcome = ctx
         .applier
-        .converge(&namespace, &uid, &desired.objects, &previous.managed_kinds)
+        .converge(
+            &namespace,
+            &uid,
+            &desired.objects,
+            &previous.managed_kinds,
+            kept,
+        )
         .await;
     ctx.metrics.applied(&outcome);
 
@@ -230,30 +322,50 @@ async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action
         brokers: brokers as i32,
         objects: outcome.managed as i32,
         managed_kinds: outcome.kinds.clone(),
+        finished_jobs: outcome.finished_jobs.iter().cloned().collect(),
         conditions: vec![keep_transition_time(ready, &previous.conditions)],
     };
-    if status != previous {
-        Api::<BrokerTemplate>::namespaced(ctx.client.clone(), &namespace)
-            .patch_status(
-                &template.name_any(),
-                &PatchParams::apply(FIELD_MANAGER).force(),
-                &Patch::Apply(serde_json::json!({
-                    "apiVersion": "akri.sh/v1",
-                    "kind": "BrokerTemplate",
-                    "status": status,
-                })),
-            )
-            .await
-            .map_err(|cause| Error::Status {
-                name: template.name_any(),
-                cause,
-            })?;
+    if let Err(error) = write_status(ctx, &template, &namespace, &previous, status).await {
+        let mut finished = ctx.finished_jobs.lock().expect("finished jobs");
+        finished.entry(uid.clone()).or_default().extend(seen);
+        return Err(error);
     }
     Ok(if outcome.retry_soon || desired.waiting {
         Action::requeue(Duration::from_secs(2))
+    } else if let Some(after) = outcome.retry_after {
+        Action::requeue(after.min(ctx.config.resync))
     } else {
         Action::requeue(ctx.config.resync)
     })
+}
+
+/// Writes `status` unless it is what the template has.
+async fn write_status(
+    ctx: &Context,
+    template: &BrokerTemplate,
+    namespace: &str,
+    previous: &BrokerTemplateStatus,
+    status: BrokerTemplateStatus,
+) -> Result<(), Error> {
+    if &status == previous {
+        return Ok(());
+    }
+    Api::<BrokerTemplate>::namespaced(ctx.client.clone(), namespace)
+        .patch_status(
+            &template.name_any(),
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "akri.sh/v1",
+                "kind": "BrokerTemplate",
+                "status": status,
+            })),
+        )
+        .await
+        .map_err(|cause| Error::Status {
+            name: template.name_any(),
+            cause,
+        })?;
+    Ok(())
 }
 
 /// The first problems, one per line, and how many more there are (a condition message

@@ -14,8 +14,10 @@ pub struct Desired {
     pub objects: Vec<Rendered>,
     /// One line per object that could not be rendered.
     pub errors: Vec<String>,
-    /// Instances missing an object (rendering failed).
+    /// Instances missing an object (rendering failed): their objects are kept as they are.
     pub failed_instances: BTreeSet<String>,
+    /// A global object could not be rendered: the global objects are kept as they are.
+    pub failed_globals: bool,
     /// Objects wait for something to appear (the configuration's DeviceClass).
     pub waiting: bool,
 }
@@ -104,9 +106,11 @@ pub fn desired(
         for (index, resource) in spec.global_broker_resources.iter().enumerate() {
             match render::render(&resource.0, false, &base, owner) {
                 Ok(rendered) => out.objects.push(rendered),
-                Err(error) => out
-                    .errors
-                    .push(format!("globalBrokerResources[{index}]: {error}")),
+                Err(error) => {
+                    out.failed_globals = true;
+                    out.errors
+                        .push(format!("globalBrokerResources[{index}]: {error}"));
+                }
             }
         }
     }

@@ -22,6 +22,10 @@ struct Args {
     /// Seconds after which every BrokerTemplate is looked at again without a change.
     #[arg(long, default_value_t = 300)]
     resync_seconds: u64,
+    /// The namespaces whose BrokerTemplates it serves, comma-separated (it may write only
+    /// there); all when none are given.
+    #[arg(long, value_delimiter = ',')]
+    namespaces: Vec<String>,
     #[command(flatten)]
     process: akri_runtime::ProcessArgs,
 }
@@ -44,6 +48,9 @@ async fn main() -> anyhow::Result<()> {
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
     config.resync = Duration::from_secs(args.resync_seconds);
+    if !args.namespaces.is_empty() {
+        config.namespaces = Some(args.namespaces.into_iter().collect());
+    }
 
     let leading = metrics.clone();
     let work = controller::run(client.clone(), config, metrics);

@@ -67,6 +67,10 @@ pub struct AgentConfig {
     pub startup_wait: Duration,
     /// Namespaces whose Secrets and ConfigMaps discovery properties may name; `None`: any.
     pub property_namespaces: Option<BTreeSet<String>>,
+    /// What the devices of each handler kind may bring into containers where their
+    /// configuration does not say (`containerAccess`); other kinds keep the built-in default
+    /// ([`crate::discovery::Access::of`]).
+    pub handler_access: BTreeMap<String, akri_api::v1::ContainerAccess>,
     /// Serve DRA: v1 DiscoveryConfigurations published as ResourceSlices and Instances, a
     /// kubelet plugin per discovery handler ([`crate::dra_sink`]). `None` asks the API server
     /// at start: DRA is off where it serves no `resource.k8s.io/v1` (1.33 and older), and
@@ -108,6 +112,7 @@ impl AgentConfig {
             device_taints: None,
             startup_wait: Duration::from_secs(10),
             property_namespaces: None,
+            handler_access: BTreeMap::new(),
             dra: Some(true),
             legacy: None,
             kubelet_registration_timeout: Duration::from_secs(60),
@@ -261,7 +266,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         // No capacity model: a v0 Configuration's capacity is `deviceUsage` slots.
         devices.insert(
             Sink::Legacy,
-            NodeDevices::with_names_file(&config.node_name, false, &names),
+            NodeDevices::with_names_file(&config.node_name, false, &names)
+                .carrying_reports(&config.state_dir.join("legacy-last-reports.json")),
         );
     }
     let handlers = registry.subscribe();
@@ -292,7 +298,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         config.startup_wait,
         config.property_namespaces.clone(),
         events_tx,
-    );
+    )
+    .handler_access(config.handler_access.clone());
     let devices = discovery.devices(Sink::Dra);
     let node_loop = NodeLoop {
         client: client.clone(),
@@ -393,7 +400,8 @@ async fn dra_sink(
         &config.node_name,
         consumable_capacity,
         &config.state_dir.join("instance-names.json"),
-    );
+    )
+    .carrying_reports(&config.state_dir.join("last-reports.json"));
     let options = DraOptions {
         node_name: config.node_name.clone(),
         node_uid: node_uid.to_string(),

@@ -86,6 +86,12 @@ struct Args {
     /// separated); empty: any. Match the RoleBindings that grant the reads.
     #[arg(long, value_delimiter = ',')]
     property_namespaces: Vec<String>,
+    /// What the devices of each discovery handler kind may bring into containers where their
+    /// configuration has no `containerAccess`, as JSON: `{"<handler>": {"deviceNodes":
+    /// [{"path": "/dev/ttyUSB", "writable": true}], "mounts": [{"path": "/srv/"}]}}`. Kinds
+    /// not named keep the built-in default (udev: device nodes under /dev/; others: none).
+    #[arg(long, value_parser = handler_access, default_value = "{}")]
+    handler_container_access: HandlerAccess,
     /// Serve DRA (`resource.k8s.io/v1`): DiscoveryConfigurations published as ResourceSlices,
     /// a kubelet plugin per discovery handler. `auto` serves it where the API server serves
     /// resource.k8s.io/v1; where it does not (1.33 and older), or with `off`, the legacy
@@ -151,6 +157,7 @@ async fn main() -> anyhow::Result<()> {
         ),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
+        handler_access: args.handler_container_access,
         dra: args.dra.forced(),
         legacy: args.legacy_device_plugins.then(|| LegacyOptions {
             device_plugin_dir: args.device_plugin_dir,
@@ -172,4 +179,12 @@ async fn main() -> anyhow::Result<()> {
     akri_runtime::stopped().await?;
     agent.stop().await;
     Ok(())
+}
+
+type HandlerAccess = std::collections::BTreeMap<String, akri_api::v1::ContainerAccess>;
+
+/// Parses `--handler-container-access`.
+fn handler_access(json: &str) -> Result<HandlerAccess, String> {
+    serde_json::from_str(json)
+        .map_err(|e| format!("not a map of handler names to containerAccess: {e}"))
 }

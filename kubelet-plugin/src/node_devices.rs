@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
 /// The devices of one DiscoveryConfiguration on this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ConfigDevices {
     pub configuration: String,
     pub capacity: i32,
@@ -36,7 +37,14 @@ pub struct NodeDevices {
     consumable_capacity: bool,
     drivers: Arc<RwLock<BTreeMap<String, BTreeMap<String, Named>>>>,
     names: Option<Arc<StickyNames>>,
+    /// Where what the handlers last reported is kept ([`NodeDevices::carrying_reports`]).
+    reports: Option<Arc<Path>>,
+    /// (driver, configuration) whose devices come from that file, not yet from their handler.
+    carried: Arc<RwLock<BTreeSet<(String, String)>>>,
 }
+
+/// What the handlers last reported, by driver and configuration.
+type Reports = BTreeMap<String, BTreeMap<String, ConfigDevices>>;
 
 /// Per driver and configuration, the devices whose Instance name is not Akri's (the second
 /// of two devices whose Akri names collide: [`akri_devices::instance_names`]).
@@ -55,16 +63,7 @@ impl StickyNames {
     /// Reads `path`; a missing file is an empty one, an unreadable one is logged and ignored
     /// (names are then as after a first start).
     fn load(path: &Path) -> StickyNames {
-        let read = match std::fs::read(path) {
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(Renamed::new()),
-            read => read.map_err(|e| e.to_string()).and_then(|bytes| {
-                serde_json::from_slice::<Renamed>(&bytes).map_err(|e| e.to_string())
-            }),
-        };
-        let renamed = read.unwrap_or_else(|error| {
-            tracing::warn!(path = %path.display(), %error, "ignoring unreadable Instance names");
-            Renamed::new()
-        });
+        let renamed = read_or_default(path, "ignoring unreadable Instance names");
         StickyNames {
             path: path.to_path_buf(),
             renamed: RwLock::new(renamed),
@@ -102,6 +101,21 @@ impl StickyNames {
     }
 }
 
+/// The JSON in `path`: a missing file is an empty one; an unreadable one is logged (`what`)
+/// and taken as empty, as after a first start.
+fn read_or_default<T: serde::de::DeserializeOwned + Default>(path: &Path, what: &str) -> T {
+    let read = match std::fs::read(path) {
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return T::default(),
+        read => read
+            .map_err(|e| e.to_string())
+            .and_then(|bytes| serde_json::from_slice::<T>(&bytes).map_err(|e| e.to_string())),
+    };
+    read.unwrap_or_else(|error| {
+        tracing::warn!(path = %path.display(), %error, "{what}");
+        T::default()
+    })
+}
+
 /// A configuration's devices with their Instance names (by device id), which stick to their
 /// devices across reports ([`akri_devices::instance_names`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,6 +134,59 @@ impl NodeDevices {
             consumable_capacity,
             drivers: Arc::default(),
             names: None,
+            reports: None,
+            carried: Arc::default(),
+        }
+    }
+
+    /// Keeps what each configuration's handler last reported in `reports_file`, and starts
+    /// from what the file holds. The node's slices and Instances describe those reports, so a
+    /// restarted agent publishes (and prepares) a configuration's devices as they were until
+    /// its handler reports again ([`NodeDevices::carried`]), however long that takes, instead
+    /// of withdrawing them when the start-up wait is over. A missing file is a first start; an
+    /// unreadable one is logged and ignored.
+    pub fn carrying_reports(mut self, reports_file: &Path) -> Self {
+        let reports: Reports = read_or_default(
+            reports_file,
+            "ignoring the unreadable last reports; devices come from the handlers alone",
+        );
+        for (driver, configs) in reports {
+            for (configuration, devices) in configs {
+                self.set(&driver, devices);
+                let mut carried = self.carried.write().expect("lock");
+                carried.insert((driver.clone(), configuration));
+            }
+        }
+        self.reports = Some(reports_file.into());
+        self
+    }
+
+    /// The (driver, configuration) pairs whose devices are as an earlier process last heard
+    /// them: their handler has not reported since this one started.
+    pub fn carried(&self) -> Vec<(String, String)> {
+        self.carried.read().expect("lock").iter().cloned().collect()
+    }
+
+    /// Writes what the handlers last reported to the reports file, if there is one.
+    fn save(&self, drivers: &BTreeMap<String, BTreeMap<String, Named>>) {
+        let Some(path) = &self.reports else {
+            return;
+        };
+        let reports: Reports = drivers
+            .iter()
+            .map(|(driver, configs)| {
+                let configs = configs
+                    .iter()
+                    .map(|(name, named)| (name.clone(), named.devices.clone()))
+                    .collect();
+                (driver.clone(), configs)
+            })
+            .collect();
+        let written = serde_json::to_vec(&reports)
+            .map_err(std::io::Error::other)
+            .and_then(|json| node_io::files::write_atomically(path, &json, 0o600));
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), %error, "cannot keep the last reports; a restart may withdraw a slow handler's devices for a while");
         }
     }
 
@@ -144,6 +211,8 @@ impl NodeDevices {
 
     /// Replaces what a configuration's handler reports; returns whether anything changed.
     pub fn set(&self, driver: &str, devices: ConfigDevices) -> bool {
+        let key = (driver.to_string(), devices.configuration.clone());
+        self.carried.write().expect("lock").remove(&key);
         let mut drivers = self.drivers.write().expect("lock");
         let configs = drivers.entry(driver.to_string()).or_default();
         let previous = configs.get(&devices.configuration);
@@ -165,6 +234,7 @@ impl NodeDevices {
                 avoid,
             },
         );
+        self.save(&drivers);
         true
     }
 
@@ -228,10 +298,16 @@ impl NodeDevices {
 
     /// Forgets a configuration (deleted, or its handler went away).
     pub fn remove(&self, driver: &str, configuration: &str) -> bool {
+        let key = (driver.to_string(), configuration.to_string());
+        self.carried.write().expect("lock").remove(&key);
         let mut drivers = self.drivers.write().expect("lock");
-        drivers
+        let removed = drivers
             .get_mut(driver)
-            .is_some_and(|configs| configs.remove(configuration).is_some())
+            .is_some_and(|configs| configs.remove(configuration).is_some());
+        if removed {
+            self.save(&drivers);
+        }
+        removed
     }
 
     /// The configurations of a driver.
@@ -386,6 +462,52 @@ mod tests {
         let restarted = NodeDevices::with_names_file("node-a", true, &file);
         restarted.set("d", echo(&["cam0", "cam1"]));
         assert_eq!(names(&restarted)["cam0"], after["cam0"]);
+    }
+
+    /// A restarted agent starts from what the handlers last reported, names included, until
+    /// each handler reports again; what a configuration lost is lost after a restart too.
+    #[test]
+    fn a_restart_carries_the_last_reports_until_the_handlers_report_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let (names_file, reports) = (
+            dir.path().join("names.json"),
+            dir.path().join("reports.json"),
+        );
+        let open =
+            || NodeDevices::with_names_file("node-a", true, &names_file).carrying_reports(&reports);
+        let first = open();
+        first.set("d", echo(&["cam3489"]));
+        first.set("d", echo(&["cam2839", "cam3489"]));
+        let mut other = echo(&["x"]);
+        other.configuration = "other".into();
+        first.set("d", other.clone());
+        let before = names(&first);
+
+        let restarted = open();
+        assert_eq!(names(&restarted), before, "the devices, each with its name");
+        assert!(
+            restarted.lookup("d", &before["cam2839"]).is_some(),
+            "preparable"
+        );
+        assert_eq!(
+            restarted.carried(),
+            [
+                ("d".to_string(), "echo".to_string()),
+                ("d".to_string(), "other".to_string())
+            ]
+        );
+        // A report, even the same one, makes a configuration's devices its handler's again.
+        assert!(!restarted.set("d", other));
+        assert_eq!(restarted.carried(), [("d".to_string(), "echo".to_string())]);
+        assert!(restarted.remove("d", "echo"));
+        assert!(restarted.carried().is_empty());
+
+        let again = open();
+        assert_eq!(again.configurations("d").len(), 1, "only `other` was left");
+        assert!(again.lookup("d", &before["cam2839"]).is_none());
+        // An unreadable file is a first start.
+        std::fs::write(&reports, b"[").unwrap();
+        assert!(open().configurations("d").is_empty());
     }
 
     /// A restarted agent is told of both colliding devices at once: the names file gives each

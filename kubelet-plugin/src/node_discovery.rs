@@ -4,13 +4,13 @@
 //! devices the streams report kept here, per sink and group. The sinks ([`crate::dra_sink`],
 //! [`crate::legacy`]) only read what is kept.
 
-use crate::discovery::{DiscoveryEvent, Handlers};
+use crate::discovery::{Access, DiscoveryEvent, Handlers};
 use crate::discovery_errors::DiscoveryErrors;
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use crate::properties::PropertySources;
 use crate::startup::StartupGate;
 use crate::streams::{StreamEvent, StreamSpec, Streams};
-use akri_api::v1::{DiscoveryConfiguration, DiscoveryProperty};
+use akri_api::v1::{ContainerAccess, DiscoveryConfiguration, DiscoveryProperty};
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -39,6 +39,9 @@ pub struct Wanted {
     pub properties: Vec<DiscoveryProperty>,
     pub capacity: i32,
     pub unique_devices: bool,
+    /// What its devices may bring into containers (the configuration's own word; `None`:
+    /// the handler kind's, [`NodeDiscovery::handler_access`]).
+    pub container_access: Option<ContainerAccess>,
 }
 
 impl Wanted {
@@ -55,6 +58,7 @@ impl Wanted {
             properties: handler.discovery_properties.clone(),
             capacity: config.spec.capacity,
             unique_devices: config.spec.unique_devices,
+            container_access: config.spec.container_access.clone(),
         })
     }
 
@@ -74,12 +78,52 @@ impl Wanted {
                 .collect(),
             capacity: i32::try_from(config.spec.capacity).unwrap_or(i32::MAX),
             unique_devices: config.spec.unique_devices(),
+            // A v0 Configuration says nothing of it: its handler kind's.
+            container_access: None,
         })
     }
 }
 
 /// A group of a sink whose devices changed.
 pub type Changed = (Sink, String);
+
+/// The devices `access` lets into containers, and why the others are refused (the first few
+/// named): a refused device is left out, its configuration's other devices are kept.
+fn admitted(
+    devices: Vec<crate::discovery::DiscoveredDevice>,
+    access: &Access,
+) -> (Vec<crate::discovery::DiscoveredDevice>, Option<String>) {
+    const NAMED: usize = 3;
+    let mut refused = Vec::new();
+    let devices = (devices.into_iter())
+        .filter(|device| match access.check(device) {
+            Ok(()) => true,
+            Err(why) => {
+                refused.push(format!("device {} refused: {why}", device.id));
+                false
+            }
+        })
+        .collect();
+    let why = (!refused.is_empty()).then(|| {
+        let mut why = refused
+            .iter()
+            .take(NAMED)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("; ");
+        if refused.len() > NAMED {
+            why.push_str(&format!("; and {} more", refused.len() - NAMED));
+        }
+        why + " (the configuration's containerAccess, or its handler's default, does not allow it)"
+    });
+    (devices, why)
+}
+
+/// How long a restarted agent keeps a configuration's devices as an earlier process last
+/// heard them ([`NodeDevices::carrying_reports`]) while its handler has not reported again:
+/// long enough for a slow handler (OPC UA servers behind connect timeouts, cameras that
+/// answer late), short enough that a handler gone for good takes its devices with it.
+pub const CARRY_REPORTS_FOR: Duration = Duration::from_secs(300);
 
 /// The node's discovery: its streams, the devices they reported, why some fail.
 pub struct NodeDiscovery {
@@ -100,6 +144,11 @@ pub struct NodeDiscovery {
     /// since. Their devices' health is vouched for; the others' decays in the kubelet.
     answering: BTreeSet<String>,
     events: mpsc::Sender<StreamEvent>,
+    /// When this process started: carried devices go [`CARRY_REPORTS_FOR`] after.
+    started: tokio::time::Instant,
+    /// What the devices of each handler kind may bring into containers where a configuration
+    /// does not say (the operator's word over the built-in defaults of [`Access::of`]).
+    handler_access: BTreeMap<String, ContainerAccess>,
 }
 
 impl NodeDiscovery {
@@ -129,7 +178,16 @@ impl NodeDiscovery {
             refused: BTreeSet::new(),
             answering: BTreeSet::new(),
             events,
+            started: tokio::time::Instant::now(),
+            handler_access: BTreeMap::new(),
         }
+    }
+
+    /// What each handler kind's devices may bring into containers where their configuration
+    /// does not say; a kind not named keeps its built-in default ([`Access::of`]).
+    pub fn handler_access(mut self, access: BTreeMap<String, ContainerAccess>) -> Self {
+        self.handler_access = access;
+        self
     }
 
     /// Notified when an object that discovery properties reference changes.
@@ -176,8 +234,20 @@ impl NodeDiscovery {
         let (sink, group, name) = (wanted.sink, wanted.group.clone(), wanted.name.clone());
         match event.event {
             DiscoveryEvent::Devices(devices) => {
+                let configured = (wanted.container_access.as_ref())
+                    .or_else(|| self.handler_access.get(&wanted.handler));
+                let access = Access::of(configured, &wanted.handler);
+                let (devices, refused) = admitted(devices, &access);
                 if sink == Sink::Dra {
-                    self.errors.discovery.remove(&name);
+                    match refused {
+                        Some(why) => {
+                            let message = format!("handler {}: {why}", event.handler.name);
+                            self.errors.discovery.insert(name.clone(), message)
+                        }
+                        None => self.errors.discovery.remove(&name),
+                    };
+                } else if let Some(why) = refused {
+                    tracing::warn!(configuration = %event.configuration, handler = %event.handler.name, %why, "devices refused");
                 }
                 if let Some(gate) = self.gates.get_mut(&sink) {
                     gate.answered(&event.configuration);
@@ -258,6 +328,30 @@ impl NodeDiscovery {
         }
         self.sources
             .retain(wanted.iter().flat_map(|w| &w.properties));
+        changed.extend(self.drop_carried(wanted));
+        changed
+    }
+
+    /// Drops the devices carried over from an earlier process ([`NodeDevices::carried`]) of
+    /// configurations no longer wanted (once the sink's configurations are listed) and, after
+    /// [`CARRY_REPORTS_FOR`], of those whose handler never reported again.
+    fn drop_carried(&mut self, wanted: &[Wanted]) -> BTreeSet<Changed> {
+        let expired = self.started.elapsed() >= CARRY_REPORTS_FOR;
+        let mut changed = BTreeSet::new();
+        for (sink, devices) in &self.devices {
+            let listed = self.gates.get(sink).is_some_and(StartupGate::listed);
+            for (group, name) in devices.carried() {
+                let still_wanted =
+                    (wanted.iter()).any(|w| w.sink == *sink && w.group == group && w.name == name);
+                if !(expired || (listed && !still_wanted)) {
+                    continue;
+                }
+                if devices.remove(&group, &name) {
+                    tracing::info!(configuration = %name, sink = ?sink, still_wanted, "dropped the devices an earlier process last heard of: their handler did not report again");
+                    changed.insert((*sink, group));
+                }
+            }
+        }
         changed
     }
 
@@ -366,6 +460,7 @@ mod tests {
             properties: Vec::new(),
             capacity: 1,
             unique_devices: true,
+            container_access: None,
         }
     }
 
@@ -536,6 +631,121 @@ mod tests {
         );
         discovery.on_event(report("cams", "onvif", &["a"]));
         assert!(discovery.open(Sink::Dra, &wanted, &registered));
+    }
+
+    /// A restarted agent keeps the devices its handlers last reported (the file an earlier
+    /// process left) past the start-up wait, for a handler that is slow to report; they go
+    /// with their configuration, or once [`CARRY_REPORTS_FOR`] passed without a report.
+    #[tokio::test(start_paused = true)]
+    async fn devices_an_earlier_process_heard_of_stay_until_their_handler_reports_or_a_while() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("reports.json");
+        // A (re)started discovery, and the receiver of its streams' reports.
+        let restarted = || {
+            let (tx, rx) = mpsc::channel(8);
+            let devices = BTreeMap::from([(
+                Sink::Dra,
+                NodeDevices::new("node-a", false).carrying_reports(&file),
+            )]);
+            let wait = Duration::from_secs(30);
+            let discovery =
+                NodeDiscovery::new(client(), ("node-a", "uid"), devices, wait, None, tx);
+            (discovery, rx)
+        };
+        let (slow, gone, late) = (
+            wanted("slow", Sink::Dra, "opcua"),
+            wanted("gone", Sink::Dra, "opcua"),
+            wanted("late", Sink::Dra, "opcua"),
+        );
+        let driver = "opcua.akri.sh";
+        {
+            let (mut before, _reports) = restarted();
+            let all = [slow.clone(), gone.clone(), late.clone()];
+            before.sync(&all, &handlers(&["opcua"])).await;
+            for key in ["slow", "gone", "late"] {
+                before.on_event(report(key, "opcua", &["server-0"]));
+            }
+        }
+
+        // Restarted: `gone` was deleted meanwhile; the handler is slow to report.
+        let (mut discovery, _reports) = restarted();
+        let known = |d: &NodeDiscovery| -> BTreeSet<String> {
+            d.devices(Sink::Dra)
+                .known(driver)
+                .into_iter()
+                .map(|k| k.configuration)
+                .collect()
+        };
+        assert_eq!(
+            known(&discovery).len(),
+            3,
+            "all three as they were, before any listing"
+        );
+        let wanted = [slow.clone(), late.clone()];
+        let registered = handlers(&["opcua"]);
+        assert!(
+            discovery.sync(&wanted, &registered).await.is_empty(),
+            "nothing known to be gone yet"
+        );
+        discovery.listed(Sink::Dra);
+        let changed = discovery.sync(&wanted, &registered).await;
+        assert_eq!(changed, BTreeSet::from([(Sink::Dra, driver.to_string())]));
+        assert_eq!(
+            known(&discovery),
+            BTreeSet::from(["late".into(), "slow".into()])
+        );
+        // Past the start-up wait the gate opens with the slow handler's devices still there.
+        tokio::time::advance(Duration::from_secs(31)).await;
+        assert!(discovery.open(Sink::Dra, &wanted, &registered));
+        assert!(discovery.sync(&wanted, &registered).await.is_empty());
+        assert_eq!(known(&discovery).len(), 2);
+        // `slow` reports (what it reports is what counts); `late` never does.
+        discovery.on_event(report("slow", "opcua", &["server-0", "server-1"]));
+        tokio::time::advance(CARRY_REPORTS_FOR).await;
+        let changed = discovery.sync(&wanted, &registered).await;
+        assert_eq!(changed, BTreeSet::from([(Sink::Dra, driver.to_string())]));
+        assert_eq!(known(&discovery), BTreeSet::from(["slow".into()]));
+        assert_eq!(discovery.devices(Sink::Dra).known(driver).len(), 2);
+    }
+
+    /// A device outside what its configuration lets into containers is left out, with the
+    /// reason in the configuration's status; its other devices, and other configurations,
+    /// are kept.
+    #[tokio::test]
+    async fn a_device_bringing_more_than_allowed_is_refused_and_the_others_kept() {
+        let (mut discovery, _rx) = discovery(&[Sink::Dra]);
+        let wanted = [
+            wanted("cams", Sink::Dra, "onvif"),
+            wanted("usb", Sink::Dra, "udev"),
+        ];
+        discovery.sync(&wanted, &handlers(&["onvif", "udev"])).await;
+        let mut bad = report("cams", "onvif", &["good", "rooted"]);
+        if let DiscoveryEvent::Devices(devices) = &mut bad.event {
+            devices[1].mounts.push(crate::discovery::Mount {
+                container_path: "/host".into(),
+                host_path: "/".into(),
+                read_only: false,
+            });
+        }
+        discovery.on_event(bad);
+        discovery.on_event(report("usb", "udev", &["cam0"]));
+        let kept = |driver: &str| -> Vec<String> {
+            let known = discovery.devices(Sink::Dra).known(driver);
+            known.into_iter().map(|k| k.device.id).collect()
+        };
+        assert_eq!(kept("onvif.akri.sh"), ["good"]);
+        assert_eq!(kept("udev.akri.sh"), ["cam0"]);
+        let why = &discovery.errors.discovery["cams"];
+        assert!(
+            why.starts_with(
+                "handler onvif: device rooted refused: mount of / is not under an allowed prefix"
+            ),
+            "{why}"
+        );
+        assert!(!discovery.errors.discovery.contains_key("usb"));
+        // Reported without it: the refusal goes from the status.
+        discovery.on_event(report("cams", "onvif", &["good"]));
+        assert!(!discovery.errors.discovery.contains_key("cams"));
     }
 
     #[test]

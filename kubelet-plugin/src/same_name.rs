@@ -60,6 +60,7 @@ mod tests {
             properties: Vec::new(),
             capacity: 1,
             unique_devices: true,
+            container_access: None,
         }
     }
 

@@ -45,6 +45,11 @@ impl StartupGate {
         self.listed = true;
     }
 
+    /// Whether the configurations were listed (what is not among them is not wanted).
+    pub fn listed(&self) -> bool {
+        self.listed
+    }
+
     pub fn answered(&mut self, configuration: &str) {
         if !self.open {
             self.answered.insert(configuration.to_string());

@@ -655,9 +655,9 @@ async fn watch_instances(shared: Arc<Shared>) {
     }
 }
 
-/// Frees slots this node holds with no container behind them, and slots of nodes that are
-/// gone (deleted, or NotReady past the node-lost grace: [`akri_devices::node_lost`]), once
-/// they stayed so for the grace period.
+/// Frees slots this node holds with no container behind them, and, on devices this node
+/// reaches, slots of nodes that are gone (deleted, or NotReady past the node-lost grace:
+/// [`akri_devices::node_lost`]), once they stayed so for the grace period.
 async fn reclaim(shared: Arc<Shared>) {
     let socket = shared
         .config
@@ -712,6 +712,12 @@ async fn reclaim(shared: Arc<Shared>) {
                         .get(&format!("{RESOURCE_PREFIX}{resource}"))
                         .is_some_and(|ids| ids.contains(id))
                 } else {
+                    // Another node's slot, freed only on a device this node reaches: the
+                    // chart's admission policy refuses the rest (a node that does not reach a
+                    // device has no say in its slots).
+                    if !instance.spec.is_reachable_from(&node) {
+                        continue;
+                    }
                     if !gone_nodes.contains_key(holder) {
                         let gone = match nodes.get_opt(holder).await {
                             Ok(None) => true,

@@ -217,6 +217,9 @@ pub fn convert(
             },
             capacity: i32::try_from(spec.capacity).expect("checked against the maximum"),
             unique_devices: spec.unique_devices(),
+            // The handler's default, which is what its devices brought under Akri too (but
+            // for what the default refuses: host mounts and other nodes from network handlers).
+            container_access: None,
         },
         status: None,
     };

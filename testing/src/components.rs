@@ -153,9 +153,20 @@ pub fn spawn_broker_controller(
     client: &kube::Client,
     namespace: &str,
 ) -> (JoinHandle<()>, akri_broker_controller::metrics::Metrics) {
+    spawn_broker_controller_serving(client, namespace, None)
+}
+
+/// [`spawn_broker_controller`] serving the BrokerTemplates of `served` namespaces only
+/// (`--namespaces`), or of all.
+pub fn spawn_broker_controller_serving(
+    client: &kube::Client,
+    namespace: &str,
+    served: Option<&[&str]>,
+) -> (JoinHandle<()>, akri_broker_controller::metrics::Metrics) {
     use akri_broker_controller::controller::{self, ControllerConfig};
     let mut config = ControllerConfig::new(namespace);
     config.debounce = Duration::from_millis(100);
+    config.namespaces = served.map(|s| s.iter().map(|n| n.to_string()).collect());
     let metrics = akri_broker_controller::metrics::Metrics::default();
     let task = tokio::spawn(controller::run(client.clone(), config, metrics.clone()));
     (task, metrics)

@@ -48,7 +48,7 @@ pub use error::Error;
 pub use kubelet_peer::KubeletPeer;
 pub use loop_device::LoopDevice;
 pub use process::Component;
-pub use proxy::TcpProxy;
+pub use proxy::{TcpProxy, UnixRelay};
 pub use real_node::RealNode;
 pub use slow_lists::SlowLists;
 

@@ -1,5 +1,6 @@
 //! A loopback TCP proxy a test can stall: a network partition between one client and its
-//! server, without touching either. TLS passes through untouched (the proxy never looks at
+//! server, without touching either; and a Unix socket relay that can stop passing bytes (a
+//! wedged or slow process behind a socket). TLS passes through untouched (the proxy never looks at
 //! the bytes), so a client that trusts the server trusts it through the proxy too.
 
 use crate::Error;
@@ -180,4 +181,72 @@ async fn forward(
         }
     }
     let _ = to.shutdown().await;
+}
+
+/// A Unix socket relay to a handler that can stop passing bytes, in both directions and on
+/// every connection, as the socket of a stopped (SIGSTOP) or wedged process does: connecting
+/// still works, nothing is answered, not even HTTP/2 pings.
+pub struct UnixRelay {
+    /// Where clients connect.
+    pub socket: std::path::PathBuf,
+    open: tokio::sync::watch::Sender<bool>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl UnixRelay {
+    /// Relays connections on `socket` to `upstream`, connecting to it anew for each one (so
+    /// a restarted upstream is reached again).
+    pub fn start(socket: std::path::PathBuf, upstream: std::path::PathBuf) -> UnixRelay {
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let (open, _) = tokio::sync::watch::channel(true);
+        let passing = open.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else {
+                    continue;
+                };
+                let ((client_read, client_write), (server_read, server_write)) =
+                    (client.into_split(), server.into_split());
+                tokio::spawn(Self::pump(client_read, server_write, passing.subscribe()));
+                tokio::spawn(Self::pump(server_read, client_write, passing.subscribe()));
+            }
+        });
+        UnixRelay {
+            socket,
+            open,
+            _task: task,
+        }
+    }
+
+    /// Stops (`false`) or resumes passing bytes.
+    pub fn pass(&self, open: bool) {
+        self.open.send_replace(open);
+    }
+
+    async fn pump(
+        mut from: tokio::net::unix::OwnedReadHalf,
+        mut to: tokio::net::unix::OwnedWriteHalf,
+        mut open: tokio::sync::watch::Receiver<bool>,
+    ) {
+        let mut buffer = vec![0; 64 * 1024];
+        loop {
+            if open.wait_for(|open| *open).await.is_err() {
+                return;
+            }
+            // Reading is cancel-safe: a read given up when the relay stops loses nothing.
+            let read = tokio::select! {
+                read = from.read(&mut buffer) => read,
+                _ = open.wait_for(|open| !*open) => continue,
+            };
+            let n = match read {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            if open.wait_for(|open| *open).await.is_err()
+                || to.write_all(&buffer[..n]).await.is_err()
+            {
+                return;
+            }
+        }
+    }
 }

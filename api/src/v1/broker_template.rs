@@ -116,6 +116,11 @@ pub struct BrokerTemplateStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub managed_kinds: Vec<String>,
+    /// The template's Jobs that finished, as `<name> <digest>`: not run again (after their
+    /// `ttlSecondsAfterFinished`, say) until the template renders them differently.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "set"))]
+    pub finished_jobs: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -44,6 +44,45 @@ pub struct DiscoveryConfigurationSpec {
     /// as cameras), or may get several slots of one device (`false`, devices as compute).
     #[serde(default = "default_unique_devices")]
     pub unique_devices: bool,
+
+    /// What the devices may bring into the containers that use them, besides environment
+    /// variables (their properties). A device whose handler reports more is refused on its
+    /// node, with the reason in `status.discoveryErrors`; the configuration's other devices are
+    /// published. Absent: the handler's default, `udev`: device nodes under `/dev/` (not
+    /// `/dev/mem`, `/dev/kmem`, `/dev/port`), read-write; every other handler: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container_access: Option<ContainerAccess>,
+}
+
+/// Host paths a configuration's devices may bring into containers.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerAccess {
+    /// Device nodes whose host path starts with one of these (`/dev/video` allows
+    /// `/dev/video0`), with cgroup permissions `r` and `m` (mknod of that device only), and
+    /// `w` if `writable`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub device_nodes: Vec<HostPathPrefix>,
+    /// Mounts whose host path starts with one of these, read-only unless `writable`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub mounts: Vec<HostPathPrefix>,
+}
+
+/// A host path prefix, as text.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathPrefix {
+    #[schemars(length(min = 2, max = 4096))]
+    #[x_kube(
+        validation = Rule::new("self.startsWith('/')").message("a host path prefix must be absolute"),
+        validation = Rule::new("!self.split('/').exists(c, c == '..')").message("a host path prefix must not contain '..'"),
+    )]
+    pub path: String,
+    /// Whether containers may write (device nodes: `rw`; mounts: not read-only).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable: bool,
 }
 
 fn default_capacity() -> i32 {

@@ -350,6 +350,32 @@ async fn discovery_configuration_v1() {
     )
     .await;
 
+    // What devices may bring into containers: absolute prefixes, never `..`.
+    for (path, expected) in [
+        ("dev/ttyUSB", "a host path prefix must be absolute"),
+        ("/dev/../etc", "a host path prefix must not contain '..'"),
+    ] {
+        assert_rejected(
+            &api,
+            kind.0,
+            kind.1,
+            json!({ "discoveryHandler": { "name": "serial" },
+                    "containerAccess": { "mounts": [{ "path": path }] } }),
+            expected,
+        )
+        .await;
+    }
+    let access = json!({ "discoveryHandler": { "name": "serial" }, "containerAccess": {
+        "deviceNodes": [{ "path": "/dev/ttyUSB", "writable": true }],
+        "mounts": [{ "path": "/var/lib/serial-firmware/" }],
+    } });
+    api.create(
+        &PostParams::default(),
+        &object(kind.0, kind.1, &ControlPlane::unique_name("serial"), access),
+    )
+    .await
+    .expect("containerAccess with absolute prefixes");
+
     // Changes that would strand allocations.
     let mut renamed = valid.clone();
     renamed["discoveryHandler"]["name"] = json!("udev");

@@ -34,6 +34,11 @@ impl Drop for Setup {
 }
 
 async fn setup() -> Setup {
+    setup_serving(false).await
+}
+
+/// With `only_apps`, the broker-controller serves the apps namespace only (`--namespaces`).
+async fn setup_serving(only_apps: bool) -> Setup {
     let (cp, client, instances_ns, apps) = support::akri_and_apps(ControlPlaneOptions {
         controller_manager: true,
         ..Default::default()
@@ -41,9 +46,15 @@ async fn setup() -> Setup {
     .await;
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();
+    let served = [apps.as_str()];
     let tasks = vec![
         support::spawn_driver_controller(&client, &instances_ns),
-        support::spawn_broker_controller(&client, &instances_ns).0,
+        support::spawn_broker_controller_serving(
+            &client,
+            &instances_ns,
+            only_apps.then_some(&served[..]),
+        )
+        .0,
     ];
     Setup {
         _cp: cp,
@@ -101,7 +112,11 @@ impl Setup {
     }
 
     async fn apply_template(&self, name: &str, spec: Value) {
-        self.templates()
+        self.apply_template_in(&self.templates(), name, spec).await
+    }
+
+    async fn apply_template_in(&self, templates: &Api<BrokerTemplate>, name: &str, spec: Value) {
+        templates
             .patch(
                 name,
                 &PatchParams::apply("test").force(),
@@ -311,4 +326,240 @@ async fn objects_follow_instances_and_the_template() {
         (pods + services + claims == 0).then_some(())
     })
     .await;
+}
+
+/// Someone else's object of a name the template renders is never taken over (nor deleted
+/// with the template): the status names it. An Instance whose objects cannot be rendered
+/// for a moment (a property gone) keeps them as they are; nothing is pruned until a definite
+/// change.
+#[tokio::test]
+async fn what_the_template_did_not_make_is_left_alone_and_a_passing_gap_prunes_nothing() {
+    let s = setup().await;
+    s.discovery("cams").await;
+    s.instance("cams", "cams-aaaaaa", "1080p").await;
+    s.instance("cams", "cams-bbbbbb", "720p").await;
+    // A user's Service, of the name the template will render for cams-bbbbbb.
+    let users: Service = from_json(json!({
+        "metadata": { "name": "cams-bbbbbb-svc", "labels": { "owner": "user" } },
+        "spec": { "selector": { "app": "mine" }, "ports": [{ "port": 9000 }] },
+    }));
+    let users = s
+        .services()
+        .create(&PostParams::default(), &users)
+        .await
+        .unwrap();
+    s.apply_template("cams", pod_and_service_per_instance())
+        .await;
+    // Everything else made: cams-aaaaaa's 3 objects, cams-bbbbbb's Pod and claim template,
+    // the global Service.
+    let (ready, message) = s.status("cams", 1, 6).await;
+    assert_eq!(ready, "False");
+    assert!(
+        message.contains(
+            "Service cams-bbbbbb-svc: a Service of that name exists that this template did not make"
+        ),
+        "the status names the object in the way: {message}"
+    );
+    let after = s.services().get("cams-bbbbbb-svc").await.unwrap();
+    assert_eq!(after.uid(), users.uid());
+    assert_eq!(
+        after.metadata.labels, users.metadata.labels,
+        "not labelled as ours"
+    );
+    assert!(
+        after.metadata.owner_references.is_none(),
+        "not owned by the template"
+    );
+    assert_eq!(after.spec.unwrap().ports.unwrap()[0].port, 9000);
+
+    // A property the template needs gone from cams-aaaaaa (a handler's report in flux): its
+    // objects stay as they are until it is back or the Instance goes.
+    let pod = s.pods().get("cams-aaaaaa-pod").await.unwrap().uid();
+    Api::<Instance>::namespaced(s.client.clone(), &s.instances_ns)
+        .patch(
+            "cams-aaaaaa",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "brokerProperties": { "RESOLUTION": null } } })),
+        )
+        .await
+        .unwrap();
+    // Managed now: its claim template and Service (they render), cams-bbbbbb's two, the
+    // global Service; its Pod is kept, not managed.
+    let (_, message) = s.status("cams", 0, 5).await;
+    assert!(message.contains("RESOLUTION"), "{message}");
+    assert_eq!(s.pods().get("cams-aaaaaa-pod").await.unwrap().uid(), pod);
+    s.services().get("cams-aaaaaa-svc").await.unwrap();
+    // The Instance gone: a definite change, its objects go.
+    s.delete_instance("cams-aaaaaa").await;
+    eventually("the gone Instance's pod deleted", async || {
+        s.pods()
+            .get_opt("cams-aaaaaa-pod")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+
+    // The template deleted: the user's Service stays.
+    s.templates()
+        .delete("cams", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the template's objects gone", async || {
+        s.pods()
+            .get_opt("cams-bbbbbb-pod")
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        s.services().get("cams-bbbbbb-svc").await.unwrap().uid(),
+        users.uid()
+    );
+}
+
+/// A broker Pod that failed (evicted) is made again; a Job that finished is not run again
+/// when its `ttlSecondsAfterFinished` removed it.
+#[tokio::test]
+async fn a_failed_broker_pod_is_replaced_and_a_finished_job_is_not_run_again() {
+    use k8s_openapi::api::batch::v1::Job;
+    let s = setup().await;
+    s.discovery("cams").await;
+    s.instance("cams", "cams-aaaaaa", "1080p").await;
+    let mut spec = pod_and_service_per_instance();
+    spec["globalBrokerResources"] = json!([{
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": { "name": "$(AKRI_CONFIGURATION)-setup" },
+        "spec": { "ttlSecondsAfterFinished": 0, "template": { "spec": {
+            "restartPolicy": "Never", "containers": [{ "name": "setup", "image": "setup:1" }],
+        }}},
+    }]);
+    s.apply_template("cams", spec).await;
+    s.status("cams", 1, 4).await;
+
+    // Evicted, as the kubelet reports it.
+    let first = s.pods().get("cams-aaaaaa-pod").await.unwrap().uid();
+    s.pods()
+        .patch_status(
+            "cams-aaaaaa-pod",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": {
+                "phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory.",
+            } })),
+        )
+        .await
+        .unwrap();
+    eventually("the evicted broker pod replaced", async || {
+        let pod = s.pods().get_opt("cams-aaaaaa-pod").await.ok()??;
+        let phase = pod.status.as_ref().and_then(|s| s.phase.clone());
+        (pod.uid() != first && phase.as_deref() != Some("Failed")).then_some(())
+    })
+    .await;
+
+    // The Job's pod succeeds (the controller-manager's Job controller then completes the
+    // Job, and its TTL controller deletes it).
+    let jobs = Api::<Job>::namespaced(s.client.clone(), &s.apps);
+    let job_pod = eventually("the Job's pod", async || {
+        let pods = s
+            .pods()
+            .list(
+                &kube::api::ListParams::default().labels("batch.kubernetes.io/job-name=cams-setup"),
+            )
+            .await
+            .ok()?;
+        pods.items.into_iter().next()
+    })
+    .await;
+    s.pods()
+        .patch_status(
+            &job_pod.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "phase": "Succeeded" } })),
+        )
+        .await
+        .unwrap();
+    eventually("the finished Job removed by its TTL", async || {
+        jobs.get_opt("cams-setup")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    eventually("the finished Job in the template's status", async || {
+        let status = s.templates().get("cams").await.ok()?.status?;
+        status
+            .finished_jobs
+            .iter()
+            .any(|j| j.starts_with("cams-setup "))
+            .then_some(())
+    })
+    .await;
+    // Passes come on every change of the template's Pods and Jobs; one more, and still no Job.
+    s.instance("cams", "cams-bbbbbb", "720p").await;
+    s.status("cams", 2, 6).await;
+    assert!(
+        jobs.get_opt("cams-setup").await.unwrap().is_none(),
+        "the finished Job ran again"
+    );
+}
+
+/// A broker-controller that serves some namespaces (the chart's `brokerController.namespaces`)
+/// makes nothing for a template elsewhere, and says so in its status.
+#[tokio::test]
+async fn a_template_outside_the_served_namespaces_makes_nothing_and_says_why() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let s = setup_serving(true).await;
+    s.discovery("cams").await;
+    s.instance("cams", "cams-aaaaaa", "1080p").await;
+    let elsewhere = ControlPlane::unique_name("elsewhere");
+    Api::<Namespace>::all(s.client.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(json!({ "metadata": { "name": elsewhere } })),
+        )
+        .await
+        .unwrap();
+    let foreign = Api::<BrokerTemplate>::namespaced(s.client.clone(), &elsewhere);
+    s.apply_template_in(&foreign, "cams", pod_and_service_per_instance())
+        .await;
+    s.apply_template("cams", pod_and_service_per_instance())
+        .await;
+    s.status("cams", 1, 4).await;
+    let condition = eventually("the foreign template's status", async || {
+        let status = foreign.get("cams").await.ok()?.status?;
+        status.conditions.into_iter().find(|c| c.type_ == "Ready")
+    })
+    .await;
+    assert_eq!(
+        (condition.status.as_str(), condition.reason.as_str()),
+        ("False", "NamespaceNotServed")
+    );
+    assert!(
+        condition
+            .message
+            .contains(&format!("only in the namespaces [{}]", s.apps))
+            && condition.message.contains(&format!("not in {elsewhere}")),
+        "{}",
+        condition.message
+    );
+    let pods = Api::<Pod>::namespaced(s.client.clone(), &elsewhere);
+    let services = Api::<Service>::namespaced(s.client.clone(), &elsewhere);
+    assert!(
+        pods.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
+    assert!(
+        services
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
 }

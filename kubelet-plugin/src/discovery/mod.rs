@@ -11,6 +11,7 @@
 //! - [`connect`], [`state_file`], [`backoff`]: the client side of the sockets, the registry's
 //!   file, the retry schedule.
 
+pub mod access;
 pub mod backoff;
 /// The embedded debugEcho handler: the same crate as its own binary.
 pub use akri_debug_echo as debug_echo;
@@ -22,6 +23,7 @@ pub mod registry;
 pub mod state_file;
 pub mod stream;
 
+pub use access::Access;
 pub use device::{DeviceSpec, DiscoveredDevice, InvalidDevices, Mount};
 pub use handler::{Endpoint, RegisteredHandler};
 pub use registry::{Handlers, Registry};

@@ -3,8 +3,10 @@
 //! file (see [`super::state_file`]), and publishes the set through a `watch` channel.
 //!
 //! A registration under a name already known replaces that handler's endpoint and `shared`
-//! flag (one endpoint per name). Registering the same thing again changes nothing and wakes
-//! no one. Handlers are never dropped because their endpoint fails: the discovery streams
+//! flag (one endpoint per name), but only once the endpoint registered before stops
+//! answering: while it lives, no other endpoint takes the name (and with it the Secret-derived
+//! properties of the name's configurations). Registering the same thing again changes nothing
+//! and wakes no one. Handlers are never dropped because their endpoint fails: the discovery streams
 //! retry and report the failure; [`Registry::deregister`] removes one explicitly.
 
 use super::handler::RegisteredHandler;
@@ -193,8 +195,20 @@ impl Drop for Registry {
 
 impl Shared {
     /// Records `handler`; refuses a name that differs only in case from another handler's
-    /// (both would be one DRA driver).
+    /// (both would be one DRA driver), and a name whose registered endpoint is another one
+    /// that still answers.
     async fn register(&self, handler: RegisteredHandler) -> Result<(), String> {
+        let before = self.handlers.borrow().get(&handler.name).cloned();
+        if let Some(before) = before
+            && before.endpoint != handler.endpoint
+            && answers(&before.endpoint).await
+        {
+            tracing::warn!(handler = %handler.name, registered = %before.endpoint, refused = %handler.endpoint, "refused a second endpoint for a discovery handler whose endpoint still answers");
+            return Err(format!(
+                "discovery handler {:?} is registered from {}, which still answers; another endpoint ({}) takes the name only once it stops",
+                handler.name, before.endpoint, handler.endpoint
+            ));
+        }
         let (name, endpoint, shared) = (
             handler.name.clone(),
             handler.endpoint.to_string(),
@@ -289,4 +303,15 @@ impl proto::registration_server::Registration for Service {
             "QueryDeviceInfo is not supported: this agent has no external device inventory to query",
         ))
     }
+}
+
+/// How long a registered endpoint has to accept a connection to count as alive.
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whether a handler serves on `endpoint` now (it accepts a gRPC connection).
+async fn answers(endpoint: &super::Endpoint) -> bool {
+    matches!(
+        tokio::time::timeout(ANSWER_TIMEOUT, super::connect::channel(endpoint)).await,
+        Ok(Ok(_))
+    )
 }

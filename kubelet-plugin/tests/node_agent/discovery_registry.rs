@@ -77,6 +77,27 @@ async fn registrations_over_grpc_survive_a_restart() {
 #[derive(Clone, Default)]
 struct Logs(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
+impl Logs {
+    /// Logs of this thread (the test runtime's one: the registry's tasks log here too) until
+    /// the guard is dropped. Every test of the registry's log lines captures, or a callsite's
+    /// interest, cached while another test logged nowhere, may drop its lines.
+    fn capture() -> (Logs, tracing::subscriber::DefaultGuard) {
+        let logs = Logs::default();
+        let writer = logs.clone();
+        let guard = tracing::subscriber::set_default(
+            tracing_subscriber::fmt()
+                .with_ansi(false)
+                .with_writer(move || writer.clone())
+                .finish(),
+        );
+        (logs, guard)
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
 impl std::io::Write for Logs {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(bytes);
@@ -87,19 +108,11 @@ impl std::io::Write for Logs {
     }
 }
 
-/// A name registered again from another endpoint is taken over, and the log names both
-/// endpoints, so an operator can tell which handler took the name.
+/// A name registered again from another endpoint, the first one no longer answering, is taken
+/// over, and the log names both endpoints, so an operator can tell which handler took the name.
 #[tokio::test]
 async fn a_name_taken_over_by_another_endpoint_is_logged_with_both() {
-    let logs = Logs::default();
-    let writer = logs.clone();
-    // The test runtime has one thread: the registry's tasks log to this subscriber too.
-    let _logging = tracing::subscriber::set_default(
-        tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_writer(move || writer.clone())
-            .finish(),
-    );
+    let (logs, _logging) = Logs::capture();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("agent-registration.sock");
     let registry = Registry::serve(&socket, &dir.path().join("handlers.json")).unwrap();
@@ -123,7 +136,7 @@ async fn a_name_taken_over_by_another_endpoint_is_logged_with_both() {
         registry.handlers()["udev"].endpoint,
         Endpoint::Uds(second.clone())
     );
-    let text = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let text = logs.text();
     let line = text
         .lines()
         .find(|l| l.contains("registered again from another endpoint"))
@@ -132,6 +145,50 @@ async fn a_name_taken_over_by_another_endpoint_is_logged_with_both() {
         line.contains(&first.display().to_string()) && line.contains(&second.display().to_string()),
         "{line}"
     );
+}
+
+/// While the endpoint a name was registered from answers, no other endpoint takes the name
+/// (a handler pod cannot take another's name, nor the Secret-derived properties its
+/// configurations pass it); once it stops answering, the next registration takes it over.
+#[tokio::test]
+async fn a_live_handlers_name_is_not_taken_over_by_another_endpoint() {
+    let (logs, _logging) = Logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("agent-registration.sock");
+    let registry = Registry::serve(&socket, &dir.path().join("handlers.json")).unwrap();
+    let (first, second) = (
+        dir.path().join("onvif-a.sock"),
+        dir.path().join("onvif-b.sock"),
+    );
+    let listening = tokio::net::UnixListener::bind(&first).unwrap();
+    let onvif = handler("onvif", Endpoint::Uds(first.clone()), false);
+    handler::register(&socket, &onvif).await.unwrap();
+    let impostor = handler("onvif", Endpoint::Uds(second.clone()), false);
+    let refused = handler::register(&socket, &impostor)
+        .await
+        .expect_err("the first endpoint still answers");
+    assert!(
+        refused.to_string().contains("which still answers"),
+        "{refused}"
+    );
+    assert_eq!(
+        registry.handlers()["onvif"].endpoint,
+        Endpoint::Uds(first.clone())
+    );
+    let text = logs.text();
+    let line = (text.lines())
+        .find(|l| l.contains("refused a second endpoint"))
+        .unwrap_or_else(|| panic!("no refusal line in:\n{text}"));
+    assert!(
+        line.contains(&first.display().to_string()) && line.contains(&second.display().to_string()),
+        "{line}"
+    );
+    // The first handler is gone (its socket file stays, nobody listens).
+    drop(listening);
+    handler::register(&socket, &impostor)
+        .await
+        .expect("a dead endpoint's name is free");
+    assert_eq!(registry.handlers()["onvif"].endpoint, Endpoint::Uds(second));
 }
 
 #[tokio::test]

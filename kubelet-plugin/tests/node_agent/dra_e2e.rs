@@ -31,6 +31,11 @@ async fn start_node_with(
 
 /// The devices of `node`'s pool of the debugEcho driver.
 async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
+    pool_devices_of(client, node, DRIVER).await
+}
+
+/// The devices of `node`'s pool of `driver`.
+async fn pool_devices_of(client: &kube::Client, node: &str, driver: &str) -> Vec<String> {
     let slices = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
@@ -38,7 +43,7 @@ async fn pool_devices(client: &kube::Client, node: &str) -> Vec<String> {
     slices
         .items
         .into_iter()
-        .filter(|s| s.spec.driver == DRIVER)
+        .filter(|s| s.spec.driver == driver)
         .flat_map(|s| s.spec.devices.unwrap_or_default())
         .map(|d| d.name)
         .collect()
@@ -73,10 +78,16 @@ async fn cluster() -> (ControlPlane, kube::Client, String, String) {
 /// The DiscoveryConfiguration `config` of debugEcho device `foo0`, and (the driver-controller's
 /// job, written here as it writes it) its DeviceClass.
 async fn echo_configuration(client: &kube::Client, config: &str) {
+    echo_configuration_of(client, config, "debugEcho").await
+}
+
+/// [`echo_configuration`] for a debugEcho registered as `handler`.
+async fn echo_configuration_of(client: &kube::Client, config: &str, handler: &str) {
+    let driver = akri_devices::driver_name(handler);
     let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
         "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
         "metadata": { "name": config },
-        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [foo0]" } },
+        "spec": { "discoveryHandler": { "name": handler, "discoveryDetails": "descriptions: [foo0]" } },
     }))
     .unwrap();
     Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
@@ -87,7 +98,7 @@ async fn echo_configuration(client: &kube::Client, config: &str) {
         .create(&PostParams::default(), &serde_json::from_value(json!({
             "metadata": { "name": config },
             "spec": { "selectors": [{ "cel": { "expression": format!(
-                "device.driver == '{DRIVER}' && device.attributes['akri.sh'].configuration == '{config}'"
+                "device.driver == '{driver}' && device.attributes['akri.sh'].configuration == '{config}'"
             ) } }] },
         })).unwrap())
         .await
@@ -1062,72 +1073,6 @@ async fn refuse_instances_described(client: &kube::Client, ns: &str, description
     .await;
 }
 
-/// A Unix socket relay to a handler that can stop passing bytes, in both directions and on
-/// every connection, as the socket of a stopped (SIGSTOP) or wedged process does: connecting
-/// still works, nothing is answered, not even HTTP/2 pings.
-struct Relay {
-    socket: std::path::PathBuf,
-    open: tokio::sync::watch::Sender<bool>,
-    _task: tokio::task::JoinHandle<()>,
-}
-
-impl Relay {
-    fn start(socket: std::path::PathBuf, upstream: std::path::PathBuf) -> Relay {
-        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
-        let (open, _) = tokio::sync::watch::channel(true);
-        let passing = open.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = tokio::net::UnixStream::connect(&upstream).await else {
-                    continue;
-                };
-                let ((client_read, client_write), (server_read, server_write)) =
-                    (client.into_split(), server.into_split());
-                tokio::spawn(Self::pump(client_read, server_write, passing.subscribe()));
-                tokio::spawn(Self::pump(server_read, client_write, passing.subscribe()));
-            }
-        });
-        Relay {
-            socket,
-            open,
-            _task: task,
-        }
-    }
-
-    /// Stops (`false`) or resumes passing bytes.
-    fn pass(&self, open: bool) {
-        self.open.send_replace(open);
-    }
-
-    async fn pump(
-        mut from: tokio::net::unix::OwnedReadHalf,
-        mut to: tokio::net::unix::OwnedWriteHalf,
-        mut open: tokio::sync::watch::Receiver<bool>,
-    ) {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut buffer = vec![0; 64 * 1024];
-        loop {
-            if open.wait_for(|open| *open).await.is_err() {
-                return;
-            }
-            // Reading is cancel-safe: a read given up when the relay stops loses nothing.
-            let read = tokio::select! {
-                read = from.read(&mut buffer) => read,
-                _ = open.wait_for(|open| !*open) => continue,
-            };
-            let n = match read {
-                Ok(0) | Err(_) => return,
-                Ok(n) => n,
-            };
-            if open.wait_for(|open| *open).await.is_err()
-                || to.write_all(&buffer[..n]).await.is_err()
-            {
-                return;
-            }
-        }
-    }
-}
-
 /// On the kubelet's own health manager (the peer runs it): the devices of a handler that
 /// stops answering decay to Unknown in the pod's status (the agent stops vouching for them
 /// and the library does not resend them), and are Healthy again once it answers.
@@ -1145,17 +1090,24 @@ async fn a_wedged_handlers_devices_turn_unknown_and_healthy_again_when_it_answer
         .wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
-    // debugEcho registers again, behind the relay, as a handler restarted elsewhere would.
-    let relay = Relay::start(echo.with_file_name("relay.sock"), echo);
+    // debugEcho, behind the relay, registered as a handler of its own (a live handler's name
+    // is not taken by another endpoint).
+    let relay = akri_testing::UnixRelay::start(echo.with_file_name("relay.sock"), echo);
     let behind_relay = akri_kubelet_plugin::discovery::RegisteredHandler {
-        name: "debugEcho".into(),
+        name: "wedgedEcho".into(),
         endpoint: akri_kubelet_plugin::discovery::Endpoint::Uds(relay.socket.clone()),
         shared: false,
     };
     akri_kubelet_plugin::discovery::handler::register(&registration, &behind_relay)
         .await
         .unwrap();
-    prepared_broker(&node, &client, &ns, &config).await;
+    let wedged_driver = akri_devices::driver_name("wedgedEcho");
+    echo_configuration_of(&client, &config, "wedgedEcho").await;
+    broker_pod(&client, &ns, &config).await;
+    eventually("the pod prepared", async || {
+        node.peer.prepare(&ns, "broker").await.ok()
+    })
+    .await;
     eventually("the device healthy in the pod's status", async || {
         (pod_health(&node.peer, &ns, "broker").await == ["Healthy"]).then_some(())
     })
@@ -1176,7 +1128,12 @@ async fn a_wedged_handlers_devices_turn_unknown_and_healthy_again_when_it_answer
         wedged.elapsed()
     );
     // Still published meanwhile: a wedged handler is not a vanished device.
-    assert_eq!(pool_devices(&client, &node.name).await.len(), 1);
+    assert_eq!(
+        pool_devices_of(&client, &node.name, &wedged_driver)
+            .await
+            .len(),
+        1
+    );
 
     relay.pass(true);
     let answering = std::time::Instant::now();

@@ -248,10 +248,11 @@ async fn template_renders_the_components_with_default_values() {
     ] {
         find(&objects, "Service", service);
     }
-    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 3);
+    // Slices, claim status, Instances, discovery errors; BrokerTemplates.
+    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 5);
     assert_eq!(
         of_kind(&objects, "ValidatingAdmissionPolicyBinding").len(),
-        3
+        5
     );
     // Secret and ConfigMap reads only in the release namespace when no propertyNamespaces are
     // listed, and references elsewhere refused on the node.
@@ -343,6 +344,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--embed-handlers=udev",
         "--consumable-capacity=on",
         "--property-namespaces=akri-credentials,cameras",
+        r#"--handler-container-access={"serial":{"deviceNodes":[{"path":"/dev/ttyUSB","writable":true}],"mounts":[{"path":"/var/lib/serial-firmware/"}]}}"#,
         "--metrics-address=[::]:9090",
         "--log-json",
         "--instance-grace-seconds=60",
@@ -916,15 +918,16 @@ async fn install_creates_every_object_of_both_releases() {
     let client = cp.client().await.unwrap();
     let helm = Helm::new();
     let kubeconfig = cp.kubeconfig().display().to_string();
-    // akri: 3 ServiceAccounts, 4 ClusterRoles and their bindings (the Secret reads by a
+    // akri: 3 ServiceAccounts, 5 ClusterRoles and their bindings (the Secret reads by a
     // RoleBinding in the release namespace), 2 Roles and their
-    // bindings, 3 Services, the DaemonSet, 2 Deployments, 3 admission policies and their
+    // bindings, 3 Services, the DaemonSet, 2 Deployments, 5 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
-    // ClusterRoleBinding, 4 DiscoveryConfigurations, 4 discovery handlers' DaemonSets and
-    // ServiceAccounts, and legacy mode's Configuration admission policy and its binding.
+    // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
+    // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts, and
+    // legacy mode's Configuration admission policy and its binding.
     for (release, ns, expected) in [
-        ("akri", &installed.default_ns, 27),
-        ("edge", &installed.full_ns, 42),
+        ("akri", &installed.default_ns, 33),
+        ("edge", &installed.full_ns, 48),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -1013,7 +1016,7 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
 
 /// What each component needs (read from its code and the README), and a selection of what
 /// it must not have, checked in the `edge` release (full values: propertyNamespaces listed,
-/// broker-controller on, Lease `akri-leader`). One row: component, verb,
+/// broker-controller on in the second of them only, Lease `akri-leader`). One row: component, verb,
 /// `group/resource[/subresource]` (`core` for the core group), where (`cluster`: cluster-scoped
 /// or every namespace; `release`: the release namespace; `property`: a listed
 /// propertyNamespace; `other`: any other namespace), object name or `-`, and `yes` or `no`.
@@ -1118,9 +1121,14 @@ broker-controller  patch   akri.sh/instances                         release   -
 broker-controller  create  akri.sh/instances                         release   -             no
 broker-controller  update  akri.sh/brokertemplates                   other     -             no
 broker-controller  patch   akri.sh/brokertemplates/status            other     -             yes
-broker-controller  patch   apps/deployments                          other     -             yes
-broker-controller  delete  core/pods                                 other     -             yes
-broker-controller  create  resource.k8s.io/resourceclaimtemplates    other     -             yes
+broker-controller  patch   apps/deployments                          property  -             yes
+broker-controller  patch   apps/deployments                          other     -             no
+broker-controller  delete  core/pods                                 property  -             yes
+broker-controller  watch   core/pods                                 property  -             yes
+broker-controller  delete  core/pods                                 other     -             no
+broker-controller  watch   core/pods                                 cluster   -             no
+broker-controller  create  resource.k8s.io/resourceclaimtemplates    property  -             yes
+broker-controller  create  resource.k8s.io/resourceclaimtemplates    other     -             no
 broker-controller  create  resource.k8s.io/resourceclaims            other     -             no
 broker-controller  create  core/secrets                              other     -             no
 broker-controller  get     core/secrets                              release   -             no
@@ -1144,6 +1152,7 @@ kubelet-plugin     patch   akri.sh/configurations                    cluster   -
 driver-controller  update  coordination.k8s.io/leases                release   akri-driver-controller  yes
 broker-controller  list    akri.sh/brokertemplates                   cluster   -             yes
 broker-controller  watch   core/pods                                 cluster   -             yes
+broker-controller  patch   apps/deployments                          other     -             yes
 broker-controller  patch   akri.sh/instances                         release   -             no
 broker-controller  update  coordination.k8s.io/leases                release   akri-broker-controller  yes
 ";
@@ -1939,4 +1948,553 @@ async fn baseline_pod_security_refuses_the_plugin_and_the_example_namespace_admi
             }
         }
     }
+}
+
+/// Retries `write` (a write the policy `name` refuses) until the policy refuses it: a policy
+/// takes effect a moment after the install created it.
+async fn policy_active<T>(name: &str, write: impl AsyncFn() -> Result<T, kube::Error>) {
+    akri_testing::eventually_within(
+        &format!("the {name} policy active"),
+        std::time::Duration::from_secs(30),
+        async || match write().await {
+            Err(kube::Error::Api(s)) if s.code == 403 => Some(()),
+            _ => None,
+        },
+    )
+    .await;
+}
+
+/// What the plugin's own claim-status writer (`dra_plugin::device_status`) answers, as the API
+/// server's answer.
+async fn write_device_status(
+    plugin: &kube::Client,
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    driver: &str,
+    devices: &[(&str, &str)],
+) -> Result<(), kube::Error> {
+    write_device_status_saying(plugin, claim, driver, devices, "cameras").await
+}
+
+/// [`write_device_status`] with `configuration` in each entry's data.
+async fn write_device_status_saying(
+    plugin: &kube::Client,
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+    driver: &str,
+    devices: &[(&str, &str)],
+    configuration: &str,
+) -> Result<(), kube::Error> {
+    use dra_plugin::device_status::{self, DeviceStatus};
+    let target = device_status::Claim {
+        namespace: claim.metadata.namespace.as_deref().unwrap(),
+        name: claim.metadata.name.as_deref().unwrap(),
+        uid: claim.metadata.uid.as_deref().unwrap(),
+    };
+    let devices: Vec<DeviceStatus> = devices
+        .iter()
+        .map(|(pool, device)| DeviceStatus {
+            pool: pool.to_string(),
+            device: device.to_string(),
+            share_id: None,
+            data: Some(json!({ "configuration": configuration })),
+        })
+        .collect();
+    match device_status::apply(plugin, target, driver, &devices).await {
+        Ok(()) => Ok(()),
+        Err(device_status::Error::Apply { cause, .. }) => Err(cause),
+    }
+}
+
+/// A ResourceClaim in `ns` allocated these (driver, pool, device) results, on the nodes
+/// `selector` (an allocation's node selector) selects, as the scheduler leaves it.
+async fn allocated_claim(
+    admin: &kube::Client,
+    ns: &str,
+    results: &[(&str, &str, &str)],
+    selector: Value,
+) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let claims = Api::<ResourceClaim>::namespaced(admin.clone(), ns);
+    let name = ControlPlane::unique_name("claim");
+    claims
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "metadata": { "name": name },
+                "spec": { "devices": { "requests": [{
+                    "name": "req",
+                    "exactly": { "deviceClassName": "akri", "count": results.len() },
+                }] } },
+            })),
+        )
+        .await
+        .unwrap();
+    let results: Vec<Value> = results
+        .iter()
+        .map(|(driver, pool, device)| {
+            json!({ "request": "req", "driver": driver, "pool": pool, "device": device })
+        })
+        .collect();
+    claims
+        .patch_status(
+            &name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": { "allocation": {
+                "devices": { "results": results },
+                "nodeSelector": selector,
+            } } })),
+        )
+        .await
+        .unwrap()
+}
+
+fn named_nodes(key: &str, nodes: &[&str], fields: bool) -> Value {
+    let requirement = json!([{ "key": key, "operator": "In", "values": nodes }]);
+    let term = if fields {
+        json!({ "matchFields": requirement })
+    } else {
+        json!({ "matchExpressions": requirement })
+    };
+    json!({ "nodeSelectorTerms": [term] })
+}
+
+/// The entries of a claim's status.devices, as (driver, pool, device).
+async fn device_entries(
+    admin: &kube::Client,
+    ns: &str,
+    name: &str,
+) -> Vec<(String, String, String)> {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    Api::<ResourceClaim>::namespaced(admin.clone(), ns)
+        .get(name)
+        .await
+        .unwrap()
+        .status
+        .and_then(|s| s.devices)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|d| (d.driver, d.pool, d.device))
+        .collect()
+}
+
+/// Asserts that a change of a claim's allocation or reservedFor is refused: by the API
+/// server itself where it authorizes them (`resourceclaims/binding`, 1.36 and later; a 422
+/// naming it), otherwise by the chart's policy.
+#[track_caller]
+fn binding_refused<T: std::fmt::Debug>(result: Result<T, kube::Error>, message: &str) {
+    match result {
+        Err(kube::Error::Api(status))
+            if status.code == 422 && status.message.contains("resourceclaims/binding") => {}
+        other => refused(other, message),
+    }
+}
+
+/// A claim's status.devices entries are its drivers': a kubelet-plugin writes those of Akri
+/// devices allocated to the claim, on claims allocated to its node (a local device's selector
+/// names the node, a shared device's the nodes that reach it), and never the allocation or
+/// reservedFor. On 1.34 nothing else stops it: its RBAC lets it patch every claim's status.
+#[tokio::test]
+async fn the_admission_policy_lets_a_kubelet_plugin_write_only_its_devices_claim_status() {
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let admin = cp.client().await.unwrap();
+    let ns = installed.default_ns.as_str();
+    let claims_ns = installed.other_ns.as_str();
+    let [a, b, c] = ["node-a", "node-b", "node-c"].map(ControlPlane::unique_name);
+    for node in [&a, &b, &c] {
+        cp.create_node(node).await.unwrap();
+    }
+    let plugin_a = plugin_client_on(cp, ns, Some(&a)).await;
+    let plugin_b = plugin_client_on(cp, ns, Some(&b)).await;
+    let plugin_c = plugin_client_on(cp, ns, Some(&c)).await;
+    let ours = "debugecho.akri.sh";
+
+    // A node-local device of node a, beside another driver's device.
+    let local = allocated_claim(
+        &admin,
+        claims_ns,
+        &[(ours, &a, "cam-0"), ("gpu.example.com", &a, "gpu-0")],
+        named_nodes("metadata.name", &[&a], true),
+    )
+    .await;
+    let local_name = local.metadata.name.clone().unwrap();
+    policy_active("ResourceClaim", async || {
+        write_device_status(&plugin_b, &local, ours, &[(&a, "cam-0")]).await
+    })
+    .await;
+    write_device_status(&plugin_a, &local, ours, &[(&a, "cam-0")])
+        .await
+        .expect("its own driver's entry of a claim allocated to its node");
+    assert_eq!(
+        device_entries(&admin, claims_ns, &local_name).await,
+        [(ours.to_string(), a.clone(), "cam-0".to_string())]
+    );
+    // Another node's plugin writing something else (writing what is there changes nothing).
+    refused(
+        write_device_status_saying(&plugin_b, &local, ours, &[(&a, "cam-0")], "forged").await,
+        &format!("on node '{b}' may write status.devices only of claims allocated to its own node"),
+    );
+    refused(
+        write_device_status(&plugin_a, &local, "gpu.example.com", &[(&a, "gpu-0")]).await,
+        &format!("allocated to the claim, not gpu.example.com/{a}/gpu-0"),
+    );
+    // The scheduler's and the kubelet's fields.
+    let claims = Api::<ResourceClaim>::namespaced(plugin_a.clone(), claims_ns);
+    binding_refused(
+        claims
+            .patch_status(
+                &local_name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": { "reservedFor": [{
+                    "resource": "pods", "name": "forged", "uid": "8c2b7d4e-0000-4000-8000-000000000001",
+                }] } })),
+            )
+            .await,
+        "may not change a ResourceClaim's status.allocation or status.reservedFor",
+    );
+    let unprepared = allocated_claim(
+        &admin,
+        claims_ns,
+        &[(ours, &a, "cam-1")],
+        named_nodes("metadata.name", &[&a], true),
+    )
+    .await;
+    binding_refused(
+        claims
+            .patch_status(
+                unprepared.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "status": { "allocation": null } })),
+            )
+            .await,
+        "may not change a ResourceClaim's status.allocation or status.reservedFor",
+    );
+    // Unprepared: its entries go again.
+    write_device_status(&plugin_a, &local, ours, &[])
+        .await
+        .expect("removing its own entries");
+    assert_eq!(device_entries(&admin, claims_ns, &local_name).await, []);
+
+    // A shared device, allocated for the nodes that reach it (a and b, by hostname label).
+    let shared = allocated_claim(
+        &admin,
+        claims_ns,
+        &[(ours, "shared-cameras", "cam-7")],
+        named_nodes("kubernetes.io/hostname", &[&a, &b], false),
+    )
+    .await;
+    write_device_status(&plugin_b, &shared, ours, &[("shared-cameras", "cam-7")])
+        .await
+        .expect("a shared device's entry from a node that reaches it");
+    refused(
+        write_device_status_saying(
+            &plugin_c,
+            &shared,
+            ours,
+            &[("shared-cameras", "cam-7")],
+            "forged",
+        )
+        .await,
+        &format!("on node '{c}' may write status.devices only of claims allocated to its own node"),
+    );
+}
+
+/// An Instance another node sees: a plugin joins it only if it is shared, never changes what
+/// names the device or selects its brokers, changes its properties only if it reaches the
+/// device, takes slots only for itself and frees only its own or, on a device it reaches,
+/// another node's (the reclaim of a gone node's slots).
+#[tokio::test]
+async fn the_admission_policy_keeps_a_kubelet_plugin_off_what_other_nodes_devices_hold() {
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let admin = cp.client().await.unwrap();
+    let ns = installed.default_ns.as_str();
+    let [a, b] = ["node-a", "node-b"].map(ControlPlane::unique_name);
+    for node in [&a, &b] {
+        cp.create_node(node).await.unwrap();
+    }
+    let plugin = instances(&plugin_client_on(cp, ns, Some(&a)).await, ns);
+    let admin_instances = instances(&admin, ns);
+    let name = ControlPlane::unique_name("cam");
+    let slot = |i: usize| format!("{name}-{i}");
+    let instance = |nodes: &[&str], shared: bool| -> DynamicObject {
+        from_json(json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance",
+            "metadata": { "name": name, "labels": { "akri.sh/source": "Configuration" } },
+            "spec": {
+                "configurationName": "cameras", "cdiName": format!("akri.sh/debugecho={name}"),
+                "capacity": 3, "shared": shared, "nodes": nodes,
+                "brokerProperties": { "IP": "10.0.0.1" },
+            },
+        }))
+    };
+    let mut held = instance(&[&b], true);
+    held.data["spec"]["deviceUsage"] =
+        json!({ slot(0): b, slot(1): "", slot(2): format!("C:0:{b}") });
+    held.metadata.finalizers = Some(vec![a.clone(), b.clone()]);
+    admin_instances
+        .create(&PostParams::default(), &held)
+        .await
+        .unwrap();
+    let (to, named) = (&plugin, &name);
+    let merge = |patch: Value| async move {
+        to.patch(named, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+    };
+    let usage = |slot: String, value: String| {
+        Patch::<()>::Json(
+            serde_json::from_value(json!([
+                { "op": "replace", "path": format!("/spec/deviceUsage/{slot}"), "value": value },
+            ]))
+            .unwrap(),
+        )
+    };
+    let properties = json!({ "spec": { "brokerProperties": { "IP": "10.6.6.6" } } });
+    policy_active("Instance", async || merge(properties.clone()).await).await;
+
+    // A node that does not reach it touches nothing of it.
+    refused(
+        merge(properties.clone()).await,
+        "may change the properties and capacity only of Instances its node reaches",
+    );
+    refused(
+        merge(json!({ "spec": { "capacity": 9 } })).await,
+        "may change the properties and capacity only of Instances its node reaches",
+    );
+    refused(
+        merge(json!({ "metadata": { "labels": { "akri.sh/source": "forged" } } })).await,
+        "may not change the configuration, CDI name, sharing",
+    );
+    refused(
+        plugin
+            .patch(&name, &PatchParams::default(), &usage(slot(1), a.clone()))
+            .await,
+        &format!("refused: {} ( -> {a})", slot(1)),
+    );
+    refused(
+        plugin
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &usage(slot(0), String::new()),
+            )
+            .await,
+        &format!("refused: {} ({b} -> )", slot(0)),
+    );
+
+    // Joining it, as the plugin does (server-side apply of its own entry).
+    plugin
+        .patch(
+            &name,
+            &node_manager(&a),
+            &Patch::Apply(instance(&[&a], true)),
+        )
+        .await
+        .expect("joining a shared Instance");
+    // Now it reaches the device: its slots and the device's properties.
+    plugin
+        .patch(&name, &PatchParams::default(), &usage(slot(1), a.clone()))
+        .await
+        .expect("taking a free slot for itself");
+    plugin
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &usage(slot(1), format!("C:3:{a}")),
+        )
+        .await
+        .expect("its own slot, now Configuration level");
+    refused(
+        plugin
+            .patch(&name, &PatchParams::default(), &usage(slot(0), a.clone()))
+            .await,
+        &format!("refused: {} ({b} -> {a})", slot(0)),
+    );
+    refused(
+        plugin
+            .patch(&name, &PatchParams::default(), &usage(slot(1), b.clone()))
+            .await,
+        &format!("refused: {} (C:3:{a} -> {b})", slot(1)),
+    );
+    plugin
+        .patch(
+            &name,
+            &PatchParams::default(),
+            &usage(slot(2), String::new()),
+        )
+        .await
+        .expect("freeing another node's slot of a device it reaches (a gone node's reclaim)");
+    refused(
+        merge(json!({ "spec": { "deviceUsage": { slot(1): null } } })).await,
+        &format!("refused: {} (C:3:{a} -> none)", slot(1)),
+    );
+    merge(properties.clone())
+        .await
+        .expect("the properties of a device it reaches");
+    refused(
+        merge(json!({ "spec": { "configurationName": "other" } })).await,
+        "may not change the configuration, CDI name, sharing",
+    );
+    // Akri's agent's finalizers: its own node's only.
+    refused(
+        merge(json!({ "metadata": { "finalizers": [a] } })).await,
+        "may not change the configuration, CDI name, sharing",
+    );
+    merge(json!({ "metadata": { "finalizers": [b] } }))
+        .await
+        .expect("releasing its own node's finalizer");
+    let stored = admin_instances.get(&name).await.unwrap();
+    assert_eq!(
+        stored.data["spec"]["deviceUsage"],
+        json!({ slot(0): b, slot(1): format!("C:3:{a}"), slot(2): "" })
+    );
+    assert_eq!(
+        strings(&stored.data["spec"]["nodes"]),
+        [b.as_str(), a.as_str()]
+    );
+
+    // A local device is one node's: nobody joins it.
+    let local = ControlPlane::unique_name("usb");
+    let mut usb = instance(&[&b], false);
+    usb.metadata.name = Some(local.clone());
+    admin_instances
+        .create(&PostParams::default(), &usb)
+        .await
+        .unwrap();
+    usb.data["spec"]["nodes"] = json!([a]);
+    usb.metadata.finalizers = None;
+    refused(
+        plugin
+            .patch(&local, &node_manager(&a), &Patch::Apply(&usb))
+            .await,
+        "may join only shared Instances",
+    );
+}
+
+/// A BrokerTemplate's objects are made with the broker-controller's rights: the chart's policy
+/// admits one only from a user who may create what it makes, in its namespace.
+#[tokio::test]
+async fn a_broker_template_is_admitted_only_from_a_user_who_may_create_what_it_makes() {
+    use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let admin = cp.client().await.unwrap();
+    let ns = installed.other_ns.as_str();
+    let user = ControlPlane::unique_name("alice");
+    // The user may write BrokerTemplates and Services in the namespace, nothing else.
+    let grant = async |name: &str, rules: Value| {
+        Api::<Role>::namespaced(admin.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &from_json(json!({ "metadata": { "name": name }, "rules": rules })),
+            )
+            .await
+            .unwrap();
+        Api::<RoleBinding>::namespaced(admin.clone(), ns)
+            .create(
+                &PostParams::default(),
+                &from_json(json!({
+                    "metadata": { "name": name },
+                    "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+                    "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+                })),
+            )
+            .await
+            .unwrap();
+    };
+    grant(
+        &format!("{user}-templates"),
+        json!([
+            { "apiGroups": ["akri.sh"], "resources": ["brokertemplates"], "verbs": ["create", "get", "patch"] },
+            { "apiGroups": [""], "resources": ["services"], "verbs": ["create"] },
+        ]),
+    )
+    .await;
+    let mut config = cp.client_config().await.unwrap();
+    config.auth_info.impersonate = Some(user.clone());
+    let templates = Api::<DynamicObject>::namespaced_with(
+        kube::Client::try_from(config).unwrap(),
+        ns,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("akri.sh", "v1", "BrokerTemplate"),
+            "brokertemplates",
+        ),
+    );
+    let template = |name: &str, kinds: &[(&str, &str)]| -> DynamicObject {
+        let resources: Vec<Value> = kinds
+            .iter()
+            .map(|(api_version, kind)| json!({ "apiVersion": api_version, "kind": kind, "spec": {} }))
+            .collect();
+        from_json(json!({
+            "apiVersion": "akri.sh/v1", "kind": "BrokerTemplate",
+            "metadata": { "name": name },
+            "spec": { "discoveryReference": { "name": "cams" }, "instanceBrokerResources": resources },
+        }))
+    };
+    let create = async |t: DynamicObject| templates.create(&PostParams::default(), &t).await;
+    policy_active("BrokerTemplate", async || {
+        let probe = template(&ControlPlane::unique_name("probe"), &[("v1", "Pod")]);
+        create(probe).await
+    })
+    .await;
+
+    create(template("services", &[("v1", "Service")]))
+        .await
+        .expect("a Service, which the user may create");
+    refused(
+        create(template(
+            "pods",
+            &[("v1", "Pod"), ("apps/v1", "Deployment")],
+        ))
+        .await,
+        &format!("{user} may not create deployments in namespace {ns}"),
+    );
+    refused(
+        templates
+            .patch(
+                "services",
+                &PatchParams::default(),
+                &Patch::Merge(json!({ "spec": { "instanceBrokerResources": [
+                    { "apiVersion": "batch/v1", "kind": "Job", "spec": {} },
+                ] } })),
+            )
+            .await,
+        &format!("{user} may not create jobs in namespace {ns}"),
+    );
+    grant(
+        &format!("{user}-pods"),
+        json!([
+            { "apiGroups": [""], "resources": ["pods"], "verbs": ["create"] },
+            { "apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["create"] },
+        ]),
+    )
+    .await;
+    // The workloads allowed, the device claims they get not yet.
+    akri_testing::eventually("only the claims refused", async || {
+        let pods = template("pods", &[("v1", "Pod"), ("apps/v1", "Deployment")]);
+        match create(pods).await {
+            Err(kube::Error::Api(s)) => (s.message)
+                .contains(&format!("{user} may not in namespace {ns}"))
+                .then_some(()),
+            _ => None,
+        }
+    })
+    .await;
+    // Given the rights, the same template is admitted.
+    grant(
+        &format!("{user}-claims"),
+        json!([
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ["create"] },
+        ]),
+    )
+    .await;
+    akri_testing::eventually("the template admitted with the rights", async || {
+        create(template(
+            "pods",
+            &[("v1", "Pod"), ("apps/v1", "Deployment")],
+        ))
+        .await
+        .ok()
+    })
+    .await;
 }

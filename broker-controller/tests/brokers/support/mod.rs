@@ -5,7 +5,8 @@
 
 use akri_kubelet_plugin::agent::AgentConfig;
 pub use akri_testing::components::{
-    SimNode, akri_and_apps, instances, spawn_broker_controller, spawn_driver_controller,
+    SimNode, akri_and_apps, instances, spawn_broker_controller, spawn_broker_controller_serving,
+    spawn_driver_controller,
 };
 use akri_testing::{ControlPlane, KubeletPeer};
 

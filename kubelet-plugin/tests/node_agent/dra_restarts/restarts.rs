@@ -2,7 +2,7 @@
 
 use super::support::{
     DRIVER, Publication, echo_config, eventually, from_json, node_on, node_with_peer, pool_size,
-    publication, spawn_plugin, spawn_plugin_with,
+    publication, publication_of, spawn_plugin, spawn_plugin_with,
 };
 use akri_testing::ControlPlane;
 use k8s_openapi::api::core::v1::Pod;
@@ -506,5 +506,86 @@ async fn state_left_next_to_the_socket_moves_into_the_state_dir() {
         content,
         "moved as it was (not set aside as corrupt)"
     );
+    plugin.kill().await.unwrap();
+}
+
+/// A handler slower than the start-up wait (an OPC UA server behind connect timeouts, a camera
+/// that answers late): the restarted plugin keeps its devices as the process before it last
+/// heard them, past the wait and through the handler's first report, instead of withdrawing
+/// them when the wait is over and publishing them anew when the handler answers.
+#[tokio::test]
+async fn a_handler_slower_than_the_startup_wait_keeps_its_devices_through_a_restart() {
+    use akri_kubelet_plugin::discovery::{Endpoint, RegisteredHandler, handler};
+    // Its own API server: the node's publication must be this configuration's alone.
+    let cp = &ControlPlane::start(akri_testing::ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    let (node, ns, peer, dir) = node_on(cp, "slow").await;
+    let extra = ["--startup-wait-seconds", "2"];
+    let plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    // slowEcho: the plugin's own debugEcho, behind a relay the test can stall.
+    let relay =
+        akri_testing::UnixRelay::start(dir.path().join("relay.sock"), dir.path().join("echo.sock"));
+    let slow = RegisteredHandler {
+        name: "slowEcho".into(),
+        endpoint: Endpoint::Uds(relay.socket.clone()),
+        shared: false,
+    };
+    handler::register(&dir.path().join("handlers/registration.sock"), &slow)
+        .await
+        .unwrap();
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": "slow" },
+                "spec": { "discoveryHandler": { "name": "slowEcho",
+                    "discoveryDetails": "descriptions: [slow0, slow1]" } },
+            })),
+        )
+        .await
+        .unwrap();
+    let published = async || publication_of(&client, &node, &ns, "slowecho.akri.sh").await;
+    let before = eventually("two devices and two Instances published", async || {
+        let now = published().await;
+        let devices: usize = now.0.iter().map(|s| s.3).sum();
+        (devices == 2 && now.1.len() == 2).then_some(now)
+    })
+    .await;
+
+    // Restarted while the handler answers nothing.
+    relay.pass(false);
+    let mut plugin = plugin;
+    plugin.kill().await.unwrap();
+    let log = dir.path().join("plugin.log");
+    let offset = std::fs::metadata(&log).unwrap().len() as usize;
+    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    let logged = |what: &str| std::fs::read_to_string(&log).unwrap()[offset..].contains(what);
+    let started = std::time::Instant::now();
+    // Five times the start-up wait, then the handler answers, then two seconds more.
+    let mut answered_at = None;
+    while answered_at.is_none_or(|at: std::time::Instant| at.elapsed() < Duration::from_secs(2)) {
+        let now = published().await;
+        assert_eq!(
+            now,
+            before,
+            "{:?} after the restart: slices or Instances (name, UID, generation, devices) changed",
+            started.elapsed()
+        );
+        if answered_at.is_none() && started.elapsed() > Duration::from_secs(10) {
+            assert!(
+                logged("start-up wait over before discovery answered"),
+                "the start-up wait (2 s) was over long ago"
+            );
+            relay.pass(true);
+            answered_at = Some(std::time::Instant::now());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     plugin.kill().await.unwrap();
 }

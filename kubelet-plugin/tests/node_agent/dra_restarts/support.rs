@@ -105,13 +105,23 @@ pub(crate) async fn echo_config(client: &kube::Client, prefix: &str, description
 pub(crate) type Publication = (Vec<(String, String, i64, usize)>, Vec<(String, String)>);
 
 pub(crate) async fn publication(client: &kube::Client, node: &str, namespace: &str) -> Publication {
+    publication_of(client, node, namespace, DRIVER).await
+}
+
+/// [`publication`] of `driver`'s slices.
+pub(crate) async fn publication_of(
+    client: &kube::Client,
+    node: &str,
+    namespace: &str,
+    driver: &str,
+) -> Publication {
     let mut slices: Vec<_> = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await
         .unwrap()
         .items
         .into_iter()
-        .filter(|s| s.spec.driver == DRIVER)
+        .filter(|s| s.spec.driver == driver)
         .map(|s| {
             (
                 s.metadata.name.unwrap(),

@@ -319,6 +319,65 @@ async fn a_claimed_device_reaches_the_container_through_cdi_shows_in_the_claim_a
     assert!(c.cdi_specs().is_empty(), "{:?}", c.cdi_specs());
 }
 
+/// A handler that reports more than its kind may bring into containers (a read-write mount
+/// of the host's `/`, `LD_PRELOAD`): that device is refused on the node, the configuration's
+/// status says why, and its other device reaches a container with nothing of the refused one.
+#[tokio::test]
+async fn a_device_bringing_more_than_its_handler_kind_may_is_refused_and_its_sibling_served() {
+    let c = Cluster::start().await;
+    let device = |id: &str| akri_proto::discovery::v0::Device {
+        id: id.into(),
+        properties: [("ROGUE_ID".to_string(), id.to_string())].into(),
+        ..Default::default()
+    };
+    let mut rooted = device("rogue-rooted");
+    rooted.mounts.push(akri_proto::discovery::v0::Mount {
+        container_path: "/host".into(),
+        host_path: "/".into(),
+        read_only: false,
+    });
+    let mut preloading = device("rogue-preloading");
+    (preloading.properties).insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
+    let _rogue = c
+        .external_handler("rogue", vec![device("rogue-0"), rooted, preloading])
+        .await;
+    let rogue = ControlPlane::unique_name("rogue");
+    c.dra_configuration(&rogue, "rogue", "{}").await;
+
+    let configurations = Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone());
+    let said = c
+        .node
+        .eventually(
+            "the refusal in the configuration's status",
+            Duration::from_secs(60),
+            async || {
+                let status = configurations.get(&rogue).await.ok()?.status?;
+                let entry =
+                    (status.discovery_errors.into_iter()).find(|e| e.node == c.node.node_name())?;
+                Some(entry.message)
+            },
+        )
+        .await;
+    for refused in [
+        "device rogue-rooted refused: mount of / is not under an allowed prefix",
+        "device rogue-preloading refused: environment variable LD_PRELOAD is never brought into containers",
+    ] {
+        assert!(said.contains(refused), "{said}");
+    }
+
+    // The one device published is the one a claim gets.
+    let script = "env | grep -E '^(ROGUE_ID|LD_PRELOAD)=' | sort\n\
+                  test -e /host/etc && echo host mounted\n\
+                  true";
+    c.script_pod("rogue-broker", &rogue, script).await;
+    let output = c.output("rogue-broker").await;
+    assert_shows(&output, &["ROGUE_ID=rogue-0".to_string()]);
+    assert!(
+        !output.contains("LD_PRELOAD") && !output.contains("host mounted"),
+        "{output}"
+    );
+}
+
 #[tokio::test]
 async fn a_device_plugin_slot_reaches_the_container_with_the_allocate_answer() {
     let c = Cluster::start().await;

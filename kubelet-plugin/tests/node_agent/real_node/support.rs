@@ -81,6 +81,16 @@ impl Cluster {
             reclaim_interval: Duration::from_secs(1),
             node_lost_grace: Duration::from_secs(300),
         });
+        // The fixture's mount (a directory under the temporary directory) and device node
+        // (the host's /dev/null), allowed as an operator allows a handler kind's.
+        let temporary = format!("{}/", std::env::temp_dir().display());
+        config.handler_access.insert(
+            FIXTURE.into(),
+            from_json(json!({
+                "deviceNodes": [{ "path": "/dev/null", "writable": true }],
+                "mounts": [{ "path": temporary }],
+            })),
+        );
         adjust(&mut config);
         let agent = agent::start(self.client.clone(), config)
             .await
@@ -89,6 +99,15 @@ impl Cluster {
         let socket = fixture.socket.clone();
         self.agent = Some((agent, fixture));
         self.register_handler(FIXTURE, &socket, false).await;
+    }
+
+    /// Serves and registers another external handler, `name`, reporting `devices`, until the
+    /// returned value is dropped.
+    pub async fn external_handler(&self, name: &str, devices: Vec<proto::Device>) -> Served {
+        let socket = self.dir.path().join(format!("{name}.sock"));
+        let served = Served::start(Fixture(devices), &socket).unwrap();
+        self.register_handler(name, &socket, false).await;
+        served
     }
 
     /// Registers an external handler serving on `socket` with the agent, as any handler does.
@@ -216,7 +235,7 @@ impl FixtureHandler {
             }],
         };
         let socket = dir.join("fixture.sock");
-        let served = Served::start(Fixture(device), &socket).unwrap();
+        let served = Served::start(Fixture(vec![device]), &socket).unwrap();
         FixtureHandler {
             socket,
             _served: served,
@@ -225,7 +244,8 @@ impl FixtureHandler {
     }
 }
 
-struct Fixture(proto::Device);
+/// A handler reporting these devices, whatever the details say.
+struct Fixture(Vec<proto::Device>);
 
 impl Discover for Fixture {
     fn start(
@@ -233,7 +253,7 @@ impl Discover for Fixture {
         _: proto::DiscoverRequest,
         mut lists: DeviceLists,
     ) -> Result<(), tonic::Status> {
-        let devices = vec![self.0.clone()];
+        let devices = self.0.clone();
         tokio::spawn(async move {
             lists.send(devices).await;
             // The stream stays open: closing it would tell the agent the handler is gone.
