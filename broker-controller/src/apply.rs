@@ -52,7 +52,8 @@ pub struct Outcome {
 pub struct Kept<'a> {
     pub instances: &'a BTreeSet<String>,
     pub globals: bool,
-    /// The Jobs that had finished ([`Outcome::finished_jobs`] of the pass before).
+    /// The Jobs known to have finished: [`Outcome::finished_jobs`] of the pass before (kept in
+    /// the status) and those the watch saw finish since ([`finished_job`]).
     pub finished_jobs: &'a BTreeSet<String>,
 }
 
@@ -62,8 +63,6 @@ struct Live {
     instance: Option<String>,
     /// A Pod that failed (evicted pods too): it runs no more, and is replaced.
     failed: bool,
-    /// A Job that completed or failed.
-    finished: bool,
 }
 
 /// How a finished Job is remembered: `<name> <digest>`.
@@ -247,13 +246,11 @@ impl Applier {
             .replace_failed(&api, namespace, kind, wanted, &live, out)
             .await;
         if kind == "Job" {
-            // A finished Job is done: one its TTL removed is not run again.
+            // A finished Job (the watch saw it finish: [`finished_job`]) is done: one its TTL
+            // removed is not run again.
             applying.retain(|job| {
                 let key = job_key(job);
-                let finished = match live.get(&job.name) {
-                    Some(o) => o.finished && o.digest.as_deref() == Some(job.digest()),
-                    None => kept.finished_jobs.contains(&key),
-                };
+                let finished = kept.finished_jobs.contains(&key);
                 if finished {
                     out.finished_jobs.insert(key);
                 }
@@ -370,8 +367,8 @@ impl Applier {
         left
     }
 
-    /// The template's objects of one kind: each with its digest and Instance, whether a Pod
-    /// failed and whether a Job finished (which takes the whole objects: that is status).
+    /// The template's objects of one kind: each with its digest and Instance, and whether a
+    /// Pod failed (which takes the whole Pods: the phase is status).
     async fn list(
         &self,
         api: &Api<DynamicObject>,
@@ -382,34 +379,30 @@ impl Applier {
         let annotation = |meta: &kube::api::ObjectMeta, key: &str| {
             meta.annotations.as_ref().and_then(|a| a.get(key).cloned())
         };
-        let live = |meta: kube::api::ObjectMeta, status: &serde_json::Value| {
-            let finished = status["conditions"].as_array().is_some_and(|conditions| {
-                conditions.iter().any(|c| {
-                    matches!(c["type"].as_str(), Some("Complete" | "Failed"))
-                        && c["status"] == "True"
-                })
-            });
+        let live = |meta: kube::api::ObjectMeta, failed: bool| {
             let entry = Live {
                 digest: annotation(&meta, DIGEST_ANNOTATION),
                 instance: annotation(&meta, INSTANCE_ANNOTATION),
-                failed: kind == "Pod" && status["phase"] == "Failed",
-                finished: kind == "Job" && finished,
+                failed,
             };
             (meta.name.unwrap_or_default(), entry)
         };
-        Ok(if matches!(kind, "Pod" | "Job") {
+        Ok(if kind == "Pod" {
             api.list(&params)
                 .await?
                 .items
                 .into_iter()
-                .map(|o| live(o.metadata, &o.data["status"]))
+                .map(|o| {
+                    let failed = o.data["status"]["phase"] == "Failed";
+                    live(o.metadata, failed)
+                })
                 .collect()
         } else {
             api.list_metadata(&params)
                 .await?
                 .items
                 .into_iter()
-                .map(|o| live(o.metadata, &serde_json::Value::Null))
+                .map(|o| live(o.metadata, false))
                 .collect()
         })
     }
