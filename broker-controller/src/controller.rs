@@ -256,14 +256,15 @@ async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action
         &owner,
     );
     let previous = template.status.clone().unwrap_or_default();
-    // What could not be rendered this time is kept as it is: only a definite change (an
-    // Instance gone, the template changed) deletes.
-    // Taken now, kept in the status below (or given back if that fails).
+    // The Jobs the watch saw finish: taken now, kept in the status below (or given back if
+    // that fails).
     let seen = (ctx.finished_jobs.lock().expect("finished jobs"))
         .remove(&uid)
         .unwrap_or_default();
     let mut finished_jobs: BTreeSet<String> = previous.finished_jobs.iter().cloned().collect();
     finished_jobs.extend(seen.iter().cloned());
+    // What could not be rendered this time is kept as it is: only a definite change (an
+    // Instance gone, the template changed) deletes.
     let kept = Kept {
         instances: &desired.failed_instances,
         globals: desired.failed_globals,
