@@ -58,10 +58,10 @@ COMPONENTS=(
   "akri-kubelet-plugin|0:0|akri-kubelet-plugin|root: writes the kubelet's host paths (/var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins, /var/run/cdi) and its state under /var/lib, and the kubelet's device-plugins dir in legacy mode"
   "akri-driver-controller|65532:65532|akri-driver-controller|nonroot: talks to the API server only"
   "akri-broker-controller|65532:65532|akri-broker-controller|nonroot: talks to the API server only"
-  "akri-udev-discovery-handler|0:0|akri-udev-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
-  "akri-opcua-discovery-handler|0:0|akri-opcua-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
-  "akri-onvif-discovery-handler|0:0|akri-onvif-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
-  "akri-debug-echo-discovery-handler|0:0|akri-debug-echo-discovery-handler|root: serves on and registers through the host's /var/lib/akri (the registration socket is root's, mode 0660)"
+  "akri-udev-discovery-handler|0:0|akri-udev-discovery-handler|root: reads the host's udev database and sysfs attributes, not all world-readable"
+  "akri-opcua-discovery-handler|65532:65532|akri-opcua-discovery-handler|nonroot: serves and registers in a directory of its own that the kubelet-plugin makes for this user"
+  "akri-onvif-discovery-handler|65532:65532|akri-onvif-discovery-handler|nonroot: serves and registers in a directory of its own that the kubelet-plugin makes for this user"
+  "akri-debug-echo-discovery-handler|65532:65532|akri-debug-echo-discovery-handler|nonroot: serves and registers in a directory of its own that the kubelet-plugin makes for this user"
   "akri-migrate|65532:65532|akri-migrate|nonroot: a command-line tool that reads files and talks to the API server"
 )
 

@@ -45,6 +45,9 @@ pub struct AgentConfig {
     pub state_dir: PathBuf,
     /// Akri's discovery-handler registration socket.
     pub discovery_socket: PathBuf,
+    /// Discovery handlers with a directory of their own beside `discovery_socket`, the only
+    /// place their names register from ([`crate::discovery::registry::OwnDirectory`]).
+    pub own_handler_directories: Vec<crate::discovery::registry::OwnDirectory>,
     /// Run the embedded debugEcho handler.
     pub debug_echo: Option<DebugEchoConfig>,
     /// Discovery handlers to serve in this process ([`crate::embedded`]), each on
@@ -104,6 +107,7 @@ impl AgentConfig {
             cdi_dir: dir.join("cdi"),
             state_dir: dir.join("state"),
             discovery_socket: dir.join("handlers/agent-registration.sock"),
+            own_handler_directories: Vec::new(),
             debug_echo: Some(echo),
             embedded_handlers: Vec::new(),
             consumable_capacity: None,
@@ -226,6 +230,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     let registry = Registry::load(
         &config.discovery_socket,
         &config.state_dir.join("discovery-handlers.json"),
+        &config.own_handler_directories,
     );
     let node = crate::api_call(Api::<Node>::all(client.clone()).get(&config.node_name))
         .await

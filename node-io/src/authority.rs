@@ -74,6 +74,25 @@ pub fn bind_unless_served(path: &std::path::Path, mode: u32) -> io::Result<UnixL
     bind(path, mode)
 }
 
+/// Like [`bind`], for a socket in a directory that another, less trusted user owns (a
+/// discovery handler's own directory): the socket is bound at `staging`, a path in a directory
+/// only we write on the same filesystem, given its mode there, then renamed onto `path`. The
+/// rename is the one thing done by path in the other user's directory, and it replaces
+/// whatever is at `path` (a symlink included) instead of following it, so that user cannot
+/// turn our chmod onto another file or keep us from serving there.
+pub fn bind_via(
+    staging: &std::path::Path,
+    path: &std::path::Path,
+    mode: u32,
+) -> io::Result<UnixListener> {
+    let listener = bind(staging, mode)?;
+    if let Err(error) = std::fs::rename(staging, path) {
+        let _ = std::fs::remove_file(staging);
+        return Err(error);
+    }
+    Ok(listener)
+}
+
 /// A gRPC channel to a server on the Unix socket at `path` (the client side of [`bind`]).
 pub async fn connect(
     path: &std::path::Path,
@@ -565,6 +584,30 @@ mod tests {
             .concat();
         let error = run([PREFACE.to_vec(), frames].concat()).await.unwrap_err();
         assert!(error.to_string().contains("too large"), "{error}");
+    }
+
+    /// A symlink planted where the socket goes is replaced, and the file it named keeps its
+    /// mode: what a handler owning the directory could try.
+    #[tokio::test]
+    async fn bind_via_replaces_a_planted_symlink_without_following_it() {
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let ours = tempfile::tempdir().unwrap();
+        let theirs = tempfile::tempdir().unwrap();
+        let victim = ours.path().join("victim");
+        std::fs::write(&victim, b"secret").unwrap();
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let path = theirs.path().join("agent-registration.sock");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+
+        let _listener = bind_via(&ours.path().join("staging.sock"), &path, 0o666).unwrap();
+
+        let socket = std::fs::symlink_metadata(&path).unwrap();
+        assert!(socket.file_type().is_socket(), "{:?}", socket.file_type());
+        assert_eq!(socket.permissions().mode() & 0o777, 0o666);
+        let victim = std::fs::metadata(&victim).unwrap();
+        assert_eq!(victim.permissions().mode() & 0o777, 0o600);
+        assert!(!ours.path().join("staging.sock").exists());
+        std::os::unix::net::UnixStream::connect(&path).expect("served at the new path");
     }
 
     #[test]

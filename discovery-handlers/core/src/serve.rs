@@ -3,6 +3,7 @@
 use crate::proto;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tokio::net::UnixListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
@@ -74,6 +75,16 @@ pub enum Error {
     },
 }
 
+/// Binds a handler's socket at `socket`: mode 0600, a stale socket file replaced.
+pub fn bind(socket: &Path) -> Result<UnixListener, Error> {
+    node_io::authority::bind(socket, node_io::authority::OWNER_ONLY).map_err(|cause| {
+        Error::Socket {
+            path: socket.to_path_buf(),
+            cause,
+        }
+    })
+}
+
 /// A handler served on a Unix socket. Dropping it stops serving and removes the socket file.
 #[derive(Debug)]
 pub struct Served {
@@ -85,24 +96,20 @@ impl Served {
     /// Serves `handler` on `socket` (mode 0600, a stale socket file replaced). Needs a Tokio
     /// runtime.
     pub fn start<D: Discover>(handler: D, socket: &Path) -> Result<Self, Error> {
+        Ok(Served::on(handler, bind(socket)?, socket))
+    }
+
+    /// Serves `handler` on `listener`, bound at `socket` by [`bind`]. Needs a Tokio runtime.
+    pub fn on<D: Discover>(handler: D, listener: UnixListener, socket: &Path) -> Self {
         let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service(
             Arc::new(handler),
         ));
         let router = tonic::transport::Server::builder().add_service(service);
-        let served = node_io::authority::serve(
-            socket,
-            node_io::authority::OWNER_ONLY,
-            router,
-            "discovery handler server",
-        );
-        let server = served.map_err(|cause| Error::Socket {
-            path: socket.to_path_buf(),
-            cause,
-        })?;
-        Ok(Served {
+        let server = node_io::authority::spawn(listener, router, "discovery handler server");
+        Served {
             socket: socket.to_path_buf(),
             server,
-        })
+        }
     }
 
     /// Where it serves.

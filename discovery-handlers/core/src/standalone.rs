@@ -5,7 +5,7 @@
 
 use crate::registration::{self, Endpoint, RegisteredHandler};
 use crate::serve::{self, Discover, Served};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// How often a registered handler registers again. Our agent keeps registrations across its
@@ -61,7 +61,11 @@ pub async fn run<D: Discover>(
     let registration_socket = args
         .registration_socket
         .unwrap_or_else(|| args.handlers_dir.join("agent-registration.sock"));
-    let served = Served::start(handler, &socket)?;
+    let listener = tokio::select! {
+        bound = bind_once_allowed(&socket) => bound?,
+        result = akri_runtime::stopped() => return result.map_err(Error::Signal),
+    };
+    let served = Served::on(handler, listener, &socket);
     tracing::info!(name, socket = %socket.display(), shared, "serving the discovery handler");
     let registered = RegisteredHandler {
         name: name.to_string(),
@@ -74,6 +78,26 @@ pub async fn run<D: Discover>(
     }
     drop(served);
     Ok(())
+}
+
+/// Binds the handler's socket, waiting while its directory refuses this user: the chart's
+/// kubelet-plugin makes a handler's own directory the handler's user's only once it runs
+/// (until then the directory is the kubelet's, root's).
+async fn bind_once_allowed(socket: &Path) -> Result<tokio::net::UnixListener, serve::Error> {
+    let mut retry = Duration::from_millis(250);
+    loop {
+        match serve::bind(socket) {
+            Err(serve::Error::Socket { cause, .. })
+                if cause.kind() == std::io::ErrorKind::PermissionDenied =>
+            {
+                tracing::warn!(socket = %socket.display(), %cause, retry_in = ?retry, "waiting for the node agent to give this handler its directory");
+                tokio::time::sleep(retry).await;
+                // Short: the wait ends when the agent runs, not with a failure mode.
+                retry = (retry * 2).min(Duration::from_secs(2));
+            }
+            bound => return bound,
+        }
+    }
 }
 
 /// Registers now, again every [`REREGISTER_EVERY`], and retries failures with a backoff.

@@ -5,11 +5,16 @@
 //! A registration under a name already known replaces that handler's endpoint and `shared`
 //! flag (one endpoint per name), but only once the endpoint registered before stops
 //! answering: while it lives, no other endpoint takes the name (and with it the Secret-derived
-//! properties of the name's configurations). Registering the same thing again changes nothing
+//! properties of the name's configurations).
+//!
+//! A handler may have a directory of its own ([`OwnDirectory`]): the chart's handler pods each
+//! mount only theirs, as their `DISCOVERY_HANDLERS_DIRECTORY`, and the agent serves
+//! registration in it too. Its name then registers only from there, and always names a socket
+//! in it, so no other handler can take the name or replace the socket, live or not. Registering the same thing again changes nothing
 //! and wakes no one. Handlers are never dropped because their endpoint fails: the discovery streams
 //! retry and report the failure; [`Registry::deregister`] removes one explicitly.
 
-use super::handler::RegisteredHandler;
+use super::handler::{Endpoint, RegisteredHandler};
 use super::state_file;
 use akri_proto::discovery::v0 as proto;
 use std::collections::BTreeMap;
@@ -21,11 +26,53 @@ use tonic::{Request, Response, Status};
 /// Where Akri's agent serves registration, and so where its handlers look by default.
 pub const DEFAULT_SOCKET: &str = "/var/lib/akri/agent-registration.sock";
 
-/// The registered handlers, by name.
 /// The registration socket's mode: discovery-handler pods (another container, possibly another
 /// user in the same group) must connect; nobody else.
 pub const SOCKET_MODE: u32 = 0o660;
+/// The registration socket's name in a handler's own directory, as Akri's handlers expect it
+/// in their `DISCOVERY_HANDLERS_DIRECTORY`.
+pub const SOCKET_NAME: &str = "agent-registration.sock";
+/// An own directory's mode: its handler's user, and root, reach into it; nobody else.
+const OWN_DIRECTORY_MODE: u32 = 0o700;
+/// The registration socket's mode in an own directory, which already keeps everybody else out:
+/// the handler connects whatever its group.
+const OWN_SOCKET_MODE: u32 = 0o666;
 
+/// A discovery handler with a directory of its own, `<registration socket's directory>/<name>/`,
+/// that only its pod mounts. The agent makes it, owned by the handler's user (`uid`, `gid`) with
+/// mode 0700, and serves registration in it ([`SOCKET_NAME`]). Given as `name[:uid[:gid]]`
+/// (`gid` defaults to `uid`, `uid` to root).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OwnDirectory {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl std::str::FromStr for OwnDirectory {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        let mut parts = text.split(':');
+        let name = parts.next().unwrap_or_default().to_string();
+        akri_devices::validate_handler_name(&name)
+            .map_err(|reason| format!("handler name {name:?}: {reason}"))?;
+        let id = |part: Option<&str>, default: u32| match part {
+            None => Ok(default),
+            Some(id) => id
+                .parse::<u32>()
+                .map_err(|_| format!("{id:?} in {text:?} is not a numeric user or group id")),
+        };
+        let uid = id(parts.next(), 0)?;
+        let gid = id(parts.next(), uid)?;
+        if parts.next().is_some() {
+            return Err(format!("{text:?}: expected name[:uid[:gid]]"));
+        }
+        Ok(OwnDirectory { name, uid, gid })
+    }
+}
+
+/// The registered handlers, by name.
 pub type Handlers = BTreeMap<String, RegisteredHandler>;
 
 /// Errors of starting the registry.
@@ -33,6 +80,11 @@ pub type Handlers = BTreeMap<String, RegisteredHandler>;
 pub enum Error {
     #[error("registration socket {path}: {cause}")]
     Socket {
+        path: PathBuf,
+        cause: std::io::Error,
+    },
+    #[error("discovery handler directory {path}: {cause}")]
+    OwnDirectory {
         path: PathBuf,
         cause: std::io::Error,
     },
@@ -49,11 +101,14 @@ pub enum Error {
 pub struct Registry {
     socket: PathBuf,
     shared: Arc<Shared>,
-    server: Option<tokio::task::JoinHandle<()>>,
+    /// The common socket's server, then one per own directory.
+    servers: Vec<(PathBuf, tokio::task::JoinHandle<()>)>,
 }
 
 #[derive(Debug)]
 struct Shared {
+    /// The handlers with an own directory: name, directory, owner.
+    own: BTreeMap<String, (PathBuf, OwnDirectory)>,
     state_file: PathBuf,
     handlers: watch::Sender<Handlers>,
     /// Orders the state-file writes like the changes they record.
@@ -92,22 +147,31 @@ impl Registry {
     /// [`load`](Self::load)s the handlers recorded in `state_file`, then
     /// [`serve_on`](Self::serve_on) `socket`. Needs a Tokio runtime.
     pub fn serve(socket: &Path, state_file: &Path) -> Result<Self, Error> {
-        let mut registry = Registry::load(socket, state_file);
+        let mut registry = Registry::load(socket, state_file, &[]);
         registry.serve_on()?;
         Ok(registry)
     }
 
     /// The handlers recorded in `state_file`, not served yet: what a standby process (a
     /// rolling update's new pod, while the old one still serves `socket`) discovers with.
-    pub fn load(socket: &Path, state_file: &Path) -> Self {
+    /// `own` are the handlers with a directory of their own beside `socket`. A recorded
+    /// endpoint of theirs outside it (from before they had one) serves until they register
+    /// from it, so that an upgrade of the chart keeps their devices.
+    pub fn load(socket: &Path, state_file: &Path, own: &[OwnDirectory]) -> Self {
+        let parent = socket.parent().unwrap_or(Path::new("/"));
+        let own = own
+            .iter()
+            .map(|o| (o.name.clone(), (parent.join(&o.name), o.clone())))
+            .collect();
         Registry {
             socket: socket.to_path_buf(),
             shared: Arc::new(Shared {
+                own,
                 state_file: state_file.to_path_buf(),
                 handlers: watch::Sender::new(recorded(state_file)),
                 write: Mutex::new(()),
             }),
-            server: None,
+            servers: Vec::new(),
         }
     }
 
@@ -116,7 +180,7 @@ impl Registry {
     /// file and creating its directory; a socket another live process serves is refused
     /// ([`Error::InUse`]).
     pub fn serve_on(&mut self) -> Result<(), Error> {
-        if self.server.is_some() {
+        if !self.servers.is_empty() {
             return Ok(());
         }
         let socket = &self.socket;
@@ -138,16 +202,31 @@ impl Registry {
             *handlers = known;
             changed
         });
-        let service = proto::registration_server::RegistrationServer::new(Service {
-            shared: self.shared.clone(),
-        });
-        let router = tonic::transport::Server::builder().add_service(service);
-        self.server = Some(dra_plugin::authority::spawn(
-            listener,
-            router,
-            "discovery-handler registration server",
-        ));
+        let serve = |listener, own| {
+            let service = proto::registration_server::RegistrationServer::new(Service {
+                shared: self.shared.clone(),
+                own,
+            });
+            let router = tonic::transport::Server::builder().add_service(service);
+            dra_plugin::authority::spawn(listener, router, "discovery-handler registration server")
+        };
+        self.servers.push((socket.clone(), serve(listener, None)));
         tracing::info!(socket = %socket.display(), "serving discovery-handler registration");
+        for (name, (dir, owner)) in &self.shared.own {
+            let own_error = |cause| Error::OwnDirectory {
+                path: dir.clone(),
+                cause,
+            };
+            make_own_directory(dir, owner).map_err(own_error)?;
+            // Staged beside the directory, in ours: see node_io::authority::bind_via.
+            let staging = dir.with_file_name(format!(".{name}-{SOCKET_NAME}"));
+            let own_socket = dir.join(SOCKET_NAME);
+            let listener = node_io::authority::bind_via(&staging, &own_socket, OWN_SOCKET_MODE)
+                .map_err(own_error)?;
+            self.servers
+                .push((own_socket.clone(), serve(listener, Some(name.clone()))));
+            tracing::info!(handler = %name, socket = %own_socket.display(), "serving discovery-handler registration in the handler's own directory");
+        }
         Ok(())
     }
 
@@ -166,9 +245,9 @@ impl Registry {
         self.shared.handlers.subscribe()
     }
 
-    /// Registers in-process, exactly as a registration over the socket does.
+    /// Registers in-process, exactly as a registration over the common socket does.
     pub async fn register(&self, handler: RegisteredHandler) -> Result<(), String> {
-        self.shared.register(handler).await
+        self.shared.register(handler, None).await
     }
 
     /// Forgets a handler; false if it was not registered.
@@ -186,20 +265,89 @@ impl Registry {
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        if let Some(server) = &self.server {
+        for (socket, server) in &self.servers {
             server.abort();
-            let _ = std::fs::remove_file(&self.socket);
+            let _ = std::fs::remove_file(socket);
         }
     }
 }
 
+/// Makes `dir` a directory that only `owner`'s user (and root) reaches. Its parent is the
+/// agent's, so nobody else can have put a symlink there: changing it by path is safe.
+fn make_own_directory(dir: &Path, owner: &OwnDirectory) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::create_dir(dir) {
+        Err(error) if error.kind() != std::io::ErrorKind::AlreadyExists => return Err(error),
+        _ => {}
+    }
+    if !std::fs::symlink_metadata(dir)?.is_dir() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            "exists and is not a directory",
+        ));
+    }
+    std::os::unix::fs::chown(dir, Some(owner.uid), Some(owner.gid))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(OWN_DIRECTORY_MODE))
+}
+
+/// A registration that came through `name`'s own directory `dir`: only `name` registers there,
+/// and a socket it names is the file of that name in `dir` (the handler sees `dir` as its
+/// `DISCOVERY_HANDLERS_DIRECTORY`, wherever it mounts it).
+fn from_own_directory(
+    handler: RegisteredHandler,
+    name: &str,
+    dir: &Path,
+) -> Result<RegisteredHandler, String> {
+    if handler.name != name {
+        return Err(format!(
+            "the registration socket in {} registers only discovery handler {name:?}, not {:?}",
+            dir.display(),
+            handler.name
+        ));
+    }
+    let endpoint = match handler.endpoint {
+        Endpoint::Uds(path) => match path.file_name() {
+            Some(file) if file != SOCKET_NAME => Endpoint::Uds(dir.join(file)),
+            _ => {
+                return Err(format!(
+                    "discovery handler {name:?}: {} names no socket of its own in its directory",
+                    path.display()
+                ));
+            }
+        },
+        network => network,
+    };
+    Ok(RegisteredHandler {
+        endpoint,
+        ..handler
+    })
+}
+
 impl Shared {
-    /// Records `handler`; refuses a name that differs only in case from another handler's
-    /// (both would be one DRA driver), and a name whose registered endpoint is another one
-    /// that still answers.
-    async fn register(&self, handler: RegisteredHandler) -> Result<(), String> {
+    /// Records `handler`, which registered through `own`'s directory or (`None`) the common
+    /// socket; refuses a name that differs only in case from another handler's (both would be
+    /// one DRA driver), a name with an own directory from anywhere else, and, from the common
+    /// socket, a name whose registered endpoint is another one that still answers.
+    async fn register(&self, handler: RegisteredHandler, own: Option<&str>) -> Result<(), String> {
+        let handler = match own.and_then(|name| Some((name, self.own.get(name)?))) {
+            Some((name, (dir, _))) => from_own_directory(handler, name, dir)?,
+            None => match self
+                .own
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(&handler.name))
+            {
+                Some((name, (dir, _))) => {
+                    return Err(format!(
+                        "discovery handler {name:?} registers only through its own directory, {}",
+                        dir.join(SOCKET_NAME).display()
+                    ));
+                }
+                None => handler,
+            },
+        };
         let before = self.handlers.borrow().get(&handler.name).cloned();
         if let Some(before) = before
+            && own.is_none()
             && before.endpoint != handler.endpoint
             && answers(&before.endpoint).await
         {
@@ -276,6 +424,8 @@ impl Shared {
 
 struct Service {
     shared: Arc<Shared>,
+    /// The handler whose own directory this socket is in; `None` for the common socket.
+    own: Option<String>,
 }
 
 #[tonic::async_trait]
@@ -288,7 +438,8 @@ impl proto::registration_server::Registration for Service {
             tracing::warn!(%error, "refused a discovery-handler registration");
             Status::invalid_argument(error.to_string())
         })?;
-        self.shared.register(handler).await.map_err(|error| {
+        let own = self.own.as_deref();
+        self.shared.register(handler, own).await.map_err(|error| {
             tracing::warn!(%error, "refused a discovery-handler registration");
             Status::already_exists(error)
         })?;

@@ -191,6 +191,106 @@ async fn a_live_handlers_name_is_not_taken_over_by_another_endpoint() {
     assert_eq!(registry.handlers()["onvif"].endpoint, Endpoint::Uds(second));
 }
 
+/// The chart gives each of its handler pods a directory of its own. The handler's name then
+/// registers only from there, even from a live endpoint elsewhere, and the socket it names is
+/// the one in its directory whatever path its mount makes of it; another name cannot register
+/// there. An endpoint recorded before the directory existed serves until the handler registers
+/// from it, so that a chart upgrade keeps the handler's devices.
+#[tokio::test]
+async fn a_handler_with_its_own_directory_registers_only_from_there() {
+    use akri_kubelet_plugin::discovery::registry::{OwnDirectory, SOCKET_NAME};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join(SOCKET_NAME);
+    let state = dir.path().join("state/handlers.json");
+    // Before: registered through the common socket, and alive.
+    let old = dir.path().join("opcua.sock");
+    let _old_listening = tokio::net::UnixListener::bind(&old).unwrap();
+    let registry = Registry::serve(&socket, &state).unwrap();
+    handler::register(
+        &socket,
+        &handler("opcua", Endpoint::Uds(old.clone()), false),
+    )
+    .await
+    .unwrap();
+    drop(registry);
+
+    // The chart's handler user, where the test may give files away (CI runs as root).
+    let uid = match std::fs::metadata("/proc/self").unwrap().uid() {
+        0 => 65532,
+        own => own,
+    };
+    let own: OwnDirectory = format!("opcua:{uid}").parse().unwrap();
+    let mut registry = Registry::load(&socket, &state, &[own]);
+    registry.serve_on().unwrap();
+    let own_dir = dir.path().join("opcua");
+    let made = std::fs::symlink_metadata(&own_dir).unwrap();
+    assert!(made.is_dir());
+    assert_eq!(
+        (made.uid(), made.gid(), made.mode() & 0o777),
+        (uid, uid, 0o700)
+    );
+    let own_socket = own_dir.join(SOCKET_NAME);
+    let served = std::fs::symlink_metadata(&own_socket).unwrap();
+    assert!(served.file_type().is_socket());
+    assert_eq!(served.permissions().mode() & 0o777, 0o666);
+    assert_eq!(
+        registry.handlers()["opcua"].endpoint,
+        Endpoint::Uds(old.clone()),
+        "the recorded endpoint serves until the handler registers from its directory"
+    );
+
+    // Its name, in any case, from the common socket: refused, whatever answers where.
+    for name in ["opcua", "OPCUA"] {
+        let impostor = handler(name, Endpoint::Uds(dir.path().join("x.sock")), false);
+        let refused = handler::register(&socket, &impostor)
+            .await
+            .expect_err("an own directory's name registers only from there");
+        assert!(
+            refused
+                .to_string()
+                .contains("only through its own directory")
+                && refused
+                    .to_string()
+                    .contains(&own_socket.display().to_string()),
+            "{refused}"
+        );
+    }
+    // Another name from the directory: refused.
+    let other = handler(
+        "udev",
+        Endpoint::Uds("/var/lib/akri/udev.sock".into()),
+        false,
+    );
+    let refused = handler::register(&own_socket, &other).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("registers only discovery handler")
+            && refused.to_string().contains("opcua"),
+        "{refused}"
+    );
+    assert!(!registry.handlers().contains_key("udev"));
+
+    // The handler itself, naming its socket as its mount shows it: the file in its directory,
+    // taking over from the old endpoint although that one still answers.
+    let opcua = handler(
+        "opcua",
+        Endpoint::Uds("/var/lib/akri/opcua.sock".into()),
+        false,
+    );
+    handler::register(&own_socket, &opcua).await.unwrap();
+    assert_eq!(
+        registry.handlers()["opcua"].endpoint,
+        Endpoint::Uds(own_dir.join("opcua.sock"))
+    );
+    drop(registry);
+    assert!(
+        !own_socket.exists(),
+        "the own socket goes with the registry"
+    );
+}
+
 #[tokio::test]
 async fn refuses_bad_registrations_and_query_device_info() {
     let dir = tempfile::tempdir().unwrap();

@@ -443,7 +443,22 @@ async fn template_renders_every_option_of_the_full_values() {
             .all(|b| b["metadata"]["name"] != "edge-akri-kubelet-plugin-properties")
     );
 
-    // The handlers' own DaemonSets: Akri's socket layout, no API access at all.
+    // The handlers' own DaemonSets: Akri's socket layout in a directory of their own, which
+    // the kubelet-plugin makes for the handler's user; no API access at all.
+    let plugin = &find(&objects, "DaemonSet", "edge-akri-kubelet-plugin")["spec"]["template"]["spec"]
+        ["containers"][0]["args"];
+    let own: Vec<_> = (strings(plugin).into_iter())
+        .filter(|a| a.starts_with("--own-handler-directory="))
+        .collect();
+    assert_eq!(
+        own,
+        [
+            "--own-handler-directory=udev:0",
+            "--own-handler-directory=opcua:65532",
+            "--own-handler-directory=onvif:65532",
+            "--own-handler-directory=debugEcho:65532",
+        ]
+    );
     let udev = &find(&objects, "DaemonSet", "edge-akri-udev-discovery-handler")["spec"]["template"]
         ["spec"];
     assert_eq!(udev["automountServiceAccountToken"], false);
@@ -468,11 +483,16 @@ async fn template_renders_every_option_of_the_full_values() {
         ]
     );
     assert_eq!(container["env"][0]["value"], "debug");
-    assert_eq!(host_paths(udev), ["/var/lib/akri", "/run/udev"]);
+    assert_eq!(host_paths(udev), ["/var/lib/akri/udev", "/run/udev"]);
+    assert_eq!(
+        container["volumeMounts"][0],
+        json!({ "name": "own-directory", "mountPath": "/var/lib/akri" })
+    );
     assert_eq!(
         container["securityContext"]["capabilities"]["drop"],
         json!(["ALL"])
     );
+    assert_eq!(container["securityContext"]["runAsUser"], 0, "udev: root");
     // OPC UA: its rescan, a writable emptyDir for the client's trust lists, and (asked for
     // here) the node's network, where Akri's default discovery URL finds an LDS on the node.
     // ONVIF: the node's network by default, for WS-Discovery's multicast.
@@ -511,7 +531,19 @@ async fn template_renders_every_option_of_the_full_values() {
             format!("ghcr.io/akri-dra/akri-{handler}-discovery-handler:0.1.0")
         );
         assert_eq!(strings(&container["args"]), args, "{handler}");
-        assert_eq!(host_paths(pod), ["/var/lib/akri"], "{handler}");
+        assert_eq!(
+            host_paths(pod),
+            [format!("/var/lib/akri/{handler}")],
+            "{handler}"
+        );
+        let security = &container["securityContext"];
+        assert_eq!(
+            (&security["runAsUser"], &security["runAsGroup"]),
+            (&json!(65532), &json!(65532)),
+            "{handler}"
+        );
+        assert_eq!(security["runAsNonRoot"], true, "{handler}");
+        assert_eq!(security["readOnlyRootFilesystem"], true, "{handler}");
         let mounts_tmp = container["volumeMounts"]
             .as_array()
             .unwrap()

@@ -6,7 +6,8 @@
 //! containers: configuration- and instance-level requests sharing `deviceUsage` slots, with
 //! `uniqueDevices` on and off, two nodes racing for one slot, and slots coming back after
 //! their pod and their node go. The debugEcho handler embedded in the kubelet-plugin stands
-//! in for cameras that both nodes reach (shared).
+//! in for cameras that both nodes reach (shared). The OPC UA handler runs as the chart's
+//! DaemonSet, to show how the chart contains a handler pod.
 
 use akri_api::v0::{Configuration, Instance};
 use akri_testing::product::{Helm, Images, repo};
@@ -16,6 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::OnceCell;
 
@@ -59,7 +61,9 @@ async fn cluster() -> Cluster {
                 .await
                 .expect("control plane");
             let client = cp.client().await.unwrap();
-            let images = Images::built().unwrap().only(&["akri-kubelet-plugin"]);
+            let images = Images::built()
+                .unwrap()
+                .only(&["akri-kubelet-plugin", "akri-opcua-discovery-handler"]);
             let mut nodes = Vec::new();
             for name in NODES {
                 nodes.push(start_node(&cp, &images, name).await);
@@ -96,6 +100,8 @@ async fn cluster() -> Cluster {
                 "kubeletPlugin.debugEcho.enabled=true",
             ]);
             args.extend(["--set", "kubeletPlugin.debugEcho.shared=true"]);
+            // A handler as its own DaemonSet, for its containment (no configuration uses it).
+            args.extend(["--set", "discoveryHandlers.opcua.enabled=true"]);
             args.extend(["--wait", "--timeout", "3m"]);
             let helm = Helm::new().unwrap();
             let started = std::time::Instant::now();
@@ -411,6 +417,83 @@ async fn the_chart_runs_the_legacy_device_plugins_alone_and_says_dra_is_off() {
             "{name}'s /readyz"
         );
     }
+}
+
+/// The chart's handler pods: the OPC UA handler's process runs as the chart's non-root user
+/// and sees, of the node's `/var/lib/akri`, only its own directory, which the kubelet-plugin
+/// made for that user (mode 0700) and registered it from. So no other handler reaches its
+/// socket, and it reaches no other handler's.
+#[tokio::test]
+async fn the_charts_handler_pods_run_unprivileged_each_in_a_directory_of_its_own() {
+    let c = &cluster().await;
+    for node in &c.nodes {
+        let on_node = |script: &str| node.host_shell(script).unwrap();
+        assert_eq!(
+            on_node("stat -c '%u %a' /var/lib/akri/opcua").trim(),
+            "65532 700"
+        );
+        let registered = on_node("cat /var/lib/akri-kubelet-plugin/discovery-handlers.json");
+        assert!(
+            registered.contains("/var/lib/akri/opcua/opcua.sock"),
+            "{}: the handler registered from its own directory: {registered}",
+            node.node_name()
+        );
+        // The handler's process, found by the node's directory behind its /var/lib/akri
+        // (mountinfo names a source by its path in its filesystem: compared by the end).
+        let akri = Path::new(node.dir().file_name().unwrap()).join("host/var-lib/akri");
+        let (pid, mounts) = handler_processes("akri-opcua-discovery-handler")
+            .into_iter()
+            .find(|(_, mounts)| {
+                mounts
+                    .iter()
+                    .any(|(_, root)| root.ends_with(akri.join("opcua")))
+            })
+            .unwrap_or_else(|| panic!("no OPC UA handler process of {}", node.node_name()));
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let uid = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        assert_eq!(
+            uid.split_whitespace().skip(1).collect::<Vec<_>>(),
+            ["65532"; 4],
+            "{uid}"
+        );
+        let seen: Vec<_> = (mounts.iter())
+            .filter(|(_, root)| (root.ancestors()).any(|a| a.ends_with(&akri)))
+            .map(|(point, root)| (point.clone(), root.ends_with(akri.join("opcua"))))
+            .collect();
+        assert_eq!(
+            seen,
+            [("/var/lib/akri".into(), true)],
+            "{}: of the node's /var/lib/akri, only its own directory, at Akri's path",
+            node.node_name()
+        );
+    }
+}
+
+/// The processes running `binary`, each with its mounts (mount point, source path).
+fn handler_processes(binary: &str) -> Vec<(u32, Vec<(PathBuf, PathBuf)>)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let program = cmdline.split(|b| *b == 0).next().unwrap_or_default();
+        if !program.ends_with(binary.as_bytes()) {
+            continue;
+        }
+        let Ok(mountinfo) = std::fs::read_to_string(entry.path().join("mountinfo")) else {
+            continue;
+        };
+        // mountinfo: id parent major:minor root mount-point ...
+        let mounts = (mountinfo.lines())
+            .filter_map(|line| {
+                let fields: Vec<_> = line.split(' ').collect();
+                Some((fields.get(4)?.into(), fields.get(3)?.into()))
+            })
+            .collect();
+        found.push((pid, mounts));
+    }
+    found
 }
 
 /// Seed 000's first walkthrough, in real containers: a configuration-level request takes one
