@@ -6,6 +6,12 @@
 #
 #   hack/k8s-bins.sh            # the main version (hack/k8s/VERSION), with the kubelet peer
 #   hack/k8s-bins.sh 1.34.4     # another version: control plane and kubelet (no peer)
+#   hack/k8s-bins.sh 1.34.4 kube-apiserver kubelet   # only these commands (and etcd)
+#
+# Another version takes the main version's etcd when that is built (etcd 3.6 serves every
+# release tested here; building it again costs a minute of both cores).
+#
+# K8S_BINS_CLEAN_GO_CACHES=1 clears Go's build and module caches after a build (CI's disk).
 #
 # Prints the bin directory on its last line. Output goes to $K8S_BINS_ROOT
 # (default: <repo>/_output/k8s), one directory per version; a build whose inputs have
@@ -16,6 +22,9 @@ repo=$(cd "$(dirname "$0")/.." && pwd)
 main_version=$(tr -d ' \n' <"$repo/hack/k8s/VERSION")
 version=${1:-$main_version}
 version=${version#v}
+# The Kubernetes commands to build: those named after the version, else all of them.
+commands=("${@:2}")
+[ ${#commands[@]} -gt 0 ] || commands=(kube-apiserver kubelet kube-proxy kube-scheduler kube-controller-manager kubectl)
 root=${K8S_BINS_ROOT:-$repo/_output/k8s}
 work="$root/v$version"
 src="$work/src"
@@ -36,13 +45,18 @@ with_peer=false
 # Inputs that decide whether a rebuild is needed: this script, tools.go, the Go sources.
 stamp_inputs() {
   cat "$0" "$repo/hack/k8s/tools.go"
-  echo "go=$(go env GOVERSION) version=$version peer=$with_peer"
+  echo "go=$(go env GOVERSION) version=$version peer=$with_peer commands=${commands[*]}"
   if $with_peer; then
     find "$repo/hack/k8s/kubelet-peer" "$repo/hack/k8s/go-dra-driver" -type f | LC_ALL=C sort | xargs cat
   fi
 }
 stamp=$(stamp_inputs | sha256sum | cut -d' ' -f1)
-if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && [ -x "$bin/kube-apiserver" ] && [ -x "$bin/kubectl" ] && [ -x "$bin/kubelet" ] && [ -x "$bin/kube-proxy" ] && { ! $with_peer || [ -x "$bin/go-dra-driver" ]; }; then
+built() {
+  local command
+  for command in etcd "${commands[@]}"; do [ -x "$bin/$command" ] || return 1; done
+  ! $with_peer || [ -x "$bin/go-dra-driver" ]
+}
+if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && built; then
   log "v$version is up to date in $bin"
   echo "$bin"
   exit 0
@@ -98,16 +112,16 @@ for var in "gitVersion=v$version" "gitMajor=${version%%.*}" "gitMinor=$(echo "$v
 done
 
 start=$(date +%s)
-log "building kube-apiserver, kube-scheduler, kube-controller-manager, kubectl, kubelet, kube-proxy for v$version"
-(cd "$src" && go build -ldflags "$ldflags" -o "$bin/" \
-  k8s.io/kubernetes/cmd/kube-apiserver \
-  k8s.io/kubernetes/cmd/kubelet \
-  k8s.io/kubernetes/cmd/kube-proxy \
-  k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kubectl)
-log "building etcd (the version Kubernetes v$version pins)"
-(cd "$src" && go build -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+log "building ${commands[*]} for v$version"
+(cd "$src" && go build -ldflags "$ldflags" -o "$bin/" "${commands[@]/#/k8s.io/kubernetes/cmd/}")
+main_etcd="$root/v$main_version/bin/etcd"
+if [ "$version" != "$main_version" ] && [ -x "$main_etcd" ]; then
+  log "etcd: the main version's ($main_etcd)"
+  cp "$main_etcd" "$bin/etcd"
+else
+  log "building etcd (the version Kubernetes v$version pins)"
+  (cd "$src" && go build -ldflags "-s -w" -o "$bin/etcd" go.etcd.io/etcd/server/v3)
+fi
 if $with_peer; then
   log "building kubelet-peer"
   (cd "$src" && go build -ldflags "$ldflags" -o "$bin/kubelet-peer" ./kubelet-peer)
@@ -116,4 +130,8 @@ if $with_peer; then
 fi
 log "built v$version in $(( $(date +%s) - start ))s"
 echo "$stamp" >"$work/stamp"
+# CI: one version's build cache and modules take about 3.5 GB that nothing needs afterwards.
+if [ "${K8S_BINS_CLEAN_GO_CACHES:-}" = 1 ]; then
+  go clean -cache -modcache
+fi
 echo "$bin"
