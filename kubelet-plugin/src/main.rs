@@ -43,11 +43,12 @@ struct Args {
     /// Akri's discovery-handler registration socket.
     #[arg(long, default_value = "/var/lib/akri/agent-registration.sock")]
     discovery_socket: PathBuf,
-    /// A discovery handler with a directory of its own, NAME[:UID[:GID]] (repeatable): made
-    /// beside the registration socket (`<dir>/NAME/`, owned by UID:GID, mode 0700), served
-    /// registration in, and the only place NAME registers from. Its pod mounts only that
-    /// directory, so no other handler can take its name or replace its socket.
-    #[arg(long = "own-handler-directory", value_name = "NAME[:UID[:GID]]")]
+    /// A discovery handler with a directory of its own, NAME[:GID] (repeatable): made beside
+    /// the registration socket (`<dir>/NAME/`, mode 0770, group GID, the handler's, which this
+    /// process must be in: the chart's supplementalGroups), served registration in, and the
+    /// only place NAME registers from. Its pod mounts only that directory, so no other handler
+    /// can take its name or replace its socket.
+    #[arg(long = "own-handler-directory", value_name = "NAME[:GID]")]
     own_handler_directories: Vec<akri_kubelet_plugin::discovery::registry::OwnDirectory>,
     /// Run the embedded debugEcho discovery handler, serving on this socket.
     #[arg(long)]

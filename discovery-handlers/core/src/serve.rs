@@ -75,13 +75,16 @@ pub enum Error {
     },
 }
 
-/// Binds a handler's socket at `socket`: mode 0600, a stale socket file replaced.
+/// Who may call a handler: its user and its group. The node agent connects as the owner (both
+/// root) or through the group of the handler's own directory (a non-root handler), which keeps
+/// everybody else out.
+const SOCKET_MODE: u32 = 0o660;
+
+/// Binds a handler's socket at `socket`: mode 0660, a stale socket file replaced.
 pub fn bind(socket: &Path) -> Result<UnixListener, Error> {
-    node_io::authority::bind(socket, node_io::authority::OWNER_ONLY).map_err(|cause| {
-        Error::Socket {
-            path: socket.to_path_buf(),
-            cause,
-        }
+    node_io::authority::bind(socket, SOCKET_MODE).map_err(|cause| Error::Socket {
+        path: socket.to_path_buf(),
+        cause,
     })
 }
 
@@ -93,7 +96,7 @@ pub struct Served {
 }
 
 impl Served {
-    /// Serves `handler` on `socket` (mode 0600, a stale socket file replaced). Needs a Tokio
+    /// Serves `handler` on `socket` ([`bind`]). Needs a Tokio
     /// runtime.
     pub fn start<D: Discover>(handler: D, socket: &Path) -> Result<Self, Error> {
         Ok(Served::on(handler, bind(socket)?, socket))

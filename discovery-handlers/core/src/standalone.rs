@@ -81,8 +81,8 @@ pub async fn run<D: Discover>(
 }
 
 /// Binds the handler's socket, waiting while its directory refuses this user: the chart's
-/// kubelet-plugin makes a handler's own directory the handler's user's only once it runs
-/// (until then the directory is the kubelet's, root's).
+/// kubelet-plugin gives a handler's own directory the handler's group only once it runs
+/// (until then the directory is the kubelet's: root's, 0755).
 async fn bind_once_allowed(socket: &Path) -> Result<tokio::net::UnixListener, serve::Error> {
     let mut retry = Duration::from_millis(250);
     loop {

@@ -32,20 +32,22 @@ pub const SOCKET_MODE: u32 = 0o660;
 /// The registration socket's name in a handler's own directory, as Akri's handlers expect it
 /// in their `DISCOVERY_HANDLERS_DIRECTORY`.
 pub const SOCKET_NAME: &str = "agent-registration.sock";
-/// An own directory's mode: its handler's user, and root, reach into it; nobody else.
-const OWN_DIRECTORY_MODE: u32 = 0o700;
+/// An own directory's mode: its owner (root, the agent) and its group (the handler's) reach
+/// into it; nobody else. The group, not the owner, is the handler's: giving the directory away
+/// would need CAP_CHOWN, which the agent does not have; joining a group needs only the pod's
+/// `supplementalGroups`.
+const OWN_DIRECTORY_MODE: u32 = 0o770;
 /// The registration socket's mode in an own directory, which already keeps everybody else out:
-/// the handler connects whatever its group.
+/// the handler connects whatever its user.
 const OWN_SOCKET_MODE: u32 = 0o666;
 
 /// A discovery handler with a directory of its own, `<registration socket's directory>/<name>/`,
-/// that only its pod mounts. The agent makes it, owned by the handler's user (`uid`, `gid`) with
-/// mode 0700, and serves registration in it ([`SOCKET_NAME`]). Given as `name[:uid[:gid]]`
-/// (`gid` defaults to `uid`, `uid` to root).
+/// that only its pod mounts. The agent makes it (mode 0770, group `gid`, the handler's group,
+/// which the agent's process must be in when it is not root's) and serves registration in it
+/// ([`SOCKET_NAME`]). Given as `name[:gid]` (`gid` defaults to root's).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OwnDirectory {
     pub name: String,
-    pub uid: u32,
     pub gid: u32,
 }
 
@@ -53,22 +55,21 @@ impl std::str::FromStr for OwnDirectory {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, String> {
-        let mut parts = text.split(':');
-        let name = parts.next().unwrap_or_default().to_string();
-        akri_devices::validate_handler_name(&name)
-            .map_err(|reason| format!("handler name {name:?}: {reason}"))?;
-        let id = |part: Option<&str>, default: u32| match part {
-            None => Ok(default),
-            Some(id) => id
-                .parse::<u32>()
-                .map_err(|_| format!("{id:?} in {text:?} is not a numeric user or group id")),
+        let (name, gid) = match text.split_once(':') {
+            Some((name, gid)) => {
+                let gid = gid
+                    .parse::<u32>()
+                    .map_err(|_| format!("{gid:?} in {text:?} is not a numeric group id"))?;
+                (name, gid)
+            }
+            None => (text, 0),
         };
-        let uid = id(parts.next(), 0)?;
-        let gid = id(parts.next(), uid)?;
-        if parts.next().is_some() {
-            return Err(format!("{text:?}: expected name[:uid[:gid]]"));
-        }
-        Ok(OwnDirectory { name, uid, gid })
+        akri_devices::validate_handler_name(name)
+            .map_err(|reason| format!("handler name {name:?}: {reason}"))?;
+        Ok(OwnDirectory {
+            name: name.to_string(),
+            gid,
+        })
     }
 }
 
@@ -272,8 +273,9 @@ impl Drop for Registry {
     }
 }
 
-/// Makes `dir` a directory that only `owner`'s user (and root) reaches. Its parent is the
-/// agent's, so nobody else can have put a symlink there: changing it by path is safe.
+/// Makes `dir` a directory that only the agent and `owner`'s group reach. Its parent is the
+/// agent's, so nobody else can have put a symlink there: changing it by path is safe. Made by
+/// the agent or by the kubelet (the handler pod's hostPath), it is root's.
 fn make_own_directory(dir: &Path, owner: &OwnDirectory) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     match std::fs::create_dir(dir) {
@@ -286,8 +288,8 @@ fn make_own_directory(dir: &Path, owner: &OwnDirectory) -> std::io::Result<()> {
             "exists and is not a directory",
         ));
     }
-    std::os::unix::fs::chown(dir, Some(owner.uid), Some(owner.gid))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(OWN_DIRECTORY_MODE))
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(OWN_DIRECTORY_MODE))?;
+    std::os::unix::fs::chown(dir, None, Some(owner.gid))
 }
 
 /// A registration that came through `name`'s own directory `dir`: only `name` registers there,

@@ -444,10 +444,15 @@ async fn template_renders_every_option_of_the_full_values() {
     );
 
     // The handlers' own DaemonSets: Akri's socket layout in a directory of their own, which
-    // the kubelet-plugin makes for the handler's user; no API access at all.
-    let plugin = &find(&objects, "DaemonSet", "edge-akri-kubelet-plugin")["spec"]["template"]["spec"]
-        ["containers"][0]["args"];
-    let own: Vec<_> = (strings(plugin).into_iter())
+    // the kubelet-plugin makes for the handler's group, which its pod joins; no API access.
+    let plugin =
+        &find(&objects, "DaemonSet", "edge-akri-kubelet-plugin")["spec"]["template"]["spec"];
+    assert_eq!(
+        plugin["securityContext"]["supplementalGroups"],
+        json!([65532]),
+        "the kubelet-plugin reaches non-root handlers through their group"
+    );
+    let own: Vec<_> = (strings(&plugin["containers"][0]["args"]).into_iter())
         .filter(|a| a.starts_with("--own-handler-directory="))
         .collect();
     assert_eq!(

@@ -421,7 +421,7 @@ async fn the_chart_runs_the_legacy_device_plugins_alone_and_says_dra_is_off() {
 
 /// The chart's handler pods: the OPC UA handler's process runs as the chart's non-root user
 /// and sees, of the node's `/var/lib/akri`, only its own directory, which the kubelet-plugin
-/// made for that user (mode 0700) and registered it from. So no other handler reaches its
+/// made for the handler's group (mode 0770) and registered it from. So no other handler reaches its
 /// socket, and it reaches no other handler's.
 #[tokio::test]
 async fn the_charts_handler_pods_run_unprivileged_each_in_a_directory_of_its_own() {
@@ -429,8 +429,8 @@ async fn the_charts_handler_pods_run_unprivileged_each_in_a_directory_of_its_own
     for node in &c.nodes {
         let on_node = |script: &str| node.host_shell(script).unwrap();
         assert_eq!(
-            on_node("stat -c '%u %a' /var/lib/akri/opcua").trim(),
-            "65532 700"
+            on_node("stat -c '%u:%g %a' /var/lib/akri/opcua").trim(),
+            "0:65532 770"
         );
         let registered = on_node("cat /var/lib/akri-kubelet-plugin/discovery-handlers.json");
         assert!(
