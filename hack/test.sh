@@ -42,10 +42,11 @@ wait_for() {
 }
 (
   build images nice -n 10 ionice -c 3 hack/images.sh
-  # 1.34 runs no kube-proxy and no kubectl in the steps below.
-  build k8s-1.34.4 nice -n 19 ionice -c 3 hack/k8s-bins.sh 1.34.4 \
+  # 1.34 runs no kube-proxy and no kubectl in the steps below. GOGC=400: the Go compiler
+  # spends about a quarter less CPU (.ci/run says how much), for a little more memory.
+  build k8s-1.34.4 env GOGC=400 nice -n 19 ionice -c 3 hack/k8s-bins.sh 1.34.4 \
     kube-apiserver kubelet kube-scheduler kube-controller-manager
-  build k8s-1.33.13 nice -n 19 ionice -c 3 hack/k8s-bins.sh 1.33.13
+  build k8s-1.33.13 env GOGC=400 nice -n 19 ionice -c 3 hack/k8s-bins.sh 1.33.13
 ) &
 builds=$!
 # A run that stops early stops the background builds too (the build in progress with them).
