@@ -325,20 +325,7 @@ pub struct InstanceDevice<'a> {
 /// string attributes where DRA can hold them ([`property_attributes`]); the others still
 /// reach containers through CDI.
 pub fn devices(instance: &InstanceDevice<'_>, sharing: Sharing) -> Vec<Device> {
-    let mut attributes = BTreeMap::from([
-        (
-            ATTR_CONFIGURATION.to_string(),
-            string_attribute(instance.configuration),
-        ),
-        (
-            ATTR_INSTANCE.to_string(),
-            string_attribute(instance.instance),
-        ),
-    ]);
-    let (published, _) = property_attributes(instance.properties);
-    for (key, value) in published {
-        attributes.insert(format!("{PROPERTY_DOMAIN}/{key}"), string_attribute(value));
-    }
+    let attributes = attributes(instance);
     if instance.capacity <= 1 {
         return vec![Device {
             name: instance.instance.to_string(),
@@ -376,6 +363,27 @@ pub fn devices(instance: &InstanceDevice<'_>, sharing: Sharing) -> Vec<Device> {
             })
             .collect(),
     }
+}
+
+/// The attributes of an Instance's DRA devices: its configuration and name, and its
+/// discovered properties as `property.akri.sh/<KEY>` where DRA can hold them
+/// ([`property_attributes`]).
+pub fn attributes(instance: &InstanceDevice<'_>) -> BTreeMap<String, DeviceAttribute> {
+    let mut attributes = BTreeMap::from([
+        (
+            ATTR_CONFIGURATION.to_string(),
+            string_attribute(instance.configuration),
+        ),
+        (
+            ATTR_INSTANCE.to_string(),
+            string_attribute(instance.instance),
+        ),
+    ]);
+    let (published, _) = property_attributes(instance.properties);
+    for (key, value) in published {
+        attributes.insert(format!("{PROPERTY_DOMAIN}/{key}"), string_attribute(value));
+    }
+    attributes
 }
 
 /// Splits discovered properties into those published as attributes and the keys left out:

@@ -21,6 +21,7 @@
 
 use crate::claim::ClaimSource;
 use crate::health::HealthReporter;
+use crate::metadata::MetadataWriter;
 use crate::node_pools::NodePools;
 use crate::plugin::{KubeletPlugin, PluginConfig};
 use crate::registration::RegistrationStatus;
@@ -36,6 +37,8 @@ use std::sync::Arc;
 pub const KUBELET_DIR: &str = "/var/lib/kubelet";
 /// Where the kubelet looks for plugins, unless told otherwise.
 pub const KUBELET_REGISTRY_DIR: &str = "/var/lib/kubelet/plugins_registry";
+/// The container runtime's CDI directory, unless told otherwise.
+pub const DEFAULT_CDI_DIR: &str = "/var/run/cdi";
 /// Where plugins keep their sockets, one directory per driver, unless told otherwise.
 pub const KUBELET_PLUGINS_DIR: &str = "/var/lib/kubelet/plugins";
 
@@ -57,6 +60,15 @@ pub enum Error {
         driver: String,
         /// Why.
         cause: crate::plugin::Error,
+    },
+    /// Device metadata was asked for in versions that lack the latest, or the driver name is
+    /// no CDI vendor name.
+    #[error("driver {driver}: {cause}")]
+    Metadata {
+        /// The driver.
+        driver: String,
+        /// Why.
+        cause: crate::metadata::Error,
     },
     /// The Node object (whose UID owns the node's slices) could not be read.
     #[error("reading node {node}: {cause}")]
@@ -83,6 +95,8 @@ pub struct Builder {
     repair: bool,
     health: bool,
     pod_uid: Option<String>,
+    metadata: Option<Vec<crate::metadata::Version>>,
+    cdi_dir: PathBuf,
 }
 
 impl Builder {
@@ -164,6 +178,26 @@ impl Builder {
         self
     }
 
+    /// Device metadata ([`crate::metadata`], KEP-5304): for every claim it prepares the plugin
+    /// writes a file per request that the claim's containers read at the standard path, in
+    /// each of `versions` (the latest, [`Version::LATEST`](crate::metadata::Version::LATEST),
+    /// must be one), with what the driver's [`Prepared::metadata`](crate::Prepared::metadata)
+    /// says of each device. Off by default, as in upstream's helper.
+    pub fn device_metadata(
+        mut self,
+        versions: impl IntoIterator<Item = crate::metadata::Version>,
+    ) -> Self {
+        self.metadata = Some(versions.into_iter().collect());
+        self
+    }
+
+    /// The container runtime's CDI directory, where the device metadata's CDI specs go
+    /// (default [`DEFAULT_CDI_DIR`]).
+    pub fn cdi_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.cdi_dir = dir.into();
+        self
+    }
+
     /// The registry directory and the plugin directory, defaults applied.
     fn dirs(&self) -> (PathBuf, PathBuf) {
         let registry = (self.registry_dir.clone())
@@ -213,6 +247,17 @@ impl Builder {
         .map_err(service_error)?;
         let service = match &self.pod_uid {
             Some(_) => service.shared(plugin_dir.join("serialize.lock")),
+            None => service,
+        };
+        let service = match self.metadata {
+            Some(versions) => service.device_metadata(
+                MetadataWriter::new(&self.driver, &plugin_dir, &self.cdi_dir, versions).map_err(
+                    |cause| Error::Metadata {
+                        driver: self.driver.clone(),
+                        cause,
+                    },
+                )?,
+            ),
             None => service,
         };
         let health = HealthReporter::default();
@@ -281,6 +326,8 @@ impl Plugin<()> {
             repair: true,
             health: true,
             pod_uid: None,
+            metadata: None,
+            cdi_dir: PathBuf::from(DEFAULT_CDI_DIR),
         }
     }
 }

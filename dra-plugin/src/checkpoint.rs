@@ -75,6 +75,22 @@ pub struct PreparedClaim {
     /// in checkpoints written before it existed (same version: an empty map is not written).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub cdi_spec_contents: BTreeMap<PathBuf, String>,
+    /// The library's own files for the claim, the device metadata ([`crate::metadata`]) and
+    /// its CDI spec, with their content: healed like the specs, removed at unprepare. Absent
+    /// when device metadata is off (an empty list is not written).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub metadata_files: Vec<WrittenFile>,
+}
+
+/// A file the library wrote for a claim, kept whole to be written again.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WrittenFile {
+    /// Where.
+    pub path: PathBuf,
+    /// What it holds.
+    pub content: String,
+    /// Its permission bits.
+    pub mode: u32,
 }
 
 /// One allocated device of a prepared claim, as NodePrepareResources reported it.
@@ -318,6 +334,7 @@ mod tests {
             }],
             cdi_spec_files: vec![PathBuf::from("/var/run/cdi/akri.sh-onvif-0b6c1c5e.json")],
             cdi_spec_contents: BTreeMap::new(),
+            metadata_files: Vec::new(),
         };
         BTreeMap::from([(claim.uid.clone(), claim)])
     }

@@ -50,7 +50,7 @@ pub struct Claim {
 /// What only the driver knows of a claim it prepared; the library makes the
 /// [`PreparedClaim`](crate::PreparedClaim) record (the kubelet's answer, the checkpoint) from
 /// it and the claim.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Prepared {
     /// The CDI device ids the containers get for each of the claim's results, in
     /// [`Claim::results`] order.
@@ -58,6 +58,10 @@ pub struct Prepared {
     /// The CDI spec files written for the claim: unprepare gets them back, and a prepare after
     /// a reboot that wiped them writes them again from what they held.
     pub cdi_spec_files: Vec<std::path::PathBuf>,
+    /// What the containers read about each result's device in its metadata file, in
+    /// [`Claim::results`] order (fewer entries: the rest get none), when the plugin writes
+    /// device metadata ([`Builder::device_metadata`](crate::Builder::device_metadata)).
+    pub metadata: Vec<crate::metadata::DeviceMetadata>,
 }
 
 impl Prepared {
@@ -67,6 +71,7 @@ impl Prepared {
         Prepared {
             cdi_ids: spec.qualified_ids.into_iter().map(|id| vec![id]).collect(),
             cdi_spec_files: vec![spec.path],
+            metadata: Vec::new(),
         }
     }
 }
@@ -97,6 +102,7 @@ impl Claim {
             devices,
             cdi_spec_files: prepared.cdi_spec_files,
             cdi_spec_contents: Default::default(),
+            metadata_files: Vec::new(),
         })
     }
 }
@@ -307,6 +313,7 @@ mod tests {
         let answer = |ids: &[&str]| Prepared {
             cdi_ids: ids.iter().map(|id| vec![id.to_string()]).collect(),
             cdi_spec_files: vec!["/cdi/spec.json".into()],
+            ..Prepared::default()
         };
         let record = claim.record(answer(&["v/k=0", "v/k=1"])).unwrap();
         assert_eq!((record.uid.as_str(), record.name.as_str()), ("u1", "c"));

@@ -16,6 +16,7 @@
 //! - [`slices`]: publishing pools of devices as ResourceSlices, generation by generation.
 //! - [`node_pools`]: a node's pools of one driver, kept as wanted and repaired.
 //! - [`health`]: the device health stream the kubelet reads.
+//! - [`metadata`]: device metadata, a file per request that containers read (KEP-5304).
 //! - [`registration`], [`plugin`], [`authority`]: the sockets the kubelet finds and calls.
 //! - [`vanished`]: keeping a device that disappeared published (tainted) while claims hold it.
 //! - [`api_support`]: which optional DRA fields the API server keeps (asked, not guessed).
@@ -31,6 +32,7 @@ pub mod checkpoint;
 pub mod claim;
 pub mod device_status;
 pub mod health;
+pub mod metadata;
 pub mod node_pools;
 pub mod plugin;
 pub mod registration;

@@ -22,6 +22,7 @@
 
 use crate::checkpoint::{Checkpoint, PreparedClaim, PreparedClaims, PreparedDevice, SetAside};
 pub use crate::claim::{Claim, ClaimError, ClaimRef, ClaimSource};
+use crate::metadata::MetadataWriter;
 use futures::StreamExt;
 use kubelet_proto::dra::{v1, v1beta1};
 use std::collections::{BTreeMap, HashMap};
@@ -104,6 +105,9 @@ pub enum ClaimFailure {
         /// Why.
         cause: std::io::Error,
     },
+    /// The claim's device metadata could not be written or removed.
+    #[error(transparent)]
+    Metadata(crate::metadata::Error),
     /// The checkpoint shared with another process of the driver could not be locked or read
     /// ([`DraService::shared`]): nothing was done.
     #[error("the shared checkpoint: {0}")]
@@ -163,6 +167,8 @@ pub struct DraService<D> {
     changed: Arc<tokio::sync::watch::Sender<()>>,
     /// The lock file of a checkpoint shared with another process ([`Self::shared`]).
     shared: Option<Arc<std::path::PathBuf>>,
+    /// Writes each prepared claim's device metadata ([`Self::device_metadata`]).
+    metadata: Option<Arc<MetadataWriter>>,
 }
 
 impl<D> Clone for DraService<D> {
@@ -176,6 +182,7 @@ impl<D> Clone for DraService<D> {
             set_aside: self.set_aside.clone(),
             changed: self.changed.clone(),
             shared: self.shared.clone(),
+            metadata: self.metadata.clone(),
         }
     }
 }
@@ -225,6 +232,7 @@ impl<D: Driver> DraService<D> {
             set_aside: set_aside.map(Arc::new),
             changed: Arc::new(tokio::sync::watch::channel(()).0),
             shared: None,
+            metadata: None,
         })
     }
 
@@ -236,6 +244,14 @@ impl<D: Driver> DraService<D> {
     /// `flock` in that case.
     pub fn shared(mut self, lock: std::path::PathBuf) -> Self {
         self.shared = Some(Arc::new(lock));
+        self
+    }
+
+    /// Writes device metadata for every claim it prepares ([`crate::metadata`]): a file per
+    /// request that the claim's containers read, from what the driver's
+    /// [`Prepared::metadata`](crate::Prepared::metadata) says of each device.
+    pub fn device_metadata(mut self, writer: MetadataWriter) -> Self {
+        self.metadata = Some(Arc::new(writer));
         self
     }
 
@@ -414,7 +430,8 @@ impl<D: Driver> DraService<D> {
             &self.on.node,
         )
         .await?;
-        let answer = (self.driver.prepare(&checked).await).map_err(ClaimFailure::driver)?;
+        let mut answer = (self.driver.prepare(&checked).await).map_err(ClaimFailure::driver)?;
+        let metadata = std::mem::take(&mut answer.metadata);
         let mut prepared = match checked.record(answer) {
             Ok(prepared) => prepared,
             Err((results, answered)) => {
@@ -423,6 +440,13 @@ impl<D: Driver> DraService<D> {
                 return Err(ClaimFailure::Answer { results, answered });
             }
         };
+        if let Some(writer) = &self.metadata
+            && let Err(error) = writer.write(&checked, &metadata, &mut prepared)
+        {
+            let _ = writer.remove(claim, Some(&prepared));
+            let _ = self.driver.unprepare(claim, Some(&prepared)).await;
+            return Err(ClaimFailure::Metadata(error));
+        }
         for path in &prepared.cdi_spec_files {
             match std::fs::read_to_string(path) {
                 Ok(content) => {
@@ -455,9 +479,15 @@ impl<D: Driver> DraService<D> {
             .each_claim(claims, |claim| async move {
                 let prepared = self.state.lock().await.claims.get(&claim.uid).cloned();
                 let result = self.driver.unprepare(&claim, prepared.as_ref()).await;
-                let result = result
-                    .map(|()| prepared.is_some())
-                    .map_err(ClaimFailure::driver);
+                let result = result.map_err(ClaimFailure::driver).and_then(|()| {
+                    match (&self.metadata, &prepared) {
+                        (Some(writer), prepared) => writer.remove(&claim, prepared.as_ref()),
+                        (None, Some(prepared)) => crate::metadata::remove_recorded(prepared),
+                        (None, None) => Ok(()),
+                    }
+                    .map_err(ClaimFailure::Metadata)
+                });
+                let result = result.map(|()| prepared.is_some());
                 (claim, result)
             })
             .await;
@@ -577,6 +607,13 @@ fn heal_specs(prepared: &PreparedClaim) -> Result<bool, ClaimFailure> {
         }
         node_io::files::write_replacing(path, recorded.as_bytes(), crate::cdi::SPEC_FILE_MODE)
             .map_err(failed("rewriting", path))?;
+    }
+    for file in &prepared.metadata_files {
+        let on_disk = std::fs::read_to_string(&file.path).ok();
+        if on_disk.as_ref() != Some(&file.content) {
+            tracing::warn!(uid = %prepared.uid, file = %file.path.display(), "rewriting the claim's device metadata from the checkpoint");
+            crate::metadata::write(file).map_err(ClaimFailure::Metadata)?;
+        }
     }
     Ok(true)
 }

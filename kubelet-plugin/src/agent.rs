@@ -41,6 +41,9 @@ pub struct AgentConfig {
     pub plugins_dir: PathBuf,
     /// Where CDI specs are written (the container runtime's CDI spec directory).
     pub cdi_dir: PathBuf,
+    /// Give containers each device's metadata file (KEP-5304, [`dra_plugin::metadata`]):
+    /// its slice's attributes at the standard path.
+    pub device_metadata: bool,
     /// Checkpoints and the handler registrations.
     pub state_dir: PathBuf,
     /// Akri's discovery-handler registration socket.
@@ -105,6 +108,7 @@ impl AgentConfig {
             registry_dir: dir.join("registry"),
             plugins_dir: dir.join("plugins"),
             cdi_dir: dir.join("cdi"),
+            device_metadata: true,
             state_dir: dir.join("state"),
             discovery_socket: dir.join("handlers/agent-registration.sock"),
             own_handler_directories: Vec::new(),
@@ -414,6 +418,7 @@ async fn dra_sink(
         registry_dir: config.registry_dir.clone(),
         plugins_dir: config.plugins_dir.clone(),
         cdi_dir: config.cdi_dir.clone(),
+        device_metadata: config.device_metadata,
         state_dir: config.state_dir.clone(),
         instance_grace: config.instance_grace,
         vanished_grace: config.vanished_grace,

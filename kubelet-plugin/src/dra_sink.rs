@@ -8,6 +8,7 @@ use crate::kubelet_registration::KubeletRegistration;
 use crate::metrics::{Metrics, Timed};
 use crate::node_devices::NodeDevices;
 use dra_plugin::cdi::CdiRoot;
+use dra_plugin::metadata::Version;
 use dra_plugin::registration::RegistrationStatus;
 use dra_plugin::vanished::VanishedDevices;
 use std::collections::{BTreeMap, BTreeSet};
@@ -25,6 +26,7 @@ pub struct DraOptions {
     pub registry_dir: PathBuf,
     pub plugins_dir: PathBuf,
     pub cdi_dir: PathBuf,
+    pub device_metadata: bool,
     pub state_dir: PathBuf,
     pub instance_grace: crate::instance_plan::Grace,
     pub vanished_grace: Duration,
@@ -273,10 +275,16 @@ impl DraSink {
             Some(uid) => builder.rolling_update(uid),
             None => builder,
         };
+        // Both versions, newest first: a reader written for 1.36 (v1alpha1) finds its own.
+        let builder = match options.device_metadata {
+            true => builder.device_metadata([Version::V1beta1, Version::V1alpha1]),
+            false => builder,
+        };
         let plugin = builder
             .registry_dir(&options.registry_dir)
             .plugin_dir(options.plugins_dir.join(driver))
             .checkpoint(checkpoint)
+            .cdi_dir(&options.cdi_dir)
             .node_uid(&options.node_uid)
             .field_manager(akri_devices::node_field_manager(&options.node_name))
             // Slices changed or deleted behind its back (the kubelet's DRA manager deletes a

@@ -9,6 +9,7 @@ use crate::node_devices::{KnownDevice, NodeDevices};
 use dra_plugin::cdi::{self, CdiDevice, CdiRoot, DeviceNode, Mount};
 use dra_plugin::checkpoint::PreparedClaim;
 use dra_plugin::device_status::{self, DeviceStatus};
+use dra_plugin::metadata::DeviceMetadata;
 use dra_plugin::{Claim, ClaimRef, Driver, Prepared};
 
 /// Why an Akri device was not prepared or unprepared (the kubelet shows it in the pod's
@@ -120,9 +121,20 @@ impl Driver for AkriDriver {
                 vec![spec.qualified_ids[index].clone()]
             })
             .collect();
+        // What containers read in the device metadata file: what the slice shows.
+        let metadata = results
+            .iter()
+            .map(|result| {
+                let known = &found[(cdi_devices.iter())
+                    .position(|d| d.name == result.device)
+                    .expect("every result has its CDI device")];
+                device_metadata(known)
+            })
+            .collect();
         Ok(Prepared {
             cdi_ids,
             cdi_spec_files: vec![spec.path],
+            metadata,
         })
     }
 
@@ -163,6 +175,27 @@ fn status_data(known: &KnownDevice) -> serde_json::Value {
     })
 }
 
+/// A device's metadata (the file its containers read at the standard path, KEP-5304): the
+/// attributes its ResourceSlice publishes, less any property whose name says it holds a
+/// credential ([`shown_property`]). The file is world-readable in the container; the
+/// container's environment still has every property.
+fn device_metadata(known: &KnownDevice) -> DeviceMetadata {
+    let mut attributes = akri_devices::attributes(&akri_devices::InstanceDevice {
+        instance: &known.instance,
+        configuration: &known.configuration,
+        capacity: 1,
+        properties: &known.device.properties,
+    });
+    attributes.retain(|name, _| {
+        let property = name.strip_prefix(akri_devices::PROPERTY_DOMAIN);
+        property.is_none_or(|key| shown_property(key.trim_start_matches('/')))
+    });
+    DeviceMetadata {
+        attributes,
+        network_data: None,
+    }
+}
+
 /// Whether a property may appear in a claim's status, which anyone who can read the claim
 /// reads: not when a `_`-separated word of its name says it holds a credential (`PASSWORD`,
 /// `ONVIF_SECRET`, `API_TOKEN`, `TLS_KEY`...). Containers still get every property.
@@ -185,6 +218,41 @@ pub fn shown_property(key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_metadata_is_what_the_slice_shows_without_credentials() {
+        let known = KnownDevice {
+            configuration: "cams".into(),
+            instance: "cams-1a2b3c".into(),
+            device: crate::discovery::DiscoveredDevice {
+                id: "cam".into(),
+                properties: [
+                    ("ONVIF_DEVICE_IP_ADDRESS", "10.0.0.7"),
+                    ("ONVIF_PASSWORD", "hunter2"),
+                    ("API_TOKEN", "t0k3n"),
+                    ("not a C identifier", "left out of slices too"),
+                ]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+                mounts: Vec::new(),
+                device_specs: Vec::new(),
+            },
+        };
+        let metadata = device_metadata(&known);
+        let names: Vec<&str> = metadata.attributes.keys().map(String::as_str).collect();
+        assert_eq!(
+            names,
+            [
+                "akri.sh/configuration",
+                "akri.sh/instance",
+                "property.akri.sh/ONVIF_DEVICE_IP_ADDRESS"
+            ]
+        );
+        assert_eq!(
+            metadata.attributes["property.akri.sh/ONVIF_DEVICE_IP_ADDRESS"].string,
+            Some("10.0.0.7".into())
+        );
+    }
 
     #[test]
     fn credentials_stay_out_of_claim_status() {

@@ -36,6 +36,11 @@ struct Args {
     /// CDI spec directory of the container runtime.
     #[arg(long, default_value = "/var/run/cdi")]
     cdi_dir: PathBuf,
+    /// Give each container a file with its devices' attributes at the standard path,
+    /// /var/run/kubernetes.io/dra-device-attributes/... (KEP-5304, device metadata), through
+    /// a CDI bind mount.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    device_metadata: bool,
     /// Checkpoints and discovery-handler registrations (must survive restarts). Never inside
     /// the registration socket's directory, which discovery-handler pods mount.
     #[arg(long, default_value = "/var/lib/akri-kubelet-plugin")]
@@ -147,6 +152,7 @@ async fn main() -> anyhow::Result<()> {
         registry_dir: args.registry_dir,
         plugins_dir: args.plugins_dir,
         cdi_dir: args.cdi_dir,
+        device_metadata: args.device_metadata,
         state_dir: args.state_dir,
         discovery_socket: args.discovery_socket,
         own_handler_directories: args.own_handler_directories,

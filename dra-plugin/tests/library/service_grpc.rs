@@ -10,10 +10,11 @@
 use dra_plugin::Prepared;
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
 use dra_plugin::checkpoint::PreparedClaim;
+use dra_plugin::metadata::{DeviceMetadata, MetadataWriter, Version};
 use dra_plugin::service::{
     Claim, ClaimRef, ClaimSource, DraService, Driver, DriverOnNode, MAX_CONCURRENT_CLAIMS,
 };
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::resource::v1::{DeviceAttribute, ResourceClaim};
 use kubelet_proto::dra::v1;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -103,7 +104,18 @@ impl Driver for SpecDriver {
             ..CdiDevice::default()
         };
         let spec = self.cdi.write_claim_spec("gadget", &claim.uid, &[device])?;
-        Ok(Prepared::one_spec(spec))
+        // What the device metadata file shows, where the service writes one.
+        let model = DeviceAttribute {
+            string: Some("gadget-2".into()),
+            ..DeviceAttribute::default()
+        };
+        Ok(Prepared {
+            metadata: vec![DeviceMetadata {
+                attributes: [("model".to_string(), model)].into(),
+                network_data: None,
+            }],
+            ..Prepared::one_spec(spec)
+        })
     }
 
     async fn unprepare(
@@ -125,7 +137,10 @@ struct Served {
 }
 
 async fn serve(dir: &Path, delay: Duration) -> Served {
-    let service = service(SpecDriver::new(dir, delay), &checkpoint(dir));
+    serve_service(dir, service(SpecDriver::new(dir, delay), &checkpoint(dir))).await
+}
+
+async fn serve_service(dir: &Path, service: DraService<SpecDriver>) -> Served {
     let socket = dir.join(format!("dra-{}.sock", rand_suffix()));
     let listener = dra_plugin::authority::bind(&socket, dra_plugin::authority::OWNER_ONLY).unwrap();
     let router = tonic::transport::Server::builder().add_service(service.v1());
@@ -221,23 +236,32 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Spans {
 #[tokio::test]
 async fn each_call_and_each_claim_prepared_has_a_span() {
     use tracing_subscriber::layer::SubscriberExt;
-    let spans = Spans::default();
-    // The test's runtime has one thread: the server's tasks run on it too.
-    let _default =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(spans.clone()));
+    // A global subscriber, not a scoped one: a callsite another test's thread registers
+    // while a scoped subscriber is being set up keeps "no interest" for good (tracing-core
+    // caches it per callsite), and this test then missed `prepare_claims` about one run in two.
+    static SPANS: std::sync::OnceLock<Spans> = std::sync::OnceLock::new();
+    let spans = SPANS.get_or_init(|| {
+        let spans = Spans::default();
+        tracing::subscriber::set_global_default(tracing_subscriber::registry().with(spans.clone()))
+            .expect("the only global subscriber of this test binary");
+        spans
+    });
     let dir = tempfile::tempdir().unwrap();
     let served = serve(dir.path(), Duration::ZERO).await;
     prepare(
         &served,
-        vec![claim("r", "a", "uid-a"), claim("r", "b", "uid-b")],
+        vec![
+            claim("spans", "a", "uid-span-a"),
+            claim("spans", "b", "uid-span-b"),
+        ],
     )
     .await;
-    unprepare(&served, vec![claim("r", "a", "uid-a")]).await;
+    unprepare(&served, vec![claim("spans", "a", "uid-span-a")]).await;
     let spans = spans.0.lock().unwrap().clone();
     for expected in [
         format!("prepare_claims driver={DRIVER} claims=2"),
-        "prepare_claim claim=r/a uid=uid-a".to_string(),
-        "prepare_claim claim=r/b uid=uid-b".to_string(),
+        "prepare_claim claim=spans/a uid=uid-span-a".to_string(),
+        "prepare_claim claim=spans/b uid=uid-span-b".to_string(),
         format!("unprepare_claims driver={DRIVER} claims=1"),
     ] {
         assert!(spans.contains(&expected), "{expected:?} not in {spans:#?}");
@@ -431,4 +455,111 @@ async fn a_failed_checkpoint_store_changes_nothing() {
     let recorded: serde_json::Value =
         serde_json::from_slice(&std::fs::read(state.join("checkpoint.json")).unwrap()).unwrap();
     assert!(recorded["claims"].as_object().unwrap().is_empty());
+}
+
+/// Device metadata (KEP-5304): the answer's first device of each request carries the CDI id
+/// that mounts the request's file, which holds the claim, the request and each device with
+/// the driver's attributes, newest version first; a reboot that wiped the CDI directory gets
+/// it back from the checkpoint, and unprepare takes everything away. Without it, the answer
+/// is the driver's alone.
+#[tokio::test]
+async fn device_metadata_is_mounted_healed_after_a_reboot_and_removed_with_the_claim() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = serve(dir.path(), Duration::ZERO).await;
+    let answer = prepare(&plain, vec![claim("r", "c", "uid-plain")]).await;
+    assert_eq!(answer["uid-plain"].devices[0].cdi_device_ids.len(), 1);
+    assert!(!dir.path().join("plugin").exists(), "no metadata written");
+    drop(plain);
+
+    let with_metadata = || {
+        let writer = MetadataWriter::new(
+            DRIVER,
+            &dir.path().join("plugin"),
+            &dir.path().join("cdi"),
+            [Version::V1alpha1, Version::V1beta1],
+        )
+        .unwrap();
+        let driver = SpecDriver::new(dir.path(), Duration::ZERO);
+        service(driver, &checkpoint(dir.path())).device_metadata(writer)
+    };
+    let served = serve_service(dir.path(), with_metadata()).await;
+    let answer = prepare(&served, vec![claim("r", "c", "uid-meta")]).await;
+    let ids = answer["uid-meta"].devices[0].cdi_device_ids.clone();
+    assert_eq!(
+        ids,
+        [
+            "example.com/gadget=uid-meta-dev",
+            "gadget.example.com/metadata=uid-meta-r"
+        ],
+        "{answer:?}"
+    );
+
+    let file = dir
+        .path()
+        .join("plugin/dra-device-metadata/uid-meta/r/metadata.json");
+    let content = std::fs::read_to_string(&file).unwrap();
+    let objects: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&content)
+        .into_iter()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let versions: Vec<&str> = objects
+        .iter()
+        .map(|o| o["apiVersion"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        versions,
+        [
+            "metadata.resource.k8s.io/v1beta1",
+            "metadata.resource.k8s.io/v1alpha1"
+        ],
+        "newest first"
+    );
+    assert_eq!(
+        objects[0],
+        serde_json::json!({
+            "kind": "DeviceMetadata",
+            "apiVersion": "metadata.resource.k8s.io/v1beta1",
+            "metadata": { "name": "c", "namespace": "r", "uid": "uid-meta", "generation": 1 },
+            "requests": [{ "name": "r", "devices": [{
+                "driver": DRIVER, "pool": NODE, "name": "dev",
+                "attributes": { "model": { "string": "gadget-2" } },
+            }] }],
+        })
+    );
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "containers of any user read it");
+    let spec_path = dir
+        .path()
+        .join("cdi/gadget.example.com-metadata-uid-meta.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    assert_eq!(
+        spec["devices"][0]["containerEdits"]["mounts"][0],
+        serde_json::json!({
+            "hostPath": file.to_str().unwrap(),
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/r/gadget.example.com-metadata.json",
+            "options": ["bind", "ro"],
+        })
+    );
+    let spec_content = std::fs::read(&spec_path).unwrap();
+    drop(served);
+
+    // A reboot: the CDI directory is a tmpfs.
+    std::fs::remove_dir_all(dir.path().join("cdi")).unwrap();
+    let served = serve_service(dir.path(), with_metadata()).await;
+    let again = prepare(&served, vec![claim("r", "c", "uid-meta")]).await;
+    assert_eq!(again["uid-meta"].devices[0].cdi_device_ids, ids);
+    assert_eq!(std::fs::read(&spec_path).unwrap(), spec_content, "healed");
+    assert_eq!(served.service.driver().prepares.load(Ordering::SeqCst), 0);
+
+    let undone = unprepare(&served, vec![claim("r", "c", "uid-meta")]).await;
+    assert_eq!(undone["uid-meta"].error, "");
+    assert!(!spec_path.exists(), "the metadata spec is gone");
+    assert!(
+        !dir.path()
+            .join("plugin/dra-device-metadata/uid-meta")
+            .exists(),
+        "the claim's metadata directory is gone"
+    );
 }

@@ -151,6 +151,7 @@ async fn template_renders_the_components_with_default_values() {
         "--registry-dir=/var/lib/kubelet/plugins_registry",
         "--plugins-dir=/var/lib/kubelet/plugins",
         "--cdi-dir=/var/run/cdi",
+        "--device-metadata=true",
         "--state-dir=/var/lib/akri-kubelet-plugin",
         "--discovery-socket=/var/lib/akri/agent-registration.sock",
         "--consumable-capacity=auto",
@@ -338,6 +339,7 @@ async fn template_renders_every_option_of_the_full_values() {
     let args = strings(&container["args"]);
     for flag in [
         "--cdi-dir=/etc/cdi",
+        "--device-metadata=false",
         "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
         "--debug-echo-availability-file=/var/lib/akri/debug-echo-availability.txt",
         "--debug-echo-shared",

@@ -683,8 +683,17 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
     );
     c.shared_configuration(&config, "onvif", &details, properties)
         .await;
-    c.script_pod("camera", &config, "env | grep '^ONVIF_' | sort")
-        .await;
+    // The device metadata file (KEP-5304) at the standard path: a template's claim is named
+    // by the pod's entry (`<config>`), then the request (`device`), then the driver.
+    let metadata_file = format!(
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/{config}/device/onvif.akri.sh-metadata.json"
+    );
+    c.script_pod(
+        "camera",
+        &config,
+        &format!("env | grep '^ONVIF_' | sort\necho METADATA\ncat {metadata_file}"),
+    )
+    .await;
     let output = c.output("camera").await;
     assert_shows(
         &output,
@@ -700,6 +709,29 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
         ],
     );
     assert!(!output.contains(PASSWORD), "{output}");
+    let (_, metadata) = output.split_once("METADATA\n").expect("the script ran");
+    let metadata = metadata.split("END-OF-OUTPUT").next().unwrap();
+    let newest: serde_json::Value = serde_json::Deserializer::from_str(metadata)
+        .into_iter()
+        .next()
+        .expect("the file holds an object")
+        .unwrap_or_else(|e| panic!("{e}: {metadata}"));
+    assert_eq!(newest["apiVersion"], "metadata.resource.k8s.io/v1beta1");
+    let device = &newest["requests"][0]["devices"][0];
+    assert_eq!(device["driver"], "onvif.akri.sh", "{newest}");
+    let attributes = &device["attributes"];
+    assert_eq!(
+        attributes["akri.sh/configuration"]["string"],
+        config.as_str()
+    );
+    assert_eq!(
+        attributes["property.akri.sh/ONVIF_DEVICE_IP_ADDRESS"]["string"], "10.20.30.40",
+        "{newest}"
+    );
+    assert_eq!(
+        attributes["property.akri.sh/ONVIF_DEVICE_MAC_ADDRESS"]["string"],
+        "00:0a:0b:0c:0d:0e"
+    );
     // The credential is nowhere in what the cluster stores about the device.
     let instances = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns)
         .list(&Default::default())
