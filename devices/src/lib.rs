@@ -20,6 +20,23 @@ pub const DRIVER_DOMAIN: &str = "akri.sh";
 pub const ATTR_CONFIGURATION: &str = "akri.sh/configuration";
 /// Device attribute: the Instance a device is (or, for slot devices, belongs to).
 pub const ATTR_INSTANCE: &str = "akri.sh/instance";
+/// The binding condition of a shared device (KEP-5007): the scheduler binds a pod to the node
+/// it chose only once that node's kubelet-plugin has found the device answers from there.
+pub const BINDING_CONDITION: &str = "akri.sh/Reachable";
+/// The binding failure condition: the device does not answer from the chosen node, and the
+/// scheduler tries again (elsewhere).
+pub const BINDING_FAILURE_CONDITION: &str = "akri.sh/Unreachable";
+
+/// Makes a shared device wait, at binding, for the chosen node to reach it: its allocation is
+/// bound to that node (`bindsToNode`), and the pod is bound only once the node's
+/// kubelet-plugin has set [`BINDING_CONDITION`] (or is moved on by
+/// [`BINDING_FAILURE_CONDITION`]).
+pub fn with_binding_check(device: &mut Device) {
+    device.binds_to_node = Some(true);
+    device.binding_conditions = Some(vec![BINDING_CONDITION.to_string()]);
+    device.binding_failure_conditions = Some(vec![BINDING_FAILURE_CONDITION.to_string()]);
+}
+
 /// Domain of the attributes carrying discovered properties (`property.akri.sh/<KEY>`), apart
 /// from ours so that a property can never shadow them.
 pub const PROPERTY_DOMAIN: &str = "property.akri.sh";

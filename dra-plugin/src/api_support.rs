@@ -45,6 +45,9 @@ pub struct ApiSupport {
     pub extended_resource_name: bool,
     /// Devices with `taints` (DRADeviceTaints).
     pub device_taints: bool,
+    /// Devices with `bindsToNode`, `bindingConditions` and `bindingFailureConditions`
+    /// (DRADeviceBindingConditions with DRAResourceClaimDeviceStatus).
+    pub binding_conditions: bool,
 }
 
 /// Name of the probe objects (never stored: every request is a dry run).
@@ -58,6 +61,7 @@ impl ApiSupport {
             per_device_node_selection: per_device_node_selection(client).await?,
             extended_resource_name: extended_resource_name(client).await?,
             device_taints: device_taints(client).await?,
+            binding_conditions: binding_conditions(client).await?,
         })
     }
 }
@@ -136,6 +140,25 @@ pub async fn device_taints(client: &kube::Client) -> Result<bool, Error> {
         .and_then(|s| s.spec.devices)
         .and_then(|d| d.into_iter().next())
         .is_some_and(|d| d.taints.is_some_and(|t| !t.is_empty())))
+}
+
+/// Whether devices keep `bindsToNode` and their binding conditions (so whether the scheduler
+/// waits for them before binding). Needs `create` on resourceslices.
+pub async fn binding_conditions(client: &kube::Client) -> Result<bool, Error> {
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let mut slice = probe_slice(false, false);
+    if let Some(device) = slice.spec.devices.as_mut().and_then(|d| d.first_mut()) {
+        device.binds_to_node = Some(true);
+        device.binding_conditions = Some(vec!["dra-plugin.probe/Ready".into()]);
+        device.binding_failure_conditions = Some(vec!["dra-plugin.probe/Failed".into()]);
+    }
+    let stored = create_or_rejected(&slices, &dry_run(), &slice, "ResourceSlice").await?;
+    Ok(stored
+        .and_then(|s| s.spec.devices)
+        .and_then(|d| d.into_iter().next())
+        .is_some_and(|d| {
+            d.binds_to_node == Some(true) && d.binding_conditions.is_some_and(|c| !c.is_empty())
+        }))
 }
 
 /// Whether DeviceClasses keep `extendedResourceName`. Needs `create` on deviceclasses.

@@ -14,6 +14,7 @@
 //! `patch` on `resourceclaims/status`.
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +34,9 @@ pub struct DeviceStatus {
     /// Driver-specific data (any JSON object) for workloads and operators.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data: Option<serde_json::Value>,
+    /// The device's conditions: among them the binding conditions the scheduler waits for.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
 }
 
 /// Errors of writing a claim's device status.
@@ -73,6 +77,19 @@ pub async fn apply(
     driver: &str,
     devices: &[DeviceStatus],
 ) -> Result<(), Error> {
+    apply_as(client, claim, driver, driver, devices).await
+}
+
+/// [`apply`] under another field manager than the driver's name: a second writer of the
+/// driver's entries (e.g. `<driver>/binding`, setting binding conditions) owns only the fields
+/// it applies, so neither writer's apply takes the other's fields away.
+pub async fn apply_as(
+    client: &kube::Client,
+    claim: Claim<'_>,
+    driver: &str,
+    manager: &str,
+    devices: &[DeviceStatus],
+) -> Result<(), Error> {
     let entries: Vec<serde_json::Value> = devices
         .iter()
         .map(|d| {
@@ -87,6 +104,10 @@ pub async fn apply(
             if let Some(data) = &d.data {
                 entry["data"] = data.clone();
             }
+            if !d.conditions.is_empty() {
+                entry["conditions"] =
+                    serde_json::to_value(&d.conditions).expect("conditions serialize");
+            }
             entry
         })
         .collect();
@@ -98,7 +119,7 @@ pub async fn apply(
     });
     let claims = Api::<ResourceClaim>::namespaced(client.clone(), claim.namespace);
     // Forced: the entries of this driver are this driver's, whoever touched them last.
-    let params = PatchParams::apply(driver).force();
+    let params = PatchParams::apply(manager).force();
     match claims
         .patch_status(claim.name, &params, &Patch::Apply(&patch))
         .await

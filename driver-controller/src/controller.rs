@@ -85,6 +85,9 @@ pub struct ControllerConfig {
     /// Forces whether the API server keeps device taints (`--device-taints on|off`); `None`
     /// follows [`Self::api_support`].
     pub device_taints: Option<bool>,
+    /// Forces whether shared devices are published with binding conditions
+    /// (`--binding-conditions on|off`); `None` follows [`Self::api_support`].
+    pub binding_conditions: Option<bool>,
     /// How long a shared device that lost its last node while a claim holds it stays
     /// `NoSchedule`-tainted before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
     pub vanished_grace: Duration,
@@ -103,6 +106,7 @@ impl ControllerConfig {
             api_support: None,
             consumable_capacity: None,
             device_taints: None,
+            binding_conditions: None,
             vanished_grace: Duration::from_secs(300),
             node_lost_grace: Duration::from_secs(300),
             debounce: Duration::from_millis(500),
@@ -150,11 +154,15 @@ pub async fn run(
     if let Some(forced) = config.device_taints {
         support.device_taints = forced;
     }
+    if let Some(forced) = config.binding_conditions {
+        support.binding_conditions = forced;
+    }
     tracing::info!(
         consumable_capacity = support.consumable_capacity,
         per_device_node_selection = support.per_device_node_selection,
         extended_resource_name = support.extended_resource_name,
         device_taints = support.device_taints,
+        binding_conditions = support.binding_conditions,
         "API server support"
     );
 
@@ -504,6 +512,18 @@ impl Context {
         } else {
             "; the API server has no device taints (DRADeviceTaints), so a device that vanishes while a claim holds it leaves its slice at once and the pods that hold it are not evicted"
         };
+        let binding = match (
+            instances.iter().any(|i| i.spec.shared),
+            self.support.binding_conditions,
+        ) {
+            (true, true) => {
+                "; a pod is bound to the node chosen for a shared device only once that node's kubelet-plugin has found the device answers from there (binding condition akri.sh/Reachable)"
+            }
+            (true, false) => {
+                "; the API server has no binding conditions (DRADeviceBindingConditions), so a pod may be bound to a node that lists a shared device but cannot reach it just then"
+            }
+            (false, _) => "",
+        };
         match class_conflict {
             None => {
                 set_condition(
@@ -512,7 +532,7 @@ impl Context {
                     true,
                     "Published",
                     format!(
-                        "DeviceClass {name} selects its devices{extended}{unique}{taints}; {} Instances on {} nodes, {} devices published",
+                        "DeviceClass {name} selects its devices{extended}{unique}{taints}{binding}; {} Instances on {} nodes, {} devices published",
                         status.instances, status.nodes, status.devices_published
                     ),
                     generation,

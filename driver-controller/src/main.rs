@@ -26,6 +26,11 @@ struct Args {
     /// shared and node-local devices follow one model.
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
     consumable_capacity: Switch,
+    /// Whether shared devices wait, at binding, for the chosen node to reach them
+    /// (DRADeviceBindingConditions, beta from 1.36): `auto` asks the API server with a
+    /// dry-run probe at start.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    binding_conditions: Switch,
     #[command(flatten)]
     vanished: akri_runtime::VanishedArgs,
     /// Seconds a node may stay not Ready before shared devices are no longer offered there
@@ -59,6 +64,7 @@ async fn main() -> anyhow::Result<()> {
     config.debounce = Duration::from_millis(args.debounce_ms);
     config.consumable_capacity = args.consumable_capacity.forced();
     config.device_taints = args.vanished.device_taints.forced();
+    config.binding_conditions = args.binding_conditions.forced();
     config.vanished_grace = args.vanished.grace();
     config.node_lost_grace = Duration::from_secs(args.node_lost_grace_seconds);
 

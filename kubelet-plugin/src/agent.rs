@@ -2,6 +2,7 @@
 //! where asked for, legacy device plugins ([`crate::legacy`]) out, all from one loop
 //! ([`crate::node_loop`]). This module is what it is configured with and how it starts.
 
+use crate::binding_check::BindingChecks;
 use crate::discovery::Registry;
 use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
 use crate::dra_sink::{DraOptions, DraSink};
@@ -87,6 +88,13 @@ pub struct AgentConfig {
     /// How long a served DRA driver may wait for a kubelet to take it before the agent is
     /// not ready with the reason ([`crate::kubelet_registration`]).
     pub kubelet_registration_timeout: Duration,
+    /// Whether shared devices allocated to this node are checked at binding
+    /// ([`crate::binding_check`]); `None` asks the API server whether it keeps binding
+    /// conditions.
+    pub binding_conditions: Option<bool>,
+    /// A device's network endpoint that has not accepted a connection after this fails its
+    /// binding check.
+    pub binding_check_timeout: Duration,
 }
 
 impl AgentConfig {
@@ -124,6 +132,8 @@ impl AgentConfig {
             dra: Some(true),
             legacy: None,
             kubelet_registration_timeout: Duration::from_secs(60),
+            binding_conditions: None,
+            binding_check_timeout: Duration::from_secs(5),
         }
     }
 
@@ -172,6 +182,7 @@ pub enum Error {
 pub struct Agent {
     task: tokio::task::JoinHandle<()>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+    _binding_checks: Option<tokio_util::task::AbortOnDropHandle<()>>,
     devices: NodeDevices,
     metrics: Metrics,
     readiness: Readiness,
@@ -310,6 +321,21 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     )
     .handler_access(config.handler_access.clone());
     let devices = discovery.devices(Sink::Dra);
+    let binding_conditions = match (serve_dra, config.binding_conditions) {
+        (false, _) => false,
+        (true, Some(forced)) => forced,
+        (true, None) => dra_plugin::api_support::binding_conditions(&client)
+            .await
+            .map_err(Error::ApiSupport)?,
+    };
+    tracing::info!(
+        binding_conditions,
+        "shared devices checked from this node at binding"
+    );
+    let binding_checks = binding_conditions.then(|| {
+        let timeout = config.binding_check_timeout;
+        BindingChecks::new(client.clone(), &config.node_name, devices.clone(), timeout).spawn()
+    });
     let node_loop = NodeLoop {
         client: client.clone(),
         node_name: config.node_name.clone(),
@@ -334,6 +360,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     Ok(Agent {
         task,
         stop: Some(stop),
+        _binding_checks: binding_checks,
         devices,
         metrics,
         readiness,

@@ -105,6 +105,7 @@ impl Driver for AkriDriver {
                     device: result.device.clone(),
                     share_id: result.share_id.clone(),
                     data: Some(status_data(&found[index])),
+                    conditions: Vec::new(),
                 }
             })
             .collect();

@@ -3,6 +3,7 @@
 pub mod discovery;
 
 pub mod agent;
+pub mod binding_check;
 pub mod discovery_errors;
 pub mod dra_sink;
 pub mod driver;

@@ -75,6 +75,16 @@ struct Args {
     /// it with a dry-run probe at start.
     #[arg(long, value_enum, default_value_t = Switch::Auto)]
     consumable_capacity: Switch,
+    /// Whether shared devices the scheduler allocated for this node are checked from here
+    /// before their pod is bound (binding conditions, DRADeviceBindingConditions): `auto`
+    /// asks the API server with a dry-run probe at start. Set it as the driver-controller's
+    /// flag of that name.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
+    binding_conditions: Switch,
+    /// Seconds a shared device's network endpoint may take to accept a connection in its
+    /// binding check before the check fails (and the scheduler tries again elsewhere).
+    #[arg(long, default_value_t = 5)]
+    binding_check_timeout_seconds: u64,
     /// Seconds an Instance of a node-local device outlives its disappearance (flapping
     /// devices).
     #[arg(long, default_value_t = 30)]
@@ -173,6 +183,8 @@ async fn main() -> anyhow::Result<()> {
             .then(|| args.property_namespaces.into_iter().collect()),
         handler_access: args.handler_container_access,
         dra: args.dra.forced(),
+        binding_conditions: args.binding_conditions.forced(),
+        binding_check_timeout: Duration::from_secs(args.binding_check_timeout_seconds),
         legacy: args.legacy_device_plugins.then(|| LegacyOptions {
             device_plugin_dir: args.device_plugin_dir,
             pod_resources_socket: Some(args.pod_resources_socket),

@@ -67,8 +67,8 @@ async fn each_driver_owns_only_its_entries_in_a_shared_claim() {
     let status = |device: &str, data: serde_json::Value| DeviceStatus {
         pool: "pool".into(),
         device: device.into(),
-        share_id: None,
         data: Some(data),
+        ..DeviceStatus::default()
     };
 
     device_status::apply(&client, target, a, &[status("dev-a", json!({ "v": 1 }))])

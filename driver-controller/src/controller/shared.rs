@@ -57,6 +57,11 @@ impl Context {
             &refs,
             &self.lost_nodes(),
         );
+        if self.support.binding_conditions {
+            for device in pools.iter_mut().flat_map(|p| p.devices.iter_mut()) {
+                akri_devices::with_binding_check(device);
+            }
+        }
         let ours: Vec<Arc<SliceView>> = self
             .slices
             .state()

@@ -53,7 +53,9 @@ fn assert_no_double_allocation(
 
 #[tokio::test]
 async fn a_shared_device_with_capacity_two_serves_two_pods_of_three_nodes() {
-    let cluster = Cluster::start(3, true).await;
+    // Without binding conditions: each binding would wait for the scheduler's next 5 s poll
+    // (50 rounds of it); they have a test of their own (binding.rs).
+    let cluster = Cluster::start_with(3, true, |c| c.binding_conditions = Some(false)).await;
     let consumable = cluster.support.consumable_capacity;
     let config = cluster.discovery("cam", &["cam0"], 2, true).await;
     let instance = akri_devices::instance_name(&config, "cam0", true, "");

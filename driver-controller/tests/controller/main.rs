@@ -3,5 +3,6 @@
 //! stores).
 
 mod allocation;
+mod binding;
 mod replicas;
 mod support;

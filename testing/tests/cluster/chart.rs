@@ -152,6 +152,7 @@ async fn template_renders_the_components_with_default_values() {
         "--plugins-dir=/var/lib/kubelet/plugins",
         "--cdi-dir=/var/run/cdi",
         "--device-metadata=true",
+        "--binding-conditions=auto",
         "--state-dir=/var/lib/akri-kubelet-plugin",
         "--discovery-socket=/var/lib/akri/agent-registration.sock",
         "--consumable-capacity=auto",
@@ -1084,7 +1085,8 @@ kubelet-plugin     patch   resource.k8s.io/resourceslices            cluster   -
 kubelet-plugin     delete  resource.k8s.io/resourceslices            cluster   -             yes
 kubelet-plugin     watch   resource.k8s.io/resourceslices            cluster   -             yes
 kubelet-plugin     get     resource.k8s.io/resourceclaims            other     -             yes
-kubelet-plugin     list    resource.k8s.io/resourceclaims            other     -             no
+kubelet-plugin     list    resource.k8s.io/resourceclaims            other     -             yes
+kubelet-plugin     watch   resource.k8s.io/resourceclaims            other     -             yes
 kubelet-plugin     patch   resource.k8s.io/resourceclaims/status     other     -             yes
 kubelet-plugin     update  resource.k8s.io/resourceclaims/status     other     -             no
 kubelet-plugin     associated-node:patch resource.k8s.io/resourceclaims/driver other - yes
@@ -2033,8 +2035,8 @@ async fn write_device_status_saying(
         .map(|(pool, device)| DeviceStatus {
             pool: pool.to_string(),
             device: device.to_string(),
-            share_id: None,
             data: Some(json!({ "configuration": configuration })),
+            ..DeviceStatus::default()
         })
         .collect();
     match device_status::apply(plugin, target, driver, &devices).await {

@@ -77,6 +77,16 @@ impl Cluster {
         shared: bool,
         adjust: impl FnOnce(&mut ControllerConfig),
     ) -> Cluster {
+        Self::start_with_agents(nodes, shared, adjust, |_| {}).await
+    }
+
+    /// [`Cluster::start_with`], each agent's configuration adjusted by `agent` too.
+    pub async fn start_with_agents(
+        nodes: usize,
+        shared: bool,
+        adjust: impl FnOnce(&mut ControllerConfig),
+        agent: impl Fn(&mut AgentConfig),
+    ) -> Cluster {
         let (cp, client, namespace) = control_plane().await;
         let support = ApiSupport::detect(&client).await.unwrap();
         let mut agents = Vec::new();
@@ -91,6 +101,7 @@ impl Cluster {
             let echo = config.debug_echo_mut();
             echo.shared = shared;
             availability.push(echo.availability_file.clone());
+            agent(&mut config);
             agents.push(
                 agent::start(client.clone(), config)
                     .await

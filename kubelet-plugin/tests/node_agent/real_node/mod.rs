@@ -709,6 +709,32 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
         ],
     );
     assert!(!output.contains(PASSWORD), "{output}");
+    // Bound only once this node connected to the camera's device service (binding
+    // conditions, where the API server keeps them: 1.36 and later).
+    let pod = c.pods().get("camera").await.unwrap();
+    let claim_name = (pod.status.unwrap().resource_claim_statuses)
+        .unwrap_or_default()
+        .into_iter()
+        .find_map(|s| s.resource_claim_name)
+        .expect("the pod's claim");
+    let claim = Api::<ResourceClaim>::namespaced(c.client.clone(), &c.ns)
+        .get(&claim_name)
+        .await
+        .unwrap();
+    let served = dra_plugin::api_support::binding_conditions(&c.client)
+        .await
+        .unwrap();
+    let conditions: Vec<_> = (claim.status.and_then(|s| s.devices).unwrap_or_default())
+        .into_iter()
+        .flat_map(|d| d.conditions.unwrap_or_default())
+        .filter(|c| c.type_ == akri_devices::BINDING_CONDITION)
+        .map(|c| (c.status, c.reason))
+        .collect();
+    let expected = match served {
+        true => vec![("True".to_string(), "Connected".to_string())],
+        false => Vec::new(),
+    };
+    assert_eq!(conditions, expected);
     let (_, metadata) = output.split_once("METADATA\n").expect("the script ran");
     let metadata = metadata.split("END-OF-OUTPUT").next().unwrap();
     let newest: serde_json::Value = serde_json::Deserializer::from_str(metadata)

@@ -1,0 +1,145 @@
+//! Binding conditions (KEP-5007) with the real scheduler: a shared device is bound to the
+//! node the scheduler chose only once that node's kubelet-plugin has checked it answers there.
+
+use crate::support::{self, Cluster, eventually, from_json};
+use akri_devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::json;
+use std::time::Duration;
+
+/// A claim of one device of `class` and a pod holding it, on `node` only when given (a
+/// required node affinity: the scheduler still allocates, unlike `spec.nodeName`).
+async fn pod_on(cluster: &Cluster, class: &str, node: Option<&str>) -> String {
+    let name = akri_testing::ControlPlane::unique_name("bound");
+    Api::<ResourceClaim>::namespaced(cluster.client.clone(), &cluster.namespace)
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "metadata": { "name": name },
+                "spec": { "devices": { "requests": [
+                    { "name": "camera", "exactly": { "deviceClassName": class } },
+                ] } },
+            })),
+        )
+        .await
+        .unwrap();
+    let affinity = node.map(|node| {
+        json!({ "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [{ "matchFields": [
+                { "key": "metadata.name", "operator": "In", "values": [node] },
+            ] }],
+        } } })
+    });
+    cluster
+        .create_pod(json!({
+            "metadata": { "name": name },
+            "spec": {
+                "affinity": affinity,
+                "resourceClaims": [{ "name": "c", "resourceClaimName": name }],
+                "containers": [{ "name": "c", "image": "none", "resources": { "claims": [{ "name": "c" }] } }],
+            },
+        }))
+        .await
+}
+
+/// The binding conditions of our entry in a claim's status.
+async fn conditions(cluster: &Cluster, claim: &str) -> Vec<Condition> {
+    let claim = Api::<ResourceClaim>::namespaced(cluster.client.clone(), &cluster.namespace)
+        .get(claim)
+        .await
+        .unwrap();
+    let entries = claim.status.and_then(|s| s.devices).unwrap_or_default();
+    entries
+        .into_iter()
+        .flat_map(|e| e.conditions.unwrap_or_default())
+        .filter(|c| c.type_ == BINDING_CONDITION || c.type_ == BINDING_FAILURE_CONDITION)
+        .collect()
+}
+
+/// Two nodes list a shared camera, but one of them no longer sees it (its handler stopped
+/// reporting it; the shared grace keeps it listed, as for a camera rebooting): a pod that
+/// can only go there is not bound (the node's check fails the binding, the scheduler says
+/// why), a pod that may go anywhere ends on the node that reaches the camera, and its claim
+/// shows that node's word. Where the API server has no binding conditions (1.34) the
+/// configuration's status says what is missing.
+#[tokio::test]
+async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
+    let cluster = Cluster::start_with_agents(
+        2,
+        true,
+        |_| {},
+        |agent| agent.instance_grace.shared = Duration::from_secs(300),
+    )
+    .await;
+    let config = cluster.discovery("gate", &["cam0"], 1, true).await;
+    cluster.wait_published(&config, 1).await;
+    let instance = akri_devices::instance_name(&config, "cam0", true, "");
+    eventually("the device on both nodes", async || {
+        let nodes = support::shared_device_nodes(&cluster.client, &instance).await?;
+        (nodes.len() == 2).then_some(())
+    })
+    .await;
+    if !cluster.support.binding_conditions {
+        let ready = cluster.ready_condition(&config).await;
+        assert!(ready.message.contains("no binding conditions"), "{ready:?}");
+        return;
+    }
+    let (reaching, lost) = (&cluster.nodes[0], &cluster.nodes[1]);
+
+    // The second node's handler stops reporting the camera; it stays listed there (grace).
+    std::fs::write(&cluster.availability_files()[1], "cam0").unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let nodes = support::shared_device_nodes(&cluster.client, &instance)
+        .await
+        .unwrap();
+    assert!(nodes.contains(lost), "still listed there: {nodes:?}");
+
+    let pinned = pod_on(&cluster, &config, Some(lost)).await;
+    let events = Api::<Event>::namespaced(cluster.client.clone(), &cluster.namespace);
+    let refused = eventually("the scheduler says the binding failed", async || {
+        let events = events.list(&ListParams::default()).await.ok()?.items;
+        events.into_iter().find_map(|e| {
+            let about = e.regarding.as_ref()?.name.as_deref() == Some(pinned.as_str());
+            let note = e.note.unwrap_or_default();
+            (about && note.contains("NotReported")).then_some(note)
+        })
+    })
+    .await;
+    assert!(
+        refused.contains(&format!("node {lost}'s discovery handler does not report")),
+        "{refused}"
+    );
+    assert_eq!(cluster.bound_node(&pinned).await, None, "not bound there");
+    cluster.delete_pod(&pinned).await;
+
+    let free = pod_on(&cluster, &config, None).await;
+    // Each try on the node that lost it fails and deallocates; the scheduler picks again among
+    // both (a tie), backing off up to 10 s between tries: allow for a few unlucky picks.
+    let node =
+        akri_testing::eventually_within("the pod bound", Duration::from_secs(240), async || {
+            cluster.bound_node(&free).await
+        })
+        .await;
+    assert_eq!(&node, reaching, "bound where the camera answers");
+    let shown = conditions(&cluster, &free).await;
+    assert_eq!(shown.len(), 1, "{shown:?}");
+    assert_eq!(
+        (shown[0].type_.as_str(), shown[0].status.as_str()),
+        (BINDING_CONDITION, "True")
+    );
+    assert!(
+        shown[0]
+            .message
+            .contains(&format!("node {reaching}'s discovery handler reports")),
+        "{shown:?}"
+    );
+    let pod = Api::<Pod>::namespaced(cluster.client.clone(), &cluster.namespace)
+        .get(&free)
+        .await
+        .unwrap();
+    assert!(pod.spec.unwrap().node_name.is_some());
+}

@@ -1,0 +1,446 @@
+//! Binding conditions of shared devices (KEP-5007): the node the scheduler chose checks that
+//! the device answers from there before the pod is bound to it.
+//!
+//! The driver-controller publishes shared devices with `bindsToNode` and the binding condition
+//! [`BINDING_CONDITION`] (failure: [`BINDING_FAILURE_CONDITION`]). The scheduler allocates
+//! one to a claim for the node it picked, writes that node into the allocation's node
+//! selector, and waits before binding the pod. This module, in that node's kubelet-plugin,
+//! sees the claim, checks the device and sets one of the two conditions on the claim's
+//! `status.devices` entry; on the failure condition the scheduler deallocates and tries again.
+//!
+//! Why here: the check must run where the pod's traffic will come from, which only a
+//! component on the chosen node can do, and must write the claim's status, which the
+//! discovery handlers (no API credentials at all) cannot. The plugin's pod has the node's pod
+//! network, the broker's.
+//!
+//! What is checked: that this node's handler reports the device now (a device that a grace
+//! keeps listed for a node that no longer sees it fails here), and, for a device with a
+//! network endpoint among its properties (ONVIF's device service URL, OPC UA's discovery URL),
+//! that a TCP connection to it opens within the timeout. Written under the field manager
+//! `<driver>/binding`, so prepare's own apply of the entry (under `<driver>`) keeps them.
+//!
+//! The cost: one watch of every ResourceClaim per node while the API server serves binding
+//! conditions (claims carry no label or field a node could select on); nothing is cached but
+//! the checks under way.
+
+use crate::node_devices::NodeDevices;
+use akri_devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION};
+use dra_plugin::device_status::{self, DeviceStatus};
+use futures::StreamExt;
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::task::AbortOnDropHandle;
+
+/// The outcome of checking one device from this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Outcome {
+    pub reachable: bool,
+    /// A CamelCase reason: `Connected`, `Reported`, `NotReported`, `ConnectFailed`, `Timeout`.
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// (claim UID, driver, pool, device): one check.
+type CheckKey = (String, String, String, String);
+
+/// Checks the devices of claims allocated to this node that wait for [`BINDING_CONDITION`].
+#[derive(Clone)]
+pub struct BindingChecks {
+    client: kube::Client,
+    node: Arc<str>,
+    devices: NodeDevices,
+    timeout: Duration,
+    /// Checked or being checked: each once.
+    seen: Arc<Mutex<BTreeSet<CheckKey>>>,
+}
+
+impl BindingChecks {
+    /// The checks of node `node`, whose devices are `devices`; a connection that has not
+    /// opened after `timeout` fails the check.
+    pub fn new(client: kube::Client, node: &str, devices: NodeDevices, timeout: Duration) -> Self {
+        BindingChecks {
+            client,
+            node: node.into(),
+            devices,
+            timeout,
+            seen: Arc::default(),
+        }
+    }
+
+    /// Watches the claims and checks what waits, until dropped.
+    pub fn spawn(self) -> AbortOnDropHandle<()> {
+        AbortOnDropHandle::new(tokio::spawn(self.run()))
+    }
+
+    async fn run(self) {
+        let claims = Api::<ResourceClaim>::all(self.client.clone());
+        let mut stream = watcher(claims, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(claim) => self.consider(&claim),
+                Err(error) => tracing::warn!(%error, "watching ResourceClaims for binding checks"),
+            }
+        }
+    }
+
+    /// Starts a check for each of the claim's devices that waits for this node's word.
+    fn consider(&self, claim: &ResourceClaim) {
+        let (Some(uid), Some(namespace), Some(name)) = (
+            claim.metadata.uid.clone(),
+            claim.metadata.namespace.clone(),
+            claim.metadata.name.clone(),
+        ) else {
+            return;
+        };
+        let waiting = waiting_here(claim, &self.node);
+        if waiting.is_empty() {
+            // Deallocated or gone: a later allocation (another pod, another try) is checked
+            // again.
+            self.seen.lock().expect("lock").retain(|seen| seen.0 != uid);
+            return;
+        }
+        for result in waiting {
+            let key = (
+                uid.clone(),
+                result.driver.clone(),
+                result.pool.clone(),
+                result.device.clone(),
+            );
+            if !self.seen.lock().expect("lock").insert(key) {
+                continue;
+            }
+            let this = self.clone();
+            let (uid, namespace, name) = (uid.clone(), namespace.clone(), name.clone());
+            tokio::spawn(async move {
+                let outcome = this.check(&result.driver, &result.device).await;
+                tracing::info!(claim = %name, %namespace, device = %result.device, reachable = outcome.reachable, reason = outcome.reason, "binding check");
+                let status = DeviceStatus {
+                    pool: result.pool.clone(),
+                    device: result.device.clone(),
+                    share_id: result.share_id.clone(),
+                    data: None,
+                    conditions: vec![condition(&outcome)],
+                };
+                let claim = device_status::Claim {
+                    namespace: &namespace,
+                    name: &name,
+                    uid: &uid,
+                };
+                let manager = format!("{}/binding", result.driver);
+                if let Err(error) = device_status::apply_as(
+                    &this.client,
+                    claim,
+                    &result.driver,
+                    &manager,
+                    &[status],
+                )
+                .await
+                {
+                    tracing::warn!(%error, "writing a binding condition failed; checking again on the claim's next change");
+                    let key = (uid, result.driver, result.pool, result.device);
+                    this.seen.lock().expect("lock").remove(&key);
+                }
+            });
+        }
+    }
+
+    /// Whether `device` of `driver` answers from this node.
+    pub async fn check(&self, driver: &str, device: &str) -> Outcome {
+        let node = &self.node;
+        let Some(known) = self.devices.lookup(driver, device) else {
+            return Outcome {
+                reachable: false,
+                reason: "NotReported",
+                message: format!(
+                    "node {node}'s discovery handler does not report device {device} now"
+                ),
+            };
+        };
+        let Some((host, port)) = endpoint(driver, &known.device.properties) else {
+            return Outcome {
+                reachable: true,
+                reason: "Reported",
+                message: format!("node {node}'s discovery handler reports device {device}"),
+            };
+        };
+        let address = format!("{host}:{port}");
+        match tokio::time::timeout(
+            self.timeout,
+            tokio::net::TcpStream::connect((host.as_str(), port)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => Outcome {
+                reachable: true,
+                reason: "Connected",
+                message: format!("node {node} connected to device {device} at {address}"),
+            },
+            Ok(Err(error)) => Outcome {
+                reachable: false,
+                reason: "ConnectFailed",
+                message: format!(
+                    "node {node} cannot connect to device {device} at {address}: {error}"
+                ),
+            },
+            Err(_) => Outcome {
+                reachable: false,
+                reason: "Timeout",
+                message: format!(
+                    "device {device} at {address} did not answer node {node} within {}s",
+                    self.timeout.as_secs_f32()
+                ),
+            },
+        }
+    }
+}
+
+/// The results of a claim that wait for this node's binding check: allocated to this node,
+/// of an Akri driver, with [`BINDING_CONDITION`], and no condition of ours set yet.
+fn waiting_here(claim: &ResourceClaim, node: &str) -> Vec<DeviceRequestAllocationResult> {
+    let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+        return Vec::new();
+    };
+    let here = allocation
+        .node_selector
+        .as_ref()
+        .is_some_and(|selector| dra_plugin::claim::selects_node(selector, node));
+    if !here {
+        return Vec::new();
+    }
+    let entries = claim.status.as_ref().and_then(|s| s.devices.as_ref());
+    let decided =
+        |result: &DeviceRequestAllocationResult| {
+            entries.into_iter().flatten().any(|entry| {
+                entry.driver == result.driver
+                    && entry.pool == result.pool
+                    && entry.device == result.device
+                    && entry.share_id == result.share_id
+                    && entry.conditions.iter().flatten().any(|c| {
+                        c.type_ == BINDING_CONDITION || c.type_ == BINDING_FAILURE_CONDITION
+                    })
+            })
+        };
+    let mut waiting: Vec<DeviceRequestAllocationResult> = allocation
+        .devices
+        .iter()
+        .flat_map(|d| d.results.iter().flatten())
+        .filter(|r| {
+            r.driver
+                .ends_with(&format!(".{}", akri_devices::DRIVER_DOMAIN))
+        })
+        .filter(|r| {
+            r.binding_conditions
+                .iter()
+                .flatten()
+                .any(|c| c == BINDING_CONDITION)
+        })
+        .filter(|r| !decided(r))
+        .cloned()
+        .collect();
+    // Two requests may share a device (consumable capacity): one check.
+    waiting.dedup_by(|a, b| (&a.pool, &a.device, &a.share_id) == (&b.pool, &b.device, &b.share_id));
+    waiting
+}
+
+/// The condition an outcome sets: [`BINDING_CONDITION`] when reachable, else
+/// [`BINDING_FAILURE_CONDITION`] (both True: a condition the scheduler reads is one it finds
+/// True).
+fn condition(outcome: &Outcome) -> Condition {
+    Condition {
+        type_: match outcome.reachable {
+            true => BINDING_CONDITION,
+            false => BINDING_FAILURE_CONDITION,
+        }
+        .to_string(),
+        status: "True".to_string(),
+        reason: outcome.reason.to_string(),
+        message: outcome.message.clone(),
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+        observed_generation: None,
+    }
+}
+
+/// The network endpoint a device of `driver` is reached at, from its properties: ONVIF's
+/// device service URL, OPC UA's discovery URL. `None` for handlers whose devices have none
+/// that we know (debugEcho, udev, yours): the check is then that the handler reports it.
+pub fn endpoint(
+    driver: &str,
+    properties: &std::collections::BTreeMap<String, String>,
+) -> Option<(String, u16)> {
+    let handler = driver.strip_suffix(&format!(".{}", akri_devices::DRIVER_DOMAIN))?;
+    let property = match handler {
+        "onvif" => akri_onvif::SERVICE_URL_PROPERTY,
+        "opcua" => akri_opcua::DISCOVERY_URL_PROPERTY,
+        _ => return None,
+    };
+    host_and_port(properties.get(property)?)
+}
+
+/// `scheme://[user@]host[:port]/...` to (host, port), the port defaulting by scheme.
+fn host_and_port(url: &str) -> Option<(String, u16)> {
+    let (scheme, rest) = url.split_once("://")?;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
+    let default = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        "opc.tcp" => 4840,
+        _ => return None,
+    };
+    let (host, port) = match authority.strip_prefix('[') {
+        // [v6]:port
+        Some(v6) => {
+            let (host, after) = v6.split_once(']')?;
+            (host, after.strip_prefix(':'))
+        }
+        None => match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        },
+    };
+    let port = match port {
+        Some(port) => port.parse().ok()?,
+        None => default,
+    };
+    (!host.is_empty()).then(|| (host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::discovery::DiscoveredDevice;
+    use crate::node_devices::ConfigDevices;
+
+    /// Checks of an ONVIF camera whose device service is at `url`, on real sockets: one that
+    /// accepts, a closed port, one that never answers (its accept queue full), and a device
+    /// the handler no longer reports.
+    #[tokio::test]
+    async fn a_check_connects_to_the_devices_endpoint_and_fails_by_refusal_or_timeout() {
+        let devices = NodeDevices::new("node-a", true);
+        let checks = |url: &str| {
+            devices.set(
+                "onvif.akri.sh",
+                ConfigDevices {
+                    configuration: "cams".into(),
+                    capacity: 1,
+                    unique_devices: true,
+                    shared: true,
+                    devices: vec![DiscoveredDevice {
+                        id: "cam".into(),
+                        properties: [(
+                            akri_onvif::SERVICE_URL_PROPERTY.to_string(),
+                            url.to_string(),
+                        )]
+                        .into(),
+                        ..DiscoveredDevice::default()
+                    }],
+                },
+            );
+            let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+            let client = kube::Client::try_from(config).unwrap();
+            BindingChecks::new(client, "node-a", devices.clone(), Duration::from_secs(1))
+        };
+        let device = || devices.known("onvif.akri.sh")[0].instance.clone();
+
+        let open = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/onvif/device_service", open.local_addr().unwrap());
+        let outcome = checks(&url).check("onvif.akri.sh", &device()).await;
+        assert_eq!(
+            (outcome.reachable, outcome.reason),
+            (true, "Connected"),
+            "{outcome:?}"
+        );
+
+        let closed = open.local_addr().unwrap();
+        drop(open);
+        let outcome = checks(&format!("http://{closed}/"))
+            .check("onvif.akri.sh", &device())
+            .await;
+        assert_eq!(
+            (outcome.reachable, outcome.reason),
+            (false, "ConnectFailed"),
+            "{outcome:?}"
+        );
+        assert!(
+            outcome.message.contains("node node-a cannot connect"),
+            "{outcome:?}"
+        );
+
+        // A listener that never accepts, its queue filled: further SYNs go unanswered.
+        let silent = tokio::net::TcpSocket::new_v4().unwrap();
+        silent.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let address = silent.local_addr().unwrap();
+        let _silent = silent.listen(0).unwrap();
+        let mut queued = Vec::new();
+        for _ in 0..4 {
+            let connect = tokio::net::TcpStream::connect(address);
+            if let Ok(Ok(stream)) = tokio::time::timeout(Duration::from_millis(200), connect).await
+            {
+                queued.push(stream);
+            }
+        }
+        let outcome = checks(&format!("http://{address}/"))
+            .check("onvif.akri.sh", &device())
+            .await;
+        assert_eq!(
+            (outcome.reachable, outcome.reason),
+            (false, "Timeout"),
+            "{outcome:?}"
+        );
+
+        let outcome = checks(&url).check("onvif.akri.sh", "cams-000000").await;
+        assert_eq!(
+            (outcome.reachable, outcome.reason),
+            (false, "NotReported"),
+            "{outcome:?}"
+        );
+    }
+
+    #[test]
+    fn endpoints_of_onvif_and_opcua_devices() {
+        let props = |k: &str, v: &str| [(k.to_string(), v.to_string())].into();
+        assert_eq!(
+            endpoint(
+                "onvif.akri.sh",
+                &props(
+                    "ONVIF_DEVICE_SERVICE_URL",
+                    "http://10.0.0.7/onvif/device_service"
+                )
+            ),
+            Some(("10.0.0.7".into(), 80))
+        );
+        assert_eq!(
+            endpoint(
+                "opcua.akri.sh",
+                &props("OPCUA_DISCOVERY_URL", "opc.tcp://[fe80::1]:4841/")
+            ),
+            Some(("fe80::1".into(), 4841))
+        );
+        assert_eq!(
+            endpoint(
+                "opcua.akri.sh",
+                &props("OPCUA_DISCOVERY_URL", "opc.tcp://user@plc-7:4842")
+            ),
+            Some(("plc-7".into(), 4842))
+        );
+        assert_eq!(
+            endpoint("debugecho.akri.sh", &props("DEBUG_ECHO_DESCRIPTION", "x")),
+            None
+        );
+        assert_eq!(
+            endpoint(
+                "onvif.akri.sh",
+                &props("ONVIF_DEVICE_SERVICE_URL", "garbage")
+            ),
+            None
+        );
+    }
+}
