@@ -79,14 +79,32 @@ impl BindingChecks {
 
     async fn run(self) {
         let claims = Api::<ResourceClaim>::all(self.client.clone());
+        // Not `default_backoff()`: it starts over at 0.8 s whenever the watcher begins a new
+        // list, so a list refused (403) for good was retried about once a second (the outage
+        // test's log flood). Here the wait doubles up to a minute until a claim arrives.
         let mut stream = watcher(claims, watcher::Config::default())
-            .default_backoff()
             .applied_objects()
             .boxed();
+        let mut backoff: Option<Duration> = None;
         while let Some(event) = stream.next().await {
             match event {
-                Ok(claim) => self.consider(&claim),
-                Err(error) => tracing::warn!(%error, "watching ResourceClaims for binding checks"),
+                Ok(claim) => {
+                    if backoff.take().is_some() {
+                        tracing::info!("watching ResourceClaims for binding checks again");
+                    }
+                    self.consider(&claim);
+                }
+                Err(error) => {
+                    let wait = match backoff {
+                        None => {
+                            tracing::warn!(%error, "watching ResourceClaims for binding checks failed; retrying");
+                            Duration::from_secs(1)
+                        }
+                        Some(wait) => (wait * 2).min(Duration::from_secs(60)),
+                    };
+                    backoff = Some(wait);
+                    tokio::time::sleep(wait).await;
+                }
             }
         }
     }

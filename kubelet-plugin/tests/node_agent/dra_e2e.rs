@@ -138,6 +138,11 @@ async fn broker_pod(client: &kube::Client, ns: &str, config: &str) {
         .unwrap();
 }
 
+/// A container's CDI ids but those of device metadata files.
+fn device_ids(ids: &[String]) -> Vec<&String> {
+    ids.iter().filter(|id| !id.contains("/metadata=")).collect()
+}
+
 fn device_health(health: &Value, device: &str) -> Option<String> {
     health["drivers"][DRIVER]
         .as_array()?
@@ -220,8 +225,9 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
         .await
         .expect("the kubelet prepares the pod");
     let ids = &containers["broker"];
-    assert_eq!(ids.len(), 1);
+    assert_eq!(ids.len(), 2, "the device and its metadata file: {ids:?}");
     assert!(ids[0].starts_with("akri.sh/debugecho="), "{ids:?}");
+    assert!(ids[1].starts_with("debugecho.akri.sh/metadata="), "{ids:?}");
     let edits = node
         .peer
         .cdi_inject(ids)
@@ -232,6 +238,25 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
         env.contains(&"DEBUG_ECHO_DESCRIPTION=foo0".to_string()),
         "{env:?}"
     );
+    // The reference CDI library turns the metadata id into a read-only bind mount of the file
+    // at the standard path (the pod's claim `echo`, its request `echo`).
+    let mounts = edits["mounts"].as_array().unwrap();
+    let metadata = mounts
+        .iter()
+        .find(|m| {
+            m["destination"]
+                == "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/echo/echo/debugecho.akri.sh-metadata.json"
+        })
+        .unwrap_or_else(|| panic!("no metadata mount: {mounts:?}"));
+    assert!(
+        metadata["options"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("ro")),
+        "{metadata}"
+    );
+    let file = std::fs::read_to_string(metadata["source"].as_str().unwrap()).unwrap();
+    assert!(file.contains("DEBUG_ECHO_DESCRIPTION"), "{file}");
 
     // The device disappears while the pod holds it: it stays in the slice, tainted so that
     // nothing new gets it, and turns unhealthy; it comes back untainted.
@@ -919,7 +944,7 @@ async fn first_available_subrequests_and_admin_access_claims_prepare() {
         .unwrap();
     assert_eq!(results[0].request, "echo/any");
     assert_eq!(
-        containers["broker"].len(),
+        device_ids(&containers["broker"]).len(),
         1,
         "the container naming request echo gets its subrequest's device: {containers:?}"
     );
@@ -954,7 +979,7 @@ async fn first_available_subrequests_and_admin_access_claims_prepare() {
         node.peer.prepare(&ns, "monitor").await.ok()
     })
     .await;
-    assert_eq!(monitor["broker"].len(), 1, "{monitor:?}");
+    assert_eq!(device_ids(&monitor["broker"]).len(), 1, "{monitor:?}");
     let edits = node.peer.cdi_inject(&monitor["broker"]).await.unwrap();
     let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
     assert!(
