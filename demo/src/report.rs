@@ -223,9 +223,16 @@ impl Report {
             all_nodes.contains(&self.pod.1),
             format!("the pod is bound to {}, not a demo node", self.pod.1),
         );
+        // The device's CDI id, and its metadata file's (KEP-5304).
+        let device_ids = (self.cdi_ids.iter()).filter(|id| id.starts_with("akri.sh/debugecho="));
+        let metadata_ids = (self.cdi_ids.iter())
+            .filter(|id| id.starts_with(&format!("{}/metadata=", crate::cluster::DRIVER)));
         expect(
-            self.cdi_ids.len() == 1,
-            format!("one CDI device expected: {:?}", self.cdi_ids),
+            self.cdi_ids.len() == 2 && device_ids.count() == 1 && metadata_ids.count() == 1,
+            format!(
+                "the device's and its metadata file's CDI ids expected: {:?}",
+                self.cdi_ids
+            ),
         );
         expect(
             self.env.iter().any(|e| e == "DEBUG_ECHO_DESCRIPTION=lobby"),
