@@ -31,7 +31,7 @@ use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClai
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::Api;
 use kube::runtime::{WatchStreamExt, watcher};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::task::AbortOnDropHandle;
@@ -125,6 +125,10 @@ impl BindingChecks {
             self.seen.lock().expect("lock").retain(|seen| seen.0 != uid);
             return;
         }
+        // One apply per driver with all its devices of the claim: the field manager
+        // `<driver>/binding` owns what it last applied, so an apply naming one device would
+        // take another's condition away.
+        let mut by_driver: BTreeMap<String, Vec<DeviceRequestAllocationResult>> = BTreeMap::new();
         for result in waiting {
             let key = (
                 uid.clone(),
@@ -132,39 +136,43 @@ impl BindingChecks {
                 result.pool.clone(),
                 result.device.clone(),
             );
-            if !self.seen.lock().expect("lock").insert(key) {
-                continue;
+            if self.seen.lock().expect("lock").insert(key) {
+                by_driver
+                    .entry(result.driver.clone())
+                    .or_default()
+                    .push(result);
             }
+        }
+        for (driver, results) in by_driver {
             let this = self.clone();
             let (uid, namespace, name) = (uid.clone(), namespace.clone(), name.clone());
             tokio::spawn(async move {
-                let outcome = this.check(&result.driver, &result.device).await;
-                tracing::info!(claim = %name, %namespace, device = %result.device, reachable = outcome.reachable, reason = outcome.reason, "binding check");
-                let status = DeviceStatus {
-                    pool: result.pool.clone(),
-                    device: result.device.clone(),
-                    share_id: result.share_id.clone(),
-                    data: None,
-                    conditions: vec![condition(&outcome)],
-                };
+                let mut statuses = Vec::new();
+                for result in &results {
+                    let outcome = this.check(&driver, &result.device).await;
+                    tracing::info!(claim = %name, %namespace, device = %result.device, reachable = outcome.reachable, reason = outcome.reason, "binding check");
+                    statuses.push(DeviceStatus {
+                        pool: result.pool.clone(),
+                        device: result.device.clone(),
+                        share_id: result.share_id.clone(),
+                        data: None,
+                        conditions: vec![condition(&outcome)],
+                    });
+                }
                 let claim = device_status::Claim {
                     namespace: &namespace,
                     name: &name,
                     uid: &uid,
                 };
-                let manager = format!("{}/binding", result.driver);
-                if let Err(error) = device_status::apply_as(
-                    &this.client,
-                    claim,
-                    &result.driver,
-                    &manager,
-                    &[status],
-                )
-                .await
-                {
-                    tracing::warn!(%error, "writing a binding condition failed; checking again on the claim's next change");
-                    let key = (uid, result.driver, result.pool, result.device);
-                    this.seen.lock().expect("lock").remove(&key);
+                let manager = format!("{driver}/binding");
+                let applied =
+                    device_status::apply_as(&this.client, claim, &driver, &manager, &statuses);
+                if let Err(error) = applied.await {
+                    tracing::warn!(%error, "writing binding conditions failed; checking again on the claim's next change");
+                    let mut seen = this.seen.lock().expect("lock");
+                    for result in results {
+                        seen.remove(&(uid.clone(), driver.clone(), result.pool, result.device));
+                    }
                 }
             });
         }
@@ -302,33 +310,18 @@ pub fn endpoint(
     host_and_port(properties.get(property)?)
 }
 
-/// `scheme://[user@]host[:port]/...` to (host, port), the port defaulting by scheme.
+/// A URL's host and port (the scheme's default port when none is given; `opc.tcp`'s is 4840).
 fn host_and_port(url: &str) -> Option<(String, u16)> {
-    let (scheme, rest) = url.split_once("://")?;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let authority = authority.rsplit_once('@').map_or(authority, |(_, a)| a);
-    let default = match scheme.to_ascii_lowercase().as_str() {
-        "http" => 80,
-        "https" => 443,
-        "opc.tcp" => 4840,
-        _ => return None,
+    let url = url::Url::parse(url).ok()?;
+    let port = url
+        .port_or_known_default()
+        .or((url.scheme() == "opc.tcp").then_some(4840))?;
+    let host = match url.host()? {
+        url::Host::Domain(name) => name.to_string(),
+        url::Host::Ipv4(address) => address.to_string(),
+        url::Host::Ipv6(address) => address.to_string(),
     };
-    let (host, port) = match authority.strip_prefix('[') {
-        // [v6]:port
-        Some(v6) => {
-            let (host, after) = v6.split_once(']')?;
-            (host, after.strip_prefix(':'))
-        }
-        None => match authority.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (authority, None),
-        },
-    };
-    let port = match port {
-        Some(port) => port.parse().ok()?,
-        None => default,
-    };
-    (!host.is_empty()).then(|| (host.to_string(), port))
+    Some((host, port))
 }
 
 #[cfg(test)]

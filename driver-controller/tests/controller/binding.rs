@@ -11,9 +11,9 @@ use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 
-/// A claim of one device of `class` and a pod holding it, on `node` only when given (a
+/// A claim of `count` devices of `class` and a pod holding it, on `node` only when given (a
 /// required node affinity: the scheduler still allocates, unlike `spec.nodeName`).
-async fn pod_on(cluster: &Cluster, class: &str, node: Option<&str>) -> String {
+async fn pod_on(cluster: &Cluster, class: &str, count: i64, node: Option<&str>) -> String {
     let name = akri_testing::ControlPlane::unique_name("bound");
     Api::<ResourceClaim>::namespaced(cluster.client.clone(), &cluster.namespace)
         .create(
@@ -21,7 +21,7 @@ async fn pod_on(cluster: &Cluster, class: &str, node: Option<&str>) -> String {
             &from_json(json!({
                 "metadata": { "name": name },
                 "spec": { "devices": { "requests": [
-                    { "name": "camera", "exactly": { "deviceClassName": class } },
+                    { "name": "camera", "exactly": { "deviceClassName": class, "count": count } },
                 ] } },
             })),
         )
@@ -60,7 +60,7 @@ async fn conditions(cluster: &Cluster, claim: &str) -> Vec<Condition> {
         .collect()
 }
 
-/// Two nodes list a shared camera, but one of them no longer sees it (its handler stopped
+/// Two nodes list two shared cameras, but one of them no longer sees them (its handler stopped
 /// reporting it; the shared grace keeps it listed, as for a camera rebooting): a pod that
 /// can only go there is not bound (the node's check fails the binding, the scheduler says
 /// why), a pod that may go anywhere ends on the node that reaches the camera, and its claim
@@ -75,12 +75,14 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
         |agent| agent.instance_grace.shared = Duration::from_secs(300),
     )
     .await;
-    let config = cluster.discovery("gate", &["cam0"], 1, true).await;
-    cluster.wait_published(&config, 1).await;
+    let config = cluster.discovery("gate", &["cam0", "cam1"], 1, true).await;
+    cluster.wait_published(&config, 2).await;
     let instance = akri_devices::instance_name(&config, "cam0", true, "");
-    eventually("the device on both nodes", async || {
+    let other = akri_devices::instance_name(&config, "cam1", true, "");
+    eventually("the devices on both nodes", async || {
         let nodes = support::shared_device_nodes(&cluster.client, &instance).await?;
-        (nodes.len() == 2).then_some(())
+        let others = support::shared_device_nodes(&cluster.client, &other).await?;
+        (nodes.len() == 2 && others.len() == 2).then_some(())
     })
     .await;
     if !cluster.support.binding_conditions {
@@ -90,15 +92,15 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
     }
     let (reaching, lost) = (&cluster.nodes[0], &cluster.nodes[1]);
 
-    // The second node's handler stops reporting the camera; it stays listed there (grace).
-    std::fs::write(&cluster.availability_files()[1], "cam0").unwrap();
+    // The second node's handler stops reporting the cameras; they stay listed there (grace).
+    std::fs::write(&cluster.availability_files()[1], "cam0\ncam1").unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
     let nodes = support::shared_device_nodes(&cluster.client, &instance)
         .await
         .unwrap();
     assert!(nodes.contains(lost), "still listed there: {nodes:?}");
 
-    let pinned = pod_on(&cluster, &config, Some(lost)).await;
+    let pinned = pod_on(&cluster, &config, 1, Some(lost)).await;
     let events = Api::<Event>::namespaced(cluster.client.clone(), &cluster.namespace);
     let refused = eventually("the scheduler says the binding failed", async || {
         let events = events.list(&ListParams::default()).await.ok()?.items;
@@ -116,7 +118,8 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
     assert_eq!(cluster.bound_node(&pinned).await, None, "not bound there");
     cluster.delete_pod(&pinned).await;
 
-    let free = pod_on(&cluster, &config, None).await;
+    // Both cameras in one claim: each device's condition is the node's to set.
+    let free = pod_on(&cluster, &config, 2, None).await;
     // Each try on the node that lost it fails and deallocates; the scheduler picks again among
     // both (a tie), backing off up to 10 s between tries: allow for a few unlucky picks.
     let node =
@@ -126,17 +129,19 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
         .await;
     assert_eq!(&node, reaching, "bound where the camera answers");
     let shown = conditions(&cluster, &free).await;
-    assert_eq!(shown.len(), 1, "{shown:?}");
-    assert_eq!(
-        (shown[0].type_.as_str(), shown[0].status.as_str()),
-        (BINDING_CONDITION, "True")
-    );
-    assert!(
-        shown[0]
-            .message
-            .contains(&format!("node {reaching}'s discovery handler reports")),
-        "{shown:?}"
-    );
+    assert_eq!(shown.len(), 2, "one per device: {shown:?}");
+    for condition in &shown {
+        assert_eq!(
+            (condition.type_.as_str(), condition.status.as_str()),
+            (BINDING_CONDITION, "True")
+        );
+        assert!(
+            condition
+                .message
+                .contains(&format!("node {reaching}'s discovery handler reports")),
+            "{shown:?}"
+        );
+    }
     let pod = Api::<Pod>::namespaced(cluster.client.clone(), &cluster.namespace)
         .get(&free)
         .await
