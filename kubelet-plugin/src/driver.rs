@@ -94,43 +94,31 @@ impl Driver for AkriDriver {
         let spec = self
             .cdi
             .write_claim_spec(&self.cdi_class, &claim.uid, &cdi_devices)?;
-        let statuses: Vec<DeviceStatus> = results
-            .iter()
+        // Each result's device among those written (two results can share a device).
+        let devices: Vec<usize> = (results.iter())
             .map(|result| {
-                let index = (cdi_devices.iter())
+                (cdi_devices.iter())
                     .position(|d| d.name == result.device)
-                    .expect("every result has its CDI device");
-                DeviceStatus {
-                    pool: result.pool.clone(),
-                    device: result.device.clone(),
-                    share_id: result.share_id.clone(),
-                    data: Some(status_data(&found[index])),
-                    conditions: Vec::new(),
-                }
+                    .expect("every result has its CDI device")
+            })
+            .collect();
+        let statuses: Vec<DeviceStatus> = (results.iter().zip(&devices))
+            .map(|(result, &index)| DeviceStatus {
+                pool: result.pool.clone(),
+                device: result.device.clone(),
+                share_id: result.share_id.clone(),
+                data: Some(status_data(&found[index])),
+                conditions: Vec::new(),
             })
             .collect();
         // Written by the status writer's task: the container waits for no API call.
         self.status.write(claim, statuses);
-        // Each result's CDI id: its device's (two results can share a device).
-        let cdi_ids = results
-            .iter()
-            .map(|result| {
-                let index = cdi_devices
-                    .iter()
-                    .position(|d| d.name == result.device)
-                    .expect("every result has its CDI device");
-                vec![spec.qualified_ids[index].clone()]
-            })
+        let cdi_ids = (devices.iter())
+            .map(|&index| vec![spec.qualified_ids[index].clone()])
             .collect();
         // What containers read in the device metadata file: what the slice shows.
-        let metadata = results
-            .iter()
-            .map(|result| {
-                let known = &found[(cdi_devices.iter())
-                    .position(|d| d.name == result.device)
-                    .expect("every result has its CDI device")];
-                device_metadata(known)
-            })
+        let metadata = (devices.iter())
+            .map(|&index| device_metadata(&found[index]))
             .collect();
         Ok(Prepared {
             cdi_ids,
