@@ -26,7 +26,7 @@ use akri_testing::components::{self as support, SimNode};
 
 const CONFIGURATION: &str = "echo";
 
-use akri_testing::eventually;
+use akri_testing::{eventually, eventually_within};
 
 /// Per Instance: its broker objects (`<kind>/<name>`, names with the node) and, per broker
 /// Pod, the environment its container gets from the device and the configuration.
@@ -207,7 +207,11 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
         let mut environments = BTreeMap::new();
         for node_name in reach {
             let pod_name = format!("{node_name}-{instance}-pod");
-            let bound = eventually(&format!("{pod_name} bound and allocated"), async || {
+            // Shared devices wait at binding for their node's check (binding conditions): the
+            // scheduler looks every 5 s, and under a loaded machine (CI builds images beside
+            // the tests) 90 s was once not enough for all four pods.
+            let waiting = format!("{pod_name} bound and allocated");
+            let bound = eventually_within(&waiting, Duration::from_secs(180), async || {
                 let pod = pods.get_opt(&pod_name).await.ok()??;
                 let node = pod.spec.as_ref()?.node_name.clone()?;
                 pod.status
