@@ -86,7 +86,7 @@ pub struct ControllerConfig {
     /// follows [`Self::api_support`].
     pub device_taints: Option<bool>,
     /// Forces whether shared devices are published with binding conditions
-    /// (`--binding-conditions on|off`); `None` follows [`Self::api_support`].
+    /// (`--binding-conditions on|off`, default off); `None` follows [`Self::api_support`].
     pub binding_conditions: Option<bool>,
     /// How long a shared device that lost its last node while a claim holds it stays
     /// `NoSchedule`-tainted before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
@@ -106,7 +106,8 @@ impl ControllerConfig {
             api_support: None,
             consumable_capacity: None,
             device_taints: None,
-            binding_conditions: None,
+            // Opt-in for now: see `--binding-conditions`.
+            binding_conditions: Some(false),
             vanished_grace: Duration::from_secs(300),
             node_lost_grace: Duration::from_secs(300),
             debounce: Duration::from_millis(500),

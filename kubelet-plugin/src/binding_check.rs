@@ -165,9 +165,18 @@ impl BindingChecks {
                     uid: &uid,
                 };
                 let manager = format!("{driver}/binding");
-                let applied =
-                    device_status::apply_as(&this.client, claim, &driver, &manager, &statuses);
-                if let Err(error) = applied.await {
+                // Retried here: the claim may not change again while the scheduler waits.
+                let mut applied = Ok(());
+                for wait in [0, 1, 2, 4] {
+                    tokio::time::sleep(Duration::from_secs(wait)).await;
+                    let apply =
+                        device_status::apply_as(&this.client, claim, &driver, &manager, &statuses);
+                    applied = apply.await;
+                    if applied.is_ok() {
+                        break;
+                    }
+                }
+                if let Err(error) = applied {
                     tracing::warn!(%error, "writing binding conditions failed; checking again on the claim's next change");
                     let mut seen = this.seen.lock().expect("lock");
                     for result in results {

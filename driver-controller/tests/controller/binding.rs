@@ -71,7 +71,7 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
     let cluster = Cluster::start_with_agents(
         2,
         true,
-        |_| {},
+        |c| c.binding_conditions = None,
         |agent| agent.instance_grace.shared = Duration::from_secs(300),
     )
     .await;

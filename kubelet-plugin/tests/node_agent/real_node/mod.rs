@@ -151,7 +151,9 @@ impl Cluster {
     /// the returned handle is dropped.
     fn driver_controller(&self) -> AbortOnDrop {
         let client = self.client.clone();
-        let config = akri_driver_controller::controller::ControllerConfig::new(&self.ns);
+        let mut config = akri_driver_controller::controller::ControllerConfig::new(&self.ns);
+        // Binding conditions where the API server keeps them (opt-in in the product).
+        config.binding_conditions = None;
         AbortOnDrop(tokio::spawn(async move {
             let _ =
                 akri_driver_controller::controller::run(client, config, Default::default()).await;
