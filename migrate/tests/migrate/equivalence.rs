@@ -207,9 +207,8 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
         let mut environments = BTreeMap::new();
         for node_name in reach {
             let pod_name = format!("{node_name}-{instance}-pod");
-            // Shared devices wait at binding for their node's check (binding conditions): the
-            // scheduler looks every 5 s, and under a loaded machine (CI builds images beside
-            // the tests) 90 s was once not enough for all four pods.
+            // Under a loaded machine (CI builds images beside the tests), with binding
+            // conditions then on, 90 s was once not enough for all four pods.
             let waiting = format!("{pod_name} bound and allocated");
             let bound = eventually_within(&waiting, Duration::from_secs(180), async || {
                 let pod = pods.get_opt(&pod_name).await.ok()??;
