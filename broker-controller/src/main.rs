@@ -1,8 +1,7 @@
-//! The broker-controller binary: flags, logging, metrics endpoint, leader election.
+//! The broker-controller binary: flags and logging; the process itself is the library's
+//! [`akri_broker_controller::run_process`].
 
-use akri_broker_controller::controller::{self, ControllerConfig};
-use akri_broker_controller::metrics::Metrics;
-use akri_runtime::http::Readiness;
+use akri_broker_controller::controller::ControllerConfig;
 use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
 use std::time::Duration;
@@ -30,20 +29,9 @@ struct Args {
     process: akri_runtime::ProcessArgs,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     akri_runtime::init_logging(args.process.log_json);
-    let client = kube::Client::try_default().await?;
-    let metrics = Metrics::default();
-    let readiness = Readiness::default();
-    let encoder = metrics.clone();
-    let (_, _server) = akri_runtime::http::serve(
-        args.process.metrics_address,
-        move || encoder.encode(),
-        readiness.clone(),
-    )
-    .await?;
     let lease = args.lease.config("akri-broker-controller");
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
@@ -51,19 +39,6 @@ async fn main() -> anyhow::Result<()> {
     if !args.namespaces.is_empty() {
         config.namespaces = Some(args.namespaces.into_iter().collect());
     }
-
-    let leading = metrics.clone();
-    let work = controller::run(client.clone(), config, metrics);
-    // SIGTERM hands the Lease over (a rolling update's new pod takes over at once).
-    let stop = akri_runtime::leader::stop_signal();
-    akri_runtime::leader::lead(
-        client,
-        lease,
-        readiness,
-        move |l| leading.set_leader(l),
-        work,
-        stop,
-    )
-    .await?;
+    akri_broker_controller::run_process(config, lease, args.process.metrics_address)?;
     Ok(())
 }

@@ -33,6 +33,12 @@ pub enum Error {
     LostLeadership,
     #[error(transparent)]
     Leader(#[from] leader::Error),
+    #[error("connecting to the API server: {0}")]
+    Client(kube::Error),
+    #[error("serving /metrics, /healthz and /readyz: {0}")]
+    Http(std::io::Error),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// Waits to be the leader, then runs the controller until leadership is lost (an error: the
@@ -64,4 +70,29 @@ pub async fn run_as_leader(
         Err(leader::LeadError::Lost) => Err(Error::LostLeadership),
         Err(leader::LeadError::Lease(error)) => Err(Error::Leader(error)),
     }
+}
+
+/// The process: the client of its ServiceAccount (or kubeconfig), the metrics and health
+/// endpoints on `metrics_address`, then [`run_as_leader`] until SIGTERM hands the Lease over
+/// (a rolling update's new pod takes over at once).
+pub fn run_process(
+    config: ControllerConfig,
+    lease: LeaseConfig,
+    metrics_address: std::net::SocketAddr,
+) -> Result<(), Error> {
+    // One worker thread: the controller waits on the API server, and one worker keeps up with
+    // 10,000 Instances (the convergence bench publishes them as fast as with two). Each more
+    // worker is one more glibc malloc arena, and the default is one per core: 72 MB resident
+    // with two instead of 62 at 10,000 Instances, more on a bigger node (docs/performance.md).
+    let main = async move {
+        let client = kube::Client::try_default().await.map_err(Error::Client)?;
+        let metrics = Metrics::default();
+        let readiness = Readiness::default();
+        let (_, _server) = http::serve(metrics_address, metrics.clone(), readiness.clone())
+            .await
+            .map_err(Error::Http)?;
+        let stop = leader::stop_signal();
+        run_as_leader(client, config, lease, metrics, readiness, stop).await
+    };
+    akri_runtime::block_on(akri_runtime::Workers::Threads(1), main).map_err(Error::Runtime)?
 }

@@ -1,8 +1,7 @@
-//! The driver-controller binary: flags, logging, metrics endpoint, leader election.
+//! The driver-controller binary: flags and logging; the process itself is the library's
+//! [`akri_driver_controller::run_process`].
 
 use akri_driver_controller::controller::ControllerConfig;
-use akri_driver_controller::http::{self, Readiness};
-use akri_driver_controller::metrics::Metrics;
 use akri_runtime::Switch;
 use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
@@ -42,24 +41,9 @@ struct Args {
     process: akri_runtime::ProcessArgs,
 }
 
-// One worker thread: the controller waits on the API server, and one worker keeps up with
-// 10,000 Instances (the convergence bench publishes them as fast as with two). Each more
-// worker is one more glibc malloc arena, and the default is one per core: 72 MB resident with
-// two instead of 62 at 10,000 Instances, more on a bigger node (docs/performance.md).
-#[tokio::main(worker_threads = 1)]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     akri_runtime::init_logging(args.process.log_json);
-    let client = kube::Client::try_default().await?;
-    let metrics = Metrics::default();
-    let readiness = Readiness::default();
-    let (_, _server) = http::serve(
-        args.process.metrics_address,
-        metrics.clone(),
-        readiness.clone(),
-    )
-    .await?;
-
     let lease = args.lease.config("akri-driver-controller");
     let mut config = ControllerConfig::new(&args.instance_namespace);
     config.debounce = Duration::from_millis(args.debounce_ms);
@@ -68,9 +52,6 @@ async fn main() -> anyhow::Result<()> {
     config.binding_conditions = args.binding_conditions.forced();
     config.vanished_grace = args.vanished.grace();
     config.node_lost_grace = Duration::from_secs(args.node_lost_grace_seconds);
-
-    // SIGTERM hands the Lease over (a rolling update's new pod takes over at once).
-    let stop = akri_runtime::leader::stop_signal();
-    akri_driver_controller::run_as_leader(client, config, lease, metrics, readiness, stop).await?;
+    akri_driver_controller::run_process(config, lease, args.process.metrics_address)?;
     Ok(())
 }

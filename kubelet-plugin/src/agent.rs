@@ -176,6 +176,40 @@ pub enum Error {
     Cdi(dra_plugin::cdi::Error),
     #[error("kubelet plugin: {0}")]
     Plugin(dra_plugin::builder::Error),
+    #[error("connecting to the API server: {0}")]
+    Client(kube::Error),
+    #[error("serving /metrics, /healthz and /readyz: {0}")]
+    Http(std::io::Error),
+    #[error("waiting for SIGTERM: {0}")]
+    Signal(std::io::Error),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// The process: the client of its ServiceAccount (or kubeconfig), the agent, its metrics and
+/// health endpoints on `metrics_address`, until SIGTERM or Ctrl-C stops the agent cleanly.
+/// One thread: the agent waits on the kubelet, its handlers and the API server.
+pub fn run_process(
+    config: AgentConfig,
+    metrics_address: std::net::SocketAddr,
+) -> Result<(), Error> {
+    let main = async move {
+        let client = kube::Client::try_default().await.map_err(Error::Client)?;
+        let agent = start(client, config).await?;
+        let metrics = agent.metrics().clone();
+        let (_, _server) = akri_runtime::http::serve(
+            metrics_address,
+            move || metrics.encode(),
+            agent.readiness().clone(),
+        )
+        .await
+        .map_err(Error::Http)?;
+        tracing::info!("running");
+        akri_runtime::stopped().await.map_err(Error::Signal)?;
+        agent.stop().await;
+        Ok(())
+    };
+    akri_runtime::block_on(akri_runtime::Workers::CurrentThread, main).map_err(Error::Runtime)?
 }
 
 /// A running agent; [`Agent::stop`] stops it cleanly, dropping it at once.

@@ -141,15 +141,13 @@ struct Args {
     process: akri_runtime::ProcessArgs,
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
         args.dra != Switch::Off || args.legacy_device_plugins,
         "nothing to serve: --dra=off needs --legacy-device-plugins"
     );
     akri_runtime::init_logging(args.process.log_json);
-    let client = kube::Client::try_default().await?;
     let debug_echo = args.debug_echo_socket.map(|socket| DebugEchoConfig {
         availability_file: args.debug_echo_availability_file,
         shared: args.debug_echo_shared,
@@ -193,17 +191,7 @@ async fn main() -> anyhow::Result<()> {
             node_lost_grace: Duration::from_secs(args.node_lost_grace_seconds),
         }),
     };
-    let agent = agent::start(client, config).await?;
-    let metrics = agent.metrics().clone();
-    let (_, _server) = akri_runtime::http::serve(
-        args.process.metrics_address,
-        move || metrics.encode(),
-        agent.readiness().clone(),
-    )
-    .await?;
-    tracing::info!("running");
-    akri_runtime::stopped().await?;
-    agent.stop().await;
+    agent::run_process(config, args.process.metrics_address)?;
     Ok(())
 }
 

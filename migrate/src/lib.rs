@@ -34,6 +34,9 @@ pub enum Source {
     Paths(Vec<PathBuf>),
     /// The cluster, one namespace or (`None`) all of them.
     Cluster(Option<String>),
+    /// The cluster, the namespace its client defaults to (the kubeconfig context's, as
+    /// kubectl's; in a pod its own).
+    ClusterDefaultNamespace,
 }
 
 /// Where the result goes.
@@ -86,6 +89,30 @@ pub enum Error {
         path: PathBuf,
         cause: std::io::Error,
     },
+    #[error("connecting to the API server: {0}")]
+    Client(kube::Error),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// [`run`] as the command runs it: connected (the kubeconfig's context, or in a pod its
+/// ServiceAccount) when the cluster is the source or the destination. A plain function, so
+/// the binary awaits nothing (`akri_runtime::block_on` says why).
+pub fn run_process(
+    options: &Options,
+    stdout: &mut dyn std::io::Write,
+) -> Result<(Report, Outcome), Error> {
+    let connect = !matches!(options.source, Source::Paths(_))
+        || matches!(options.destination, Destination::Apply(_));
+    let main = async move {
+        let client = if connect {
+            Some(kube::Client::try_default().await.map_err(Error::Client)?)
+        } else {
+            None
+        };
+        run(options, client.as_ref(), stdout).await
+    };
+    akri_runtime::block_on(akri_runtime::Workers::CurrentThread, main).map_err(Error::Runtime)?
 }
 
 /// Migrates what `options` say; `client` is needed for the cluster as source or destination.
@@ -103,6 +130,11 @@ pub async fn run(
         Source::Cluster(namespace) => {
             let client = client.expect("a client for the cluster");
             cluster::read(client, namespace.as_deref(), &mut input, &mut report).await?;
+        }
+        Source::ClusterDefaultNamespace => {
+            let client = client.expect("a client for the cluster");
+            let namespace = client.default_namespace();
+            cluster::read(client, Some(namespace), &mut input, &mut report).await?;
         }
     }
     let default_namespace = options.default_namespace.as_str();

@@ -92,28 +92,14 @@ struct Args {
     renames: Vec<Rename>,
 }
 
-#[tokio::main(flavor = "current_thread")]
-async fn main() -> anyhow::Result<ExitCode> {
+fn main() -> anyhow::Result<ExitCode> {
     let args = Args::parse();
-    let needs_client = args.from_cluster || args.apply;
-    let client = if needs_client {
-        Some(kube::Client::try_default().await?)
-    } else {
-        None
-    };
     let source = if args.from_cluster {
-        let namespace = match (&args.namespace, args.all_namespaces) {
-            (_, true) => None,
-            (Some(ns), false) => Some(ns.clone()),
-            (None, false) => Some(
-                client
-                    .as_ref()
-                    .expect("made above")
-                    .default_namespace()
-                    .to_string(),
-            ),
-        };
-        Source::Cluster(namespace)
+        match (&args.namespace, args.all_namespaces) {
+            (_, true) => Source::Cluster(None),
+            (Some(ns), false) => Source::Cluster(Some(ns.clone())),
+            (None, false) => Source::ClusterDefaultNamespace,
+        }
     } else {
         Source::Paths(args.inputs.clone())
     };
@@ -133,8 +119,7 @@ async fn main() -> anyhow::Result<ExitCode> {
         allow_lossy: args.allow_lossy,
         rewrite_workloads: args.rewrite_workloads,
     };
-    let (report, outcome) =
-        akri_migrate::run(&options, client.as_ref(), &mut std::io::stdout()).await?;
+    let (report, outcome) = akri_migrate::run_process(&options, &mut std::io::stdout())?;
     for finding in &report.findings {
         eprintln!("{finding}");
     }

@@ -44,6 +44,21 @@ pub enum Error {
     Serve(#[from] serve::Error),
     #[error("waiting for SIGTERM: {0}")]
     Signal(std::io::Error),
+    #[error("starting the async runtime: {0}")]
+    Runtime(std::io::Error),
+}
+
+/// [`run`] on a runtime of its own, the handler made by `make` on it: what a handler library's
+/// own `run_process` calls, so that its binary awaits nothing (`akri_runtime::block_on` says
+/// why).
+pub fn run_process<D: Discover>(
+    make: impl FnOnce() -> D,
+    name: &str,
+    shared: bool,
+    args: HandlerArgs,
+) -> Result<(), Error> {
+    let main = async move { run(make(), name, shared, args).await };
+    akri_runtime::block_on(akri_runtime::Workers::PerCore, main).map_err(Error::Runtime)?
 }
 
 /// Serves `handler` as `name` until SIGTERM or Ctrl-C, registered with the agent the whole

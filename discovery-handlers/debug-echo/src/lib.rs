@@ -156,6 +156,17 @@ fn devices(descriptions: &[String], availability: &Availability) -> Vec<proto::D
         .collect()
 }
 
+/// The handler as its own process (the binary's whole life after its flags), served and
+/// registered as `args` say until SIGTERM; `shared`: its devices are one device on every node
+/// that reports them.
+pub fn run_process(
+    discovery: Discovery,
+    shared: bool,
+    args: akri_discovery_handler::standalone::HandlerArgs,
+) -> Result<(), akri_discovery_handler::standalone::Error> {
+    akri_discovery_handler::standalone::run_process(|| discovery, NAME, shared, args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

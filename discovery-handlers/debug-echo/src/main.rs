@@ -1,8 +1,8 @@
 //! The debugEcho discovery handler as its own process, registering with the node agent the
 //! way Akri's handlers do.
 
-use akri_debug_echo::{DEFAULT_AVAILABILITY_FILE, DEFAULT_POLL_INTERVAL, Discovery, NAME};
-use akri_discovery_handler::standalone::{self, HandlerArgs};
+use akri_debug_echo::{DEFAULT_AVAILABILITY_FILE, DEFAULT_POLL_INTERVAL, Discovery};
+use akri_discovery_handler::standalone::HandlerArgs;
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -25,13 +25,12 @@ struct Args {
     shared: bool,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let discovery = Discovery {
         availability_file: args.availability_file,
         poll_interval: DEFAULT_POLL_INTERVAL,
     };
-    standalone::run(discovery, NAME, args.shared, args.handler).await?;
+    akri_debug_echo::run_process(discovery, args.shared, args.handler)?;
     Ok(())
 }

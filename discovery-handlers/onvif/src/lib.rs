@@ -237,6 +237,15 @@ fn device(camera: &Camera, info: &Info) -> proto::Device {
     }
 }
 
+/// The handler as its own process (the binary's whole life after its flags), served and
+/// registered as `args` say until SIGTERM.
+pub fn run_process(
+    handler: Onvif,
+    args: akri_discovery_handler::standalone::HandlerArgs,
+) -> Result<(), akri_discovery_handler::standalone::Error> {
+    akri_discovery_handler::standalone::run_process(|| handler, NAME, SHARED, args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

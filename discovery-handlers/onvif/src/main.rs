@@ -1,8 +1,8 @@
 //! The ONVIF discovery handler as its own process (a DaemonSet on the host network, for
 //! multicast), registering with the node agent the way Akri's handlers do.
 
-use akri_discovery_handler::standalone::{self, HandlerArgs};
-use akri_onvif::{NAME, Onvif, SHARED};
+use akri_discovery_handler::standalone::HandlerArgs;
+use akri_onvif::Onvif;
 use clap::Parser;
 use std::time::Duration;
 
@@ -23,14 +23,13 @@ struct Args {
     probe_target: std::net::SocketAddr,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let onvif = Onvif {
         probe_target: args.probe_target,
         rescan: Duration::from_secs(args.rescan_seconds),
         ..Onvif::default()
     };
-    standalone::run(onvif, NAME, SHARED, args.handler).await?;
+    akri_onvif::run_process(onvif, args.handler)?;
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! The OPC UA discovery handler as its own process (a DaemonSet), registering with the node
 //! agent the way Akri's handlers do.
 
-use akri_discovery_handler::standalone::{self, HandlerArgs};
-use akri_opcua::{NAME, Opcua, SHARED};
+use akri_discovery_handler::standalone::HandlerArgs;
+use akri_opcua::Opcua;
 use clap::Parser;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,14 +25,13 @@ struct Args {
     pki_dir: PathBuf,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let mut opcua = Opcua {
         rescan: Duration::from_secs(args.rescan_seconds),
         ..Opcua::default()
     };
     opcua.finder.pki_dir = args.pki_dir;
-    standalone::run(opcua, NAME, SHARED, args.handler).await?;
+    akri_opcua::run_process(opcua, args.handler)?;
     Ok(())
 }

@@ -240,6 +240,26 @@ async fn report(selection: Selection, udev: Udev, mut lists: DeviceLists) {
     }
 }
 
+/// The handler as its own process (the binary's whole life after its flags): udev read from
+/// `sysfs`, rescanning every `rescan` if given, served and registered as `args` say until
+/// SIGTERM.
+pub fn run_process(
+    sysfs: sysfs::Sysfs,
+    rescan: Option<Duration>,
+    args: akri_discovery_handler::standalone::HandlerArgs,
+) -> Result<(), akri_discovery_handler::standalone::Error> {
+    // Made on the runtime: the uevent monitor is a task of it.
+    let make = move || {
+        let mut udev = Udev::start();
+        udev.sysfs = sysfs;
+        if let Some(rescan) = rescan {
+            udev.rescan = rescan;
+        }
+        udev
+    };
+    akri_discovery_handler::standalone::run_process(make, NAME, SHARED, args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

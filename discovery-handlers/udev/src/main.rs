@@ -1,8 +1,7 @@
 //! The udev discovery handler as its own process (a DaemonSet mounting the host's `/sys`,
 //! `/dev` and `/run/udev`), registering with the node agent the way Akri's handlers do.
 
-use akri_discovery_handler::standalone::{self, HandlerArgs};
-use akri_udev::{NAME, SHARED, Udev};
+use akri_discovery_handler::standalone::HandlerArgs;
 use clap::Parser;
 use std::path::PathBuf;
 
@@ -26,14 +25,12 @@ struct Args {
     rescan_seconds: Option<u64>,
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let mut udev = Udev::start();
-    udev.sysfs = akri_udev::sysfs::Sysfs::new(args.sysfs, args.udev_data);
-    if let Some(seconds) = args.rescan_seconds {
-        udev.rescan = std::time::Duration::from_secs(seconds);
-    }
-    standalone::run(udev, NAME, SHARED, args.handler).await?;
+    akri_udev::run_process(
+        akri_udev::sysfs::Sysfs::new(args.sysfs, args.udev_data),
+        args.rescan_seconds.map(std::time::Duration::from_secs),
+        args.handler,
+    )?;
     Ok(())
 }
