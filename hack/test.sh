@@ -2,10 +2,14 @@
 # The project's test command (README): formatting, lints, the real Kubernetes binaries, every
 # test. Tests that need Kubernetes fail (they never skip) when the binaries are missing.
 #
-# Most tests wait on timers, so the builds needed only later run beside them, at low CPU and
-# I/O priority: the images (first: the demo needs them next), then the older Kubernetes
-# versions. Each step that needs one of them waits for it (`wait_for`), and a failed build
-# fails the run there, its output shown.
+# The builds run beside each other and beside the tests, which mostly wait on timers: the Go
+# builds in one chain (the main Kubernetes version, the node's binaries and Helm, which the
+# tests need first, then the older Kubernetes versions at low priority), and the images (low
+# priority; the demo needs them after the tests). Each step that needs one waits for it
+# (`wait_for`), and a failed build fails the run there, its output shown.
+#
+# K8S_BINS_CLEAN_GO_CACHES=1 (CI: its disk) clears Go's build and module caches after each
+# Kubernetes version and after the node's binaries and Helm, so the disk holds one at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,12 +27,14 @@ build() {
   "$@" >"$background/$name.log" 2>&1 || status=$?
   echo "$status" >"$background/$name.status"
 }
-# Waits for the background build `name`; shows its output and fails if it failed.
+# Waits for the background build `name` of the chain `pid`; shows its output and fails if it
+# failed.
 wait_for() {
-  local name=$1 waited_from
+  local name=$1 chain=$2 waited_from
   waited_from=$(date +%s)
   while [ ! -f "$background/$name.status" ]; do
-    kill -0 "$builds" 2>/dev/null || { echo "the background builds ended before $name" >&2; exit 1; }
+    kill -0 "$chain" 2>/dev/null || [ -f "$background/$name.status" ] ||
+      { echo "the background builds ended before $name" >&2; exit 1; }
     sleep 2
   done
   echo "   (built in the background; waited $(( $(date +%s) - waited_from ))s for it)"
@@ -40,59 +46,114 @@ wait_for() {
     exit "$status"
   fi
 }
+# Go's caches, cleared between builds in CI (see above).
+clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache -modcache; }
 (
-  build images nice -n 10 ionice -c 3 hack/images.sh
-  # 1.34 runs no kube-proxy and no kubectl in the steps below. GOGC=400: the Go compiler
-  # spends about a quarter less CPU (.ci/run says how much), for a little more memory.
-  build k8s-1.34.4 env GOGC=400 nice -n 19 ionice -c 3 hack/k8s-bins.sh 1.34.4 \
+  # hack/go-compile.sh: the Go compiler spends less CPU (it says how much), for more memory.
+  build k8s hack/go-compile.sh hack/k8s-bins.sh
+  build node-bins hack/go-compile.sh hack/node-bins.sh
+  build helm hack/go-compile.sh hack/helm.sh
+  clean_go_caches
+  # 1.34 runs no kube-proxy and no kubectl in the steps below.
+  build k8s-1.34.4 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.34.4 \
     kube-apiserver kubelet kube-scheduler kube-controller-manager
-  build k8s-1.33.13 env GOGC=400 nice -n 19 ionice -c 3 hack/k8s-bins.sh 1.33.13
+  build k8s-1.33.13 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.33.13
 ) &
-builds=$!
-# A run that stops early stops the background builds too (the build in progress with them).
+go_builds=$!
+build images nice -n 10 ionice -c 3 hack/images.sh &
+images_build=$!
+# Test steps that run beside the foreground's: `beside name command...` starts one, its output
+# kept; `joined name` waits for it, shows the output and fails if it failed.
+lanes=()
+beside() {
+  local name=$1
+  shift
+  build "$name" "$@" &
+  eval "lane_$name=$!"
+  lanes+=("$!")
+}
+joined() {
+  local name=$1 pid
+  eval "pid=\$lane_$name"
+  wait "$pid" || true
+  cat "$background/$name.log"
+  local status
+  status=$(cat "$background/$name.status" 2>/dev/null || echo "no status")
+  [ "$status" = 0 ] || { echo "$name failed with status $status" >&2; exit 1; }
+}
+# A run that stops early stops the background builds and tests too (what is in progress with
+# them).
 stop_tree() {
   local child
   for child in $(pgrep -P "$1"); do stop_tree "$child"; done
   kill "$1" 2>/dev/null || true
 }
-trap 'stop_tree $builds' EXIT
+trap 'for pid in $go_builds $images_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
-step "cargo clippy"
-cargo clippy --workspace --all-targets -- -D warnings
-step "Kubernetes binaries (built from the Go module proxy, reused when up to date)"
-hack/k8s-bins.sh >/dev/null
-step "containerd, runc, CNI plugins and images for the real test node (reused when up to date)"
-hack/node-bins.sh >/dev/null
-step "Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
-hack/helm.sh >/dev/null
 step "the discovery handlers' protocol peers (a Python virtualenv from PyPI, reused when up to date)"
 hack/peers.sh >/dev/null
-step "cargo test (akri_move:: and upgrade:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
-cargo test --workspace -- --skip legacy_only:: --skip akri_move:: --skip upgrade::
+step "cargo clippy (beside the Go builds, as the two builds below)"
+cargo clippy --workspace --all-targets -- -D warnings
+step "the test build"
+cargo test --workspace --no-run
+# hack/demo.sh builds these for itself. Without the test build's dev-dependencies (tokio's
+# test-util, akri-testing's components) their features differ, so most crates compile again:
+# here, while the Go builds run, rather than in the demo's step.
+step "the demo's build (hack/demo.sh below finds it done)"
+cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo
+step "Kubernetes binaries (built from the Go module proxy, reused when up to date)"
+wait_for k8s "$go_builds"
+step "containerd, runc, CNI plugins and images for the real test node (reused when up to date)"
+wait_for node-bins "$go_builds"
+step "Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
+wait_for helm "$go_builds"
+# The node agent's suite (8 of the 16 minutes of tests here) beside all the others: both mostly
+# wait on timers. Real nodes and control planes of two test processes keep apart (their own
+# directories, ports and network blocks); the suites with kube-proxy run one at a time below.
+step "cargo test: the node agent's suite beside all the others (akri_move:: and upgrade:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
+beside node_agent_suite cargo test --workspace --test node_agent
+other_tests=()
+for target in $(cargo metadata --no-deps --format-version 1 |
+  jq -r '.packages[].targets[] | select(.kind | index("test")) | .name' | sort -u); do
+  [ "$target" = node_agent ] || other_tests+=(--test "$target")
+done
+cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade::
+cargo test --workspace --doc
+joined node_agent_suite
+# Two lanes from here: the suites on 1.34 (no kube-proxy) beside the demo, the move off Akri,
+# the upgrade and the 1.33 suites, which run kube-proxy and so one after another.
+# The steps name one test target with --workspace, not -p: the workspace's features, so the
+# test binaries built above run as they are, nothing compiled again.
+# (A lane is a function, and `set -e` does not stop a function whose status is tested: each
+# command says `|| return`.)
+k8s_1_34_steps() {
+  step "Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
+  wait_for k8s-1.34.4 "$go_builds"
+  step "cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"
+  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test controller || return
+  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test library slices_apiserver:: || return
+  step "the real node (containerd + kubelet) on Kubernetes 1.34: devices reach containers through CDI and Allocate"
+  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test node_agent real_node:: || return
+  step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step)"
+  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test cluster chart:: || return
+}
+step "the 1.34 lane starts (its output comes at the end)"
+beside k8s_1_34_lane k8s_1_34_steps
 step "OCI images: static release binaries, packed without a Docker engine and checked (the demo installs them)"
-wait_for images
+wait_for images "$images_build"
 cat "$background/images.log"
 step "the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
-# The steps below name one test target with --workspace, not -p: the workspace's features,
-# so the test binaries built above run as they are, nothing compiled again.
 step "the move off Akri and an upgrade as docs/operations.md give them: the chart with our images on a real node (one at a time: each runs kube-proxy)"
 cargo test --workspace --test cluster -- akri_move:: upgrade:: --test-threads=1
-step "Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
-wait_for k8s-1.34.4
-step "cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"
-AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test controller
-AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test library slices_apiserver::
-step "the real node (containerd + kubelet) on Kubernetes 1.34: devices reach containers through CDI and Allocate"
-AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test node_agent real_node::
-step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step below)"
-AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test cluster chart::
 step "Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
-wait_for k8s-1.33.13
+wait_for k8s-1.33.13 "$go_builds"
 step "the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"
 AKRI_K8S_VERSION=1.33.13 cargo test --workspace --test cluster -- legacy_only:: startup::
 step "an upgrade on Kubernetes 1.33: the legacy device plugins handed over on a kubelet before 1.37"
 AKRI_K8S_VERSION=1.33.13 cargo test --workspace --test cluster -- upgrade::
+step "the 1.34 lane"
+joined k8s_1_34_lane
 step "done"
