@@ -48,6 +48,11 @@ pub struct ApiSupport {
     /// Devices with `bindsToNode`, `bindingConditions` and `bindingFailureConditions`
     /// (DRADeviceBindingConditions with DRAResourceClaimDeviceStatus).
     pub binding_conditions: bool,
+    /// Slices with `skipNodeOperations`, so the kubelet need not call the driver's plugin for
+    /// their devices (DRAOptionalNodeOperations, alpha in 1.37). The API server keeping the
+    /// field does not say which nodes declare the feature: the scheduler places a pod whose
+    /// claim skips them only on a node that does (`status.declaredFeatures`).
+    pub optional_node_operations: bool,
 }
 
 /// Name of the probe objects (never stored: every request is a dry run).
@@ -62,6 +67,7 @@ impl ApiSupport {
             extended_resource_name: extended_resource_name(client).await?,
             device_taints: device_taints(client).await?,
             binding_conditions: binding_conditions(client).await?,
+            optional_node_operations: optional_node_operations(client).await?,
         })
     }
 }
@@ -159,6 +165,15 @@ pub async fn binding_conditions(client: &kube::Client) -> Result<bool, Error> {
         .is_some_and(|d| {
             d.binds_to_node == Some(true) && d.binding_conditions.is_some_and(|c| !c.is_empty())
         }))
+}
+
+/// Whether slices keep `skipNodeOperations`. Needs `create` on resourceslices.
+pub async fn optional_node_operations(client: &kube::Client) -> Result<bool, Error> {
+    let slices = Api::<ResourceSlice>::all(client.clone());
+    let mut slice = probe_slice(false, false);
+    slice.spec.skip_node_operations = Some(vec![crate::slices::SKIP_ALL_NODE_OPERATIONS.into()]);
+    let stored = create_or_rejected(&slices, &dry_run(), &slice, "ResourceSlice").await?;
+    Ok(stored.is_some_and(|s| s.spec.skip_node_operations.is_some_and(|o| !o.is_empty())))
 }
 
 /// Whether DeviceClasses keep `extendedResourceName`. Needs `create` on deviceclasses.

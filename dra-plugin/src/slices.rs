@@ -143,7 +143,18 @@ pub struct PoolTemplate {
     /// Labels of every slice (none are needed: a pool's slices are found by driver, node and
     /// pool name).
     pub labels: BTreeMap<String, String>,
+    /// The kubelet's calls the pool's devices need not (`skipNodeOperations`, e.g.
+    /// [`SKIP_ALL_NODE_OPERATIONS`]): a claim whose devices of this driver all skip a call is
+    /// not sent to the driver's plugin, so its pods run on nodes without the plugin and get
+    /// no CDI edits from it. Only where the API server keeps the field
+    /// ([`crate::api_support::ApiSupport::optional_node_operations`]): one that drops it would
+    /// make every publish look changed.
+    pub skip_node_operations: Vec<String>,
 }
+
+/// `skipNodeOperations` value for every node operation (NodePrepareResources and
+/// NodeUnprepareResources, and any added later).
+pub const SKIP_ALL_NODE_OPERATIONS: &str = "*";
 
 impl PoolTemplate {
     /// A template with no owner and no labels.
@@ -154,6 +165,7 @@ impl PoolTemplate {
             scope,
             owner: None,
             labels: BTreeMap::new(),
+            skip_node_operations: Vec::new(),
         }
     }
 }
@@ -232,6 +244,12 @@ impl SlicePublisher {
     /// device's nodes); the next [`publish`](Self::publish) writes it.
     pub fn set_scope(&mut self, scope: PoolScope) {
         self.template.scope = scope;
+    }
+
+    /// Changes which of the kubelet's calls the pool's devices skip
+    /// ([`PoolTemplate::skip_node_operations`]); the next [`publish`](Self::publish) writes it.
+    pub fn set_skip_node_operations(&mut self, operations: Vec<String>) {
+        self.template.skip_node_operations = operations;
     }
 
     /// Makes the pool hold exactly `devices` (in this order), bumping the generation when
@@ -518,6 +536,8 @@ fn slice(
             node_selector,
             per_device_node_selection: per_device,
             devices: Some(devices.to_vec()),
+            skip_node_operations: (!template.skip_node_operations.is_empty())
+                .then(|| template.skip_node_operations.clone()),
             ..ResourceSliceSpec::default()
         },
     }
@@ -727,6 +747,29 @@ mod tests {
         let moved = plan("d.akri.sh", "p", &selector("n2"), &devices, &state, 0);
         assert_eq!(moved.generation, 2);
         assert_eq!(moved.apply.len(), 1);
+    }
+
+    #[test]
+    fn skipped_node_operations_are_every_slices_and_a_change_is_a_new_generation() {
+        let devices: Vec<Device> = (0..130).map(|i| device(&format!("d{i}"))).collect();
+        let mut template = PoolTemplate::new("d.akri.sh", "p", PoolScope::PerDevice);
+        let state = applied(
+            &super::plan(&template, &devices, &[] as &[ResourceSlice], 0),
+            &[],
+        );
+        assert!(state.iter().all(|s| s.spec.skip_node_operations.is_none()));
+
+        template.skip_node_operations = vec![SKIP_ALL_NODE_OPERATIONS.into()];
+        let skipping = super::plan(&template, &devices, &state, 0);
+        assert_eq!((skipping.generation, skipping.apply.len()), (2, 2));
+        assert!(
+            skipping
+                .apply
+                .iter()
+                .all(|s| s.spec.skip_node_operations == Some(vec!["*".to_string()]))
+        );
+        let state = applied(&skipping, &state);
+        assert!(super::plan(&template, &devices, &state, 0).apply.is_empty());
     }
 
     #[test]

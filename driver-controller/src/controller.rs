@@ -164,6 +164,7 @@ pub async fn run(
         extended_resource_name = support.extended_resource_name,
         device_taints = support.device_taints,
         binding_conditions = support.binding_conditions,
+        optional_node_operations = support.optional_node_operations,
         "API server support"
     );
 
@@ -513,10 +514,18 @@ impl Context {
         } else {
             "; the API server has no device taints (DRADeviceTaints), so a device that vanishes while a claim holds it leaves its slice at once and the pods that hold it are not evicted"
         };
-        let binding = match (
-            instances.iter().any(|i| i.spec.shared),
-            self.support.binding_conditions,
-        ) {
+        let any_shared = instances.iter().any(|i| i.spec.shared);
+        let skip = self.skips_node_operations(config);
+        let node_operations = match (any_shared, shared::asks_to_skip(config), skip) {
+            (true, true, true) => {
+                "; claims of its shared devices skip the kubelet-plugin (skipNodeOperations): their pods may run on nodes without it, and their containers get no environment variables or device metadata from it"
+            }
+            (true, true, false) => {
+                "; sharedDevices.nodeOperations is Skip, but the API server has no optional node operations (DRAOptionalNodeOperations), so the kubelet-plugin prepares its shared devices as usual, on the nodes that discover them"
+            }
+            _ => "",
+        };
+        let binding = match (any_shared && !skip, self.support.binding_conditions) {
             (true, true) => {
                 "; a pod is bound to the node chosen for a shared device only once that node's kubelet-plugin has found the device answers from there (binding condition akri.sh/Reachable)"
             }
@@ -533,7 +542,7 @@ impl Context {
                     true,
                     "Published",
                     format!(
-                        "DeviceClass {name} selects its devices{extended}{unique}{taints}{binding}; {} Instances on {} nodes, {} devices published",
+                        "DeviceClass {name} selects its devices{extended}{unique}{taints}{binding}{node_operations}; {} Instances on {} nodes, {} devices published",
                         status.instances, status.nodes, status.devices_published
                     ),
                     generation,

@@ -56,6 +56,25 @@ pub fn node_selector(nodes: &[String]) -> NodeSelector {
     }
 }
 
+/// A selector (one term) for the nodes that have all these labels.
+pub fn label_selector(labels: &std::collections::BTreeMap<String, String>) -> NodeSelector {
+    NodeSelector {
+        node_selector_terms: vec![NodeSelectorTerm {
+            match_expressions: Some(
+                labels
+                    .iter()
+                    .map(|(key, value)| NodeSelectorRequirement {
+                        key: key.clone(),
+                        operator: "In".into(),
+                        values: Some(vec![value.clone()]),
+                    })
+                    .collect(),
+            ),
+            match_fields: None,
+        }],
+    }
+}
+
 /// The nodes a selector of [`node_selector`] names.
 pub fn selected_nodes(selector: &NodeSelector) -> Vec<String> {
     selector
@@ -72,8 +91,10 @@ pub fn selected_nodes(selector: &NodeSelector) -> Vec<String> {
 }
 
 /// The pools of a configuration's shared Instances, offered on their nodes but the `lost`
-/// ones. With `per_device_node_selection` that is always exactly one pool (possibly empty,
-/// which unpublishes it); otherwise one pool per Instance that some node sees.
+/// ones, or on the nodes `offered` selects instead (a configuration whose devices need no
+/// kubelet-plugin). With `per_device_node_selection` that is always exactly one pool
+/// (possibly empty, which unpublishes it); otherwise one pool per Instance that some node
+/// sees.
 pub fn pools(
     configuration: &str,
     capacity: i32,
@@ -81,6 +102,7 @@ pub fn pools(
     per_device_node_selection: bool,
     instances: &[&Instance],
     lost: &BTreeSet<String>,
+    offered: Option<&NodeSelector>,
 ) -> Vec<SharedPool> {
     let mut visible: Vec<(&Instance, Vec<String>)> = instances
         .iter()
@@ -114,7 +136,7 @@ pub fn pools(
         let devices = visible
             .iter()
             .flat_map(|(instance, nodes)| {
-                let selector = node_selector(nodes);
+                let selector = offered.cloned().unwrap_or_else(|| node_selector(nodes));
                 devices_of(instance).into_iter().map(move |mut device| {
                     device.node_selector = Some(selector.clone());
                     device
@@ -131,7 +153,7 @@ pub fn pools(
             .iter()
             .map(|(instance, nodes)| SharedPool {
                 pool: instance_pool(instance.metadata.name.as_deref().unwrap_or_default()),
-                scope: PoolScope::Nodes(node_selector(nodes)),
+                scope: PoolScope::Nodes(offered.cloned().unwrap_or_else(|| node_selector(nodes))),
                 devices: devices_of(instance),
             })
             .collect()
@@ -179,6 +201,7 @@ mod tests {
             true,
             &[&b, &a, &local, &gone],
             &BTreeSet::new(),
+            None,
         );
         assert_eq!(pools.len(), 1);
         let pool = &pools[0];
@@ -210,6 +233,7 @@ mod tests {
             false,
             &[&a],
             &BTreeSet::new(),
+            None,
         );
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].pool, "akri.sh/instance/cams-aaaaaa");
@@ -236,6 +260,7 @@ mod tests {
             true,
             &[],
             &BTreeSet::new(),
+            None,
         );
         assert_eq!(pools.len(), 1);
         assert!(pools[0].devices.is_empty());
@@ -254,6 +279,7 @@ mod tests {
                 per_device,
                 &[&a, &b],
                 &lost,
+                None,
             );
             let selectors: Vec<Vec<String>> = pools
                 .iter()
@@ -267,6 +293,38 @@ mod tests {
                 })
                 .collect();
             assert_eq!(selectors, [["n1"]], "per device: {per_device}");
+        }
+    }
+
+    #[test]
+    fn devices_offered_by_labels_go_to_those_nodes_while_some_node_discovers_them() {
+        let a = instance("cams-aaaaaa", true, &["n1"]);
+        let gone = instance("cams-bbbbbb", true, &[]);
+        let offered = label_selector(&[("network".to_string(), "cameras".to_string())].into());
+        for per_device in [true, false] {
+            let pools = pools(
+                "cams",
+                1,
+                Sharing::ConsumableCapacity,
+                per_device,
+                &[&a, &gone],
+                &BTreeSet::new(),
+                Some(&offered),
+            );
+            let selectors: Vec<&NodeSelector> = pools
+                .iter()
+                .flat_map(|p| match &p.scope {
+                    PoolScope::Nodes(selector) => vec![selector],
+                    _ => p.devices.iter().flat_map(|d| &d.node_selector).collect(),
+                })
+                .collect();
+            assert_eq!(selectors, [&offered], "per device: {per_device}");
+            let term = &offered.node_selector_terms[0];
+            let requirement = &term.match_expressions.as_ref().unwrap()[0];
+            assert_eq!(
+                (requirement.key.as_str(), requirement.values.as_deref()),
+                ("network", Some(&["cameras".to_string()][..]))
+            );
         }
     }
 }

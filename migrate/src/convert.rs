@@ -220,6 +220,7 @@ pub fn convert(
             // The handler's default, which is what its devices brought under Akri too (but
             // for what the default refuses: host mounts and other nodes from network handlers).
             container_access: None,
+            shared_devices: None,
         },
         status: None,
     };

@@ -27,6 +27,9 @@ pub struct ControlPlaneOptions {
     pub controller_manager: bool,
     /// Feature gates on top of the defaults (every beta `DRA*` gate of the binary is on).
     pub feature_gates: BTreeMap<String, bool>,
+    /// Gates set only where the binaries know them (a gate of a newer release than some the
+    /// suites run on); [`ControlPlane::feature_gates`] says whether they were.
+    pub feature_gates_if_known: BTreeMap<String, bool>,
     /// Extra `--runtime-config` entries for kube-apiserver, e.g. `resource.k8s.io/v1alpha3=true`.
     pub runtime_config: Vec<String>,
     /// CRDs installed before the scheduler and controller-manager start, as on a cluster whose
@@ -61,6 +64,14 @@ impl ControlPlaneOptions {
     /// Adds a feature gate (alpha gates are set per test this way).
     pub fn feature_gate(mut self, name: &str, enabled: bool) -> Self {
         self.feature_gates.insert(name.to_string(), enabled);
+        self
+    }
+
+    /// Adds a feature gate where the binaries know it, and none where they do not (an older
+    /// release's): a test of a newer feature then tests what happens without it.
+    pub fn feature_gate_if_known(mut self, name: &str, enabled: bool) -> Self {
+        self.feature_gates_if_known
+            .insert(name.to_string(), enabled);
         self
     }
 }
@@ -599,6 +610,12 @@ fn feature_gates(
         true => beta_gates.into_iter().map(|gate| (gate, true)).collect(),
         false => BTreeMap::new(),
     };
+    let known = gate_defaults(&help);
+    gates.extend(
+        (options.feature_gates_if_known.iter())
+            .filter(|(name, _)| known.contains_key(*name))
+            .map(|(name, on)| (name.clone(), *on)),
+    );
     gates.extend(options.feature_gates.clone());
     let joined = |gates: &BTreeMap<String, bool>| {
         gates
@@ -621,7 +638,7 @@ fn feature_gates(
             _ => break,
         }
     }
-    Ok((joined(&gates), dra, gate_defaults(&help)))
+    Ok((joined(&gates), dra, known))
 }
 
 /// Every gate `--help` lists (`kube:<name>=true|false (<STAGE> - default=<bool>)`), with its

@@ -52,6 +52,48 @@ pub struct DiscoveryConfigurationSpec {
     /// `/dev/mem`, `/dev/kmem`, `/dev/port`), read-write; every other handler: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_access: Option<ContainerAccess>,
+
+    /// How the configuration's shared devices (those several nodes discover, such as network
+    /// cameras and OPC UA servers) reach pods. Node-local devices always go through their
+    /// node's kubelet-plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_devices: Option<SharedDevices>,
+}
+
+/// How shared devices reach pods.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.nodeSelector) || self.nodeOperations == 'Skip'").message("sharedDevices.nodeSelector needs nodeOperations: Skip: the nodes it selects may run no kubelet-plugin to prepare the devices"))]
+pub struct SharedDevices {
+    /// `Required` (the default): the kubelet asks the node's kubelet-plugin to prepare each
+    /// claim, which gives the containers the devices' properties as environment variables and
+    /// device metadata, and shows the devices in the claim's status.
+    ///
+    /// `Skip`: the devices' ResourceSlices say `skipNodeOperations: ["*"]`, so the kubelet
+    /// calls no plugin for a claim of only these devices. Its pod needs no kubelet-plugin on
+    /// its node and never waits for one to unprepare, but its containers get nothing from
+    /// Akri (no environment variables, no metadata file, no binding check): the workload
+    /// finds its device from its claim. Needs DRAOptionalNodeOperations (alpha in Kubernetes
+    /// 1.37) on the API server, the scheduler and the kubelets; where the API server does
+    /// not keep the field, the devices are prepared as with `Required` and the
+    /// configuration's `Ready` condition says so.
+    #[serde(default)]
+    pub node_operations: NodeOperations,
+    /// With `nodeOperations: Skip`: the labels a node must have to use the devices, instead of
+    /// having discovered them. Such nodes need not run the kubelet-plugin; a device is still
+    /// published only while some node discovers it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<std::collections::BTreeMap<String, String>>,
+}
+
+/// Whether the kubelet calls the node's kubelet-plugin for a claim.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq,
+)]
+pub enum NodeOperations {
+    #[default]
+    Required,
+    Skip,
 }
 
 /// Host paths a configuration's devices may bring into containers.

@@ -376,6 +376,35 @@ async fn discovery_configuration_v1() {
     .await
     .expect("containerAccess with absolute prefixes");
 
+    // Shared devices offered on nodes without the kubelet-plugin must skip its operations.
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "onvif" },
+                "sharedDevices": { "nodeSelector": { "network": "cameras" } } }),
+        "sharedDevices.nodeSelector needs nodeOperations: Skip",
+    )
+    .await;
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "onvif" },
+                "sharedDevices": { "nodeOperations": "Sometimes" } }),
+        "Unsupported value: \"Sometimes\"",
+    )
+    .await;
+    let skipping = json!({ "discoveryHandler": { "name": "onvif" }, "sharedDevices": {
+        "nodeOperations": "Skip", "nodeSelector": { "network": "cameras" },
+    } });
+    api.create(
+        &PostParams::default(),
+        &object(kind.0, kind.1, &ControlPlane::unique_name("skip"), skipping),
+    )
+    .await
+    .expect("nodeOperations: Skip with a node selector");
+
     // Changes that would strand allocations.
     let mut renamed = valid.clone();
     renamed["discoveryHandler"]["name"] = json!("udev");

@@ -7,9 +7,10 @@
 
 use super::{Context, Error, SHARED_CONFIGURATION_LABEL, SliceView};
 use crate::shared_devices::{self, SharedPool};
+use akri_api::v1::NodeOperations;
 use akri_api::v1::{DiscoveryConfiguration, Instance};
 use akri_devices::Sharing;
-use dra_plugin::slices::{PoolScope, PoolTemplate, SlicePublisher};
+use dra_plugin::slices::{PoolScope, PoolTemplate, SKIP_ALL_NODE_OPERATIONS, SlicePublisher};
 use dra_plugin::vanished::VanishedDevices;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -49,6 +50,11 @@ impl Context {
             self.support.consumable_capacity,
         );
         let refs: Vec<&Instance> = instances.iter().map(|i| i.as_ref()).collect();
+        let skip = self.skips_node_operations(config);
+        let offered = (config.spec.shared_devices.as_ref())
+            .and_then(|shared| shared.node_selector.as_ref())
+            .filter(|_| skip)
+            .map(shared_devices::label_selector);
         let mut pools = shared_devices::pools(
             &name,
             config.spec.capacity,
@@ -56,8 +62,11 @@ impl Context {
             self.support.per_device_node_selection,
             &refs,
             &self.lost_nodes(),
+            offered.as_ref(),
         );
-        if self.support.binding_conditions {
+        // A binding check is a kubelet-plugin's, which a node need not run when the devices
+        // skip the node's operations.
+        if self.support.binding_conditions && !skip {
             for device in pools.iter_mut().flat_map(|p| p.devices.iter_mut()) {
                 akri_devices::with_binding_check(device);
             }
@@ -128,6 +137,11 @@ impl Context {
                 }
                 wanted.insert(pool.pool.clone());
                 state.publisher.set_scope(pool.scope.clone());
+                state.publisher.set_skip_node_operations(if skip {
+                    vec![SKIP_ALL_NODE_OPERATIONS.into()]
+                } else {
+                    Vec::new()
+                });
                 let written = state
                     .publisher
                     .publish_against(&plan.devices, &existing)
@@ -185,6 +199,13 @@ impl Context {
             .sum();
         self.metrics.set_shared_devices(total);
         result
+    }
+
+    /// Whether the configuration's shared devices are published with `skipNodeOperations`: it
+    /// asks for it, and the API server keeps the field (else they are prepared as usual, and
+    /// the configuration's status says why).
+    pub(super) fn skips_node_operations(&self, config: &DiscoveryConfiguration) -> bool {
+        self.support.optional_node_operations && asks_to_skip(config)
     }
 
     /// A pool met for the first time by this process: its publisher, and its vanished
@@ -277,4 +298,13 @@ fn stored_scope(slice: &SliceView) -> PoolScope {
         Some(selector) => PoolScope::Nodes(selector.clone()),
         None => PoolScope::PerDevice,
     }
+}
+
+/// Whether the configuration asks for its shared devices to skip the node's operations.
+pub(super) fn asks_to_skip(config: &DiscoveryConfiguration) -> bool {
+    config
+        .spec
+        .shared_devices
+        .as_ref()
+        .is_some_and(|shared| shared.node_operations == NodeOperations::Skip)
 }

@@ -4,10 +4,14 @@
 
 mod support;
 
-use akri_testing::{ControlPlane, LoopDevice, from_json};
+use akri_testing::components::SimNode;
+use akri_testing::{ControlPlane, ControlPlaneOptions, LoopDevice, from_json};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
-use kube::api::{Api, PostParams};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 use support::{Cluster, DEVICE_PATH, FIXTURE, GREETING, MOUNT_PATH};
@@ -889,4 +893,138 @@ async fn a_pod_holding_akris_slot_keeps_its_device_through_the_switch_of_agents(
         "the broker untouched"
     );
     assert_eq!(c.output("broker").await, first, "its output as it was");
+}
+
+/// Optional node operations (KEP-5945; DRAOptionalNodeOperations, alpha in 1.37, on here where
+/// the binaries know it): a configuration's shared devices skip the node's operations and are
+/// offered by label. Another node (simulated) discovers them; the real node, whose kubelet has
+/// no plugin of ours, gets a pod with one: the kubelet calls no plugin, so the pod runs with
+/// none of the device's variables, and it is deleted without an unprepare. Where the API
+/// server drops `skipNodeOperations` (1.34) the slices do not carry it, the devices stay on
+/// the node that discovers them, and the configuration's status says so.
+#[tokio::test]
+async fn a_shared_device_that_skips_node_operations_serves_a_pod_on_a_node_without_the_plugin() {
+    let gate = "DRAOptionalNodeOperations";
+    let c =
+        Cluster::without_agent_on(ControlPlaneOptions::full().feature_gate_if_known(gate, true))
+            .await;
+    let gated = (c.control_plane().feature_gates().split(',')).any(|g| g == format!("{gate}=true"));
+    let gateway = SimNode::start(c.control_plane(), &c.client, &c.ns, |config, _| {
+        config.debug_echo_mut().shared = true;
+    })
+    .await;
+    let _controller = c.driver_controller();
+    let nodes = Api::<Node>::all(c.client.clone());
+    nodes
+        .patch(
+            c.node.node_name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "metadata": { "labels": { "network": "cameras" } } })),
+        )
+        .await
+        .unwrap();
+    let config = ControlPlane::unique_name("skip");
+    let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": config },
+        "spec": {
+            "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [door]" },
+            "sharedDevices": { "nodeOperations": "Skip", "nodeSelector": { "network": "cameras" } },
+        },
+    }));
+    let configurations = Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone());
+    configurations
+        .create(&PostParams::default(), &configuration)
+        .await
+        .unwrap();
+    let slices = Api::<ResourceSlice>::all(c.client.clone());
+    let published = c
+        .node
+        .eventually(
+            "the shared device published",
+            Duration::from_secs(60),
+            async || {
+                let list = slices.list(&Default::default()).await.ok()?.items;
+                let ours: Vec<ResourceSlice> = (list.into_iter())
+                    .filter(|s| s.labels().values().any(|v| *v == config))
+                    .filter(|s| s.spec.devices.as_ref().is_some_and(|d| !d.is_empty()))
+                    .collect();
+                (!ours.is_empty()).then_some(ours)
+            },
+        )
+        .await;
+    let ready = c
+        .node
+        .eventually(
+            "the configuration's Ready condition",
+            Duration::from_secs(30),
+            async || {
+                let status = configurations.get(&config).await.ok()?.status?;
+                let ready = status.conditions.into_iter().find(|c| c.type_ == "Ready")?;
+                (ready.status == "True").then_some(ready)
+            },
+        )
+        .await;
+    if !gated {
+        assert!(
+            ready.message.contains("has no optional node operations"),
+            "{ready:?}"
+        );
+        for slice in &published {
+            assert_eq!(slice.spec.skip_node_operations, None, "{slice:?}");
+            let selector = serde_json::to_string(&slice.spec).unwrap();
+            assert!(selector.contains(&gateway.name), "{selector}");
+            assert!(!selector.contains("cameras"), "{selector}");
+        }
+        return;
+    }
+    assert!(
+        ready.message.contains("skip the kubelet-plugin"),
+        "{ready:?}"
+    );
+    for slice in &published {
+        assert_eq!(
+            slice.spec.skip_node_operations.as_deref(),
+            Some(&["*".to_string()][..]),
+            "{slice:?}"
+        );
+    }
+    let declared = (nodes.get(c.node.node_name()).await.unwrap().status)
+        .and_then(|s| s.declared_features)
+        .unwrap_or_default();
+    assert!(
+        declared.iter().any(|f| f == gate),
+        "the kubelet declares the feature, which the scheduler requires: {declared:?}"
+    );
+
+    c.claim_template(&config).await;
+    c.script_pod(
+        "skipper",
+        &config,
+        "env | grep '^DEBUG_ECHO_' || echo NO-DEVICE-VARIABLES",
+    )
+    .await;
+    let output = c.output("skipper").await;
+    assert_eq!(c.node_of("skipper").await, c.node.node_name());
+    assert!(output.contains("NO-DEVICE-VARIABLES"), "{output}");
+    let pod = c.pods().get("skipper").await.unwrap();
+    let claim = (pod.status.and_then(|s| s.resource_claim_statuses))
+        .and_then(|s| s.into_iter().next()?.resource_claim_name)
+        .expect("the pod's claim");
+    let claim = Api::<ResourceClaim>::namespaced(c.client.clone(), &c.ns)
+        .get(&claim)
+        .await
+        .unwrap();
+    let results = (claim.status.and_then(|s| s.allocation))
+        .and_then(|a| a.devices)
+        .and_then(|d| d.results)
+        .unwrap_or_default();
+    assert_eq!(results.len(), 1, "{results:?}");
+    assert_eq!(
+        results[0].skip_node_operations.as_deref(),
+        Some(&["*".to_string()][..])
+    );
+    assert!(c.cdi_specs().is_empty(), "no plugin wrote a CDI spec");
+    // No plugin to unprepare: the pod still goes.
+    c.delete_pod("skipper").await;
 }

@@ -32,7 +32,7 @@ pub struct Cluster {
     // last.
     agent: Option<(agent::Agent, FixtureHandler)>,
     dir: tempfile::TempDir,
-    _cp: ControlPlane,
+    cp: ControlPlane,
 }
 
 impl Cluster {
@@ -46,9 +46,12 @@ impl Cluster {
 
     /// A control plane with Akri's CRDs and the real node; no agent yet.
     pub async fn without_agent() -> Cluster {
-        let cp = ControlPlane::start(ControlPlaneOptions::full())
-            .await
-            .expect("control plane");
+        Self::without_agent_on(ControlPlaneOptions::full()).await
+    }
+
+    /// [`without_agent`](Self::without_agent) on a control plane started with `options`.
+    pub async fn without_agent_on(options: ControlPlaneOptions) -> Cluster {
+        let cp = ControlPlane::start(options).await.expect("control plane");
         cp.install_crds(&akri_api::crds::all()).await.unwrap();
         let client = cp.client().await.unwrap();
         let ns = cp.create_namespace("real").await.unwrap();
@@ -63,7 +66,7 @@ impl Cluster {
             registration,
             agent: None,
             dir,
-            _cp: cp,
+            cp,
         }
     }
 
@@ -120,6 +123,10 @@ impl Cluster {
         handler::register(&self.registration, &registered)
             .await
             .expect("the agent takes the handler");
+    }
+
+    pub fn control_plane(&self) -> &ControlPlane {
+        &self.cp
     }
 
     pub fn pods(&self) -> Api<Pod> {
