@@ -4,9 +4,9 @@
 #
 # The builds run beside each other and beside the tests, which mostly wait on timers: the Go
 # builds in one chain (the main Kubernetes version, the node's binaries and Helm, which the
-# tests need first, then the older Kubernetes versions at low priority), and the images (low
-# priority; the demo needs them after the tests). Each step that needs one waits for it
-# (`wait_for`), and a failed build fails the run there, its output shown.
+# tests need first, then the older Kubernetes versions at low priority, 1.33 first), and the
+# images (low priority; the demo needs them after the tests). Each step that needs one waits
+# for it (`wait_for`), and a failed build fails the run there, its output shown.
 #
 # K8S_BINS_CLEAN_GO_CACHES=1 (CI: its disk) clears Go's build and module caches after each
 # Kubernetes version and after the node's binaries and Helm, so the disk holds one at a time.
@@ -54,10 +54,12 @@ clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache 
   build node-bins hack/go-compile.sh hack/node-bins.sh
   build helm hack/go-compile.sh hack/helm.sh
   clean_go_caches
-  # 1.34 runs no kube-proxy and no kubectl in the steps below.
+  # 1.33 first: its steps come after the demo, the move and the upgrade, one after another,
+  # and end the run, while the 1.34 lane runs beside them. 1.34 runs no kube-proxy and no
+  # kubectl in its steps.
+  build k8s-1.33.13 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.33.13
   build k8s-1.34.4 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.34.4 \
     kube-apiserver kubelet kube-scheduler kube-controller-manager
-  build k8s-1.33.13 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.33.13
 ) &
 go_builds=$!
 build images nice -n 10 ionice -c 3 hack/images.sh &
@@ -112,14 +114,14 @@ wait_for helm "$go_builds"
 # The node agent's suite (8 of the 16 minutes of tests here) beside all the others: both mostly
 # wait on timers. Real nodes and control planes of two test processes keep apart (their own
 # directories, ports and network blocks); the suites with kube-proxy run one at a time below.
-step "cargo test: the node agent's suite beside all the others (akri_move:: and upgrade:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
+step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade:: and reachability:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
 beside node_agent_suite cargo test --workspace --test node_agent
 other_tests=()
 for target in $(cargo metadata --no-deps --format-version 1 |
   jq -r '.packages[].targets[] | select(.kind | index("test")) | .name' | sort -u); do
   [ "$target" = node_agent ] || other_tests+=(--test "$target")
 done
-cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade::
+cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability::
 cargo test --workspace --doc
 joined node_agent_suite
 # Two lanes from here: the suites on 1.34 (no kube-proxy) beside the demo, the move off Akri,
@@ -146,8 +148,8 @@ wait_for images "$images_build"
 cat "$background/images.log"
 step "the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
-step "the move off Akri and an upgrade as docs/operations.md give them: the chart with our images on a real node (one at a time: each runs kube-proxy)"
-cargo test --workspace --test cluster -- akri_move:: upgrade:: --test-threads=1
+step "the move off Akri and an upgrade as docs/operations.md give them, and binding conditions on two nodes: the chart with our images on real nodes (one at a time: each runs kube-proxy)"
+cargo test --workspace --test cluster -- akri_move:: upgrade:: reachability:: --test-threads=1
 step "Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
 wait_for k8s-1.33.13 "$go_builds"
 step "the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"

@@ -49,7 +49,7 @@ pub use kubelet_peer::KubeletPeer;
 pub use loop_device::LoopDevice;
 pub use process::Component;
 pub use proxy::{TcpProxy, UnixRelay};
-pub use real_node::RealNode;
+pub use real_node::{RealNode, Refusal};
 pub use slow_lists::SlowLists;
 
 /// A free TCP port on 127.0.0.1, for a component the harness starts (bound and released;

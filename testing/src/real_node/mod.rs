@@ -38,6 +38,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+pub use network::Refusal;
 pub(crate) use network::{NodeNetwork, create_bridge};
 pub(crate) use teardown::{delete_link, sweep_dead_runs};
 
@@ -247,6 +248,13 @@ impl RealNode {
                 String::from_utf8_lossy(&output.stderr).trim()
             )))
         }
+    }
+
+    /// Refuses (a TCP reset) what the node's pods send to `port` on this machine, until the
+    /// returned value is dropped: a device on a network the node is not on, while every other
+    /// node's pods reach it.
+    pub fn refuse_pods_to(&self, port: u16) -> Result<network::Refusal, Error> {
+        network::Refusal::create(&self.bridge, port)
     }
 
     /// The Node's name.

@@ -79,6 +79,38 @@ pub(super) fn confine_pods() -> Result<(), Error> {
     result
 }
 
+/// An nftables table of its own refusing one node's pods one port of this machine; removed
+/// when dropped (one a killed test left behind matches a bridge that is gone).
+pub struct Refusal {
+    table: String,
+}
+
+impl Refusal {
+    pub(super) fn create(bridge: &str, port: u16) -> Result<Self, Error> {
+        let table = format!("akri-test-refuse-{bridge}-{port}");
+        let rules = format!(
+            "table inet {table} {{
+  chain input {{
+    type filter hook input priority filter; policy accept;
+    iifname \"{bridge}\" tcp dport {port} reject with tcp reset
+  }}
+}}
+"
+        );
+        let file = std::env::temp_dir().join(format!("{table}.nft"));
+        std::fs::write(&file, rules).map_err(Error::io("write a refusal's nftables rules"))?;
+        let result = super::run("nft", &["-f", &file.display().to_string()]);
+        let _ = std::fs::remove_file(&file);
+        result.map(|()| Refusal { table })
+    }
+}
+
+impl Drop for Refusal {
+    fn drop(&mut self) {
+        let _ = super::run("nft", &["delete", "table", "inet", &self.table]);
+    }
+}
+
 fn ip(args: &[&str]) -> Result<(), Error> {
     super::run("ip", args)
 }

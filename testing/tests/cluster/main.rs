@@ -5,6 +5,7 @@ mod akri_move;
 mod chart;
 mod legacy_only;
 mod network;
+mod reachability;
 mod real_node;
 mod startup;
 mod upgrade;
