@@ -3,7 +3,7 @@
 //! pulled), and Helm (built by `hack/helm.sh`) run on `charts/akri`. Shared by the chart tests,
 //! the legacy-only cluster tests and the demo.
 
-use crate::{Error, RealNode};
+use crate::{ControlPlane, Error, RealNode};
 use std::path::{Path, PathBuf};
 
 /// The registry the images are named after (`image.registry`): on loopback, so a kubelet that
@@ -86,6 +86,13 @@ impl Images {
         })
     }
 
+    /// Starts real node `name` of `cp` with every image present, as the chart's pods need.
+    pub async fn on_new_node(&self, cp: &ControlPlane, name: &str) -> Result<RealNode, Error> {
+        let node = RealNode::start(cp, name).await?;
+        self.load(&node).await?;
+        Ok(node)
+    }
+
     /// Makes every image present on `node` as `<REGISTRY>/<name>:<tag>`.
     pub async fn load(&self, node: &RealNode) -> Result<(), Error> {
         for (layout, name) in self.names() {
@@ -116,6 +123,29 @@ impl Images {
             format!("image.registry={REGISTRY}"),
             format!("image.tag={}", self.tag),
         ]
+    }
+}
+
+/// Runs `cp`'s kubectl with `args` from the repository root (relative paths, as the docs write
+/// them, work); its stdout, or an error with what it printed.
+pub fn kubectl<S: AsRef<std::ffi::OsStr>>(cp: &ControlPlane, args: &[S]) -> Result<String, Error> {
+    let output = std::process::Command::new(cp.bins().require("kubectl")?)
+        .args(args)
+        .current_dir(repo())
+        .env("KUBECONFIG", cp.kubeconfig())
+        .output()
+        .map_err(Error::io("run kubectl"))?;
+    if output.status.success() {
+        Ok(String::from_utf8_lossy(&output.stdout).into_owned())
+    } else {
+        Err(Error::Other(format!(
+            "kubectl {:?}: {}{}",
+            args.iter()
+                .map(|a| a.as_ref().to_string_lossy())
+                .collect::<Vec<_>>(),
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )))
     }
 }
 

@@ -10,7 +10,7 @@
 
 use akri_api::v0::{Configuration, Instance};
 use akri_testing::product::{Helm, Images, repo};
-use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
+use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -42,8 +42,7 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
         "akri-driver-controller",
         "akri-broker-controller",
     ]);
-    let node = RealNode::start(&cp, NODE).await.expect("real node");
-    images.load(&node).await.unwrap();
+    let node = images.on_new_node(&cp, NODE).await.expect("real node");
     let busybox = node.busybox_image().unwrap();
     let mut doc = Doc::new(&cp, &images);
 

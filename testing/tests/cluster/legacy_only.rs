@@ -10,7 +10,7 @@
 //! DaemonSet, to show how the chart contains a handler pod.
 
 use akri_api::v0::{Configuration, Instance};
-use akri_testing::product::{Helm, Images, repo};
+use akri_testing::product::{Helm, Images, kubectl, repo};
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -66,20 +66,14 @@ async fn cluster() -> Cluster {
                 .only(&["akri-kubelet-plugin", "akri-opcua-discovery-handler"]);
             let mut nodes = Vec::new();
             for name in NODES {
-                nodes.push(start_node(&cp, &images, name).await);
+                nodes.push(images.on_new_node(&cp, name).await.expect("real node"));
             }
             // The commands docs/operations.md gives for clusters without DRA, as written,
             // plus the images' values and what the tests need (a short reclaim grace, the
             // embedded debugEcho handler's devices shared between the nodes).
             let [kubectl_line, helm_line] = documented_commands();
-            let kubectl = cp.bins().require("kubectl").unwrap();
-            let applied = std::process::Command::new(kubectl)
-                .args(kubectl_line.split_whitespace().skip(1))
-                .current_dir(repo())
-                .env("KUBECONFIG", cp.kubeconfig())
-                .output()
-                .unwrap();
-            assert!(applied.status.success(), "{kubectl_line}: {applied:?}");
+            let kubectl_args: Vec<&str> = kubectl_line.split_whitespace().skip(1).collect();
+            kubectl(&cp, &kubectl_args).unwrap_or_else(|e| panic!("{kubectl_line}: {e}"));
             let kubeconfig = cp.kubeconfig().display().to_string();
             let [registry, tag] = images.values();
             let grace =
@@ -149,13 +143,6 @@ fn documented_commands() -> [String; 2] {
         "{helm}"
     );
     [line("kubectl apply "), helm]
-}
-
-/// A real node with our image, its debugEcho availability file (every device online).
-async fn start_node(cp: &ControlPlane, images: &Images, name: &str) -> RealNode {
-    let node = RealNode::start(cp, name).await.expect("real node");
-    images.load(&node).await.unwrap();
-    node
 }
 
 /// Every kubelet-plugin pod's log, for a failure message.
@@ -620,7 +607,7 @@ async fn two_nodes_racing_for_a_shared_slot_never_both_get_it() {
 async fn the_slots_of_a_node_that_went_are_freed_by_the_others() {
     let c = &cluster().await;
     let name = "legacy-gone";
-    let node = start_node(&c.cp, &c.images, name).await;
+    let node = c.images.on_new_node(&c.cp, name).await.expect("real node");
     let pods = Api::<Pod>::namespaced(c.client.clone(), NAMESPACE);
     akri_testing::eventually_within(
         "a kubelet-plugin pod ready on the new node",

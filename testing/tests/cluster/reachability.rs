@@ -8,8 +8,8 @@
 //! go to B is not bound, the scheduler saying B's reason. Runs kube-proxy: one at a time with
 //! the other suites that install the chart on real nodes (`hack/test.sh`).
 
-use akri_testing::product::{Helm, Images, repo};
-use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
+use akri_testing::product::{Helm, Images, kubectl};
+use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
@@ -33,9 +33,7 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
     ]);
     let mut nodes = Vec::new();
     for name in NODES {
-        let node = RealNode::start(&cp, name).await.expect("real node");
-        images.load(&node).await.unwrap();
-        nodes.push(node);
+        nodes.push(images.on_new_node(&cp, name).await.expect("real node"));
     }
     let (reaching, refused) = (&nodes[0], &nodes[1]);
 
@@ -63,14 +61,7 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
     let _boiler = peer("Boiler", boiler, &["--register-to".into(), lds_url.clone()]);
     let _refusal = refused.refuse_pods_to(boiler).unwrap();
 
-    let kubectl = cp.bins().require("kubectl").unwrap();
-    let applied = std::process::Command::new(&kubectl)
-        .args(["apply", "-f", "examples/akri-namespace.yaml"])
-        .current_dir(repo())
-        .env("KUBECONFIG", cp.kubeconfig())
-        .output()
-        .unwrap();
-    assert!(applied.status.success(), "{applied:?}");
+    kubectl(&cp, &["apply", "-f", "examples/akri-namespace.yaml"]).unwrap();
     let kubeconfig = cp.kubeconfig().display().to_string();
     let [registry, tag] = images.values();
     Helm::new()

@@ -11,8 +11,8 @@
 //! device-plugin client per resource, see `device_plugin::server`).
 
 use akri_api::v0::Instance;
-use akri_testing::product::{Helm, Images, repo};
-use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
+use akri_testing::product::{Helm, Images, kubectl, repo};
+use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
@@ -37,20 +37,12 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         "akri-driver-controller",
         "akri-debug-echo-discovery-handler",
     ]);
-    let node = RealNode::start(&cp, NODE).await.expect("real node");
-    images.load(&node).await.unwrap();
+    let node = images.on_new_node(&cp, NODE).await.expect("real node");
     let busybox = node.busybox_image().unwrap();
 
     // The product as the README installs it, with legacy mode on too, four debugEcho devices.
-    let kubectl = cp.bins().require("kubectl").unwrap();
     let kubeconfig = cp.kubeconfig().display().to_string();
-    let applied = std::process::Command::new(&kubectl)
-        .args(["apply", "-f", "examples/akri-namespace.yaml"])
-        .current_dir(repo())
-        .env("KUBECONFIG", cp.kubeconfig())
-        .output()
-        .unwrap();
-    assert!(applied.status.success(), "{applied:?}");
+    kubectl(&cp, &["apply", "-f", "examples/akri-namespace.yaml"]).unwrap();
     let helm = Helm::new().unwrap();
     let [registry, tag] = images.values();
     helm.ok(&[
@@ -179,13 +171,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         upgrade.starts_with("helm upgrade akri charts/akri"),
         "{upgrade}"
     );
-    let crds_applied = std::process::Command::new(&kubectl)
-        .args(crds.split_whitespace().skip(1))
-        .current_dir(repo())
-        .env("KUBECONFIG", cp.kubeconfig())
-        .output()
-        .unwrap();
-    assert!(crds_applied.status.success(), "{crds_applied:?}");
+    let crds_args: Vec<&str> = crds.split_whitespace().skip(1).collect();
+    kubectl(&cp, &crds_args).unwrap_or_else(|e| panic!("{e}"));
     let mut args: Vec<String> = upgrade
         .split_whitespace()
         .skip(1)
