@@ -966,8 +966,9 @@ async fn a_shared_device_that_skips_node_operations_serves_a_pod_on_a_node_witho
         )
         .await;
     if !gated {
+        // As the user guide quotes it ("Optional node operations").
         assert!(
-            ready.message.contains("has no optional node operations"),
+            ready.message.contains("sharedDevices.nodeOperations is Skip, but the API server has no optional node operations (DRAOptionalNodeOperations), so the kubelet-plugin prepares its shared devices as usual, on the nodes that discover them"),
             "{ready:?}"
         );
         for slice in &published {
@@ -979,7 +980,9 @@ async fn a_shared_device_that_skips_node_operations_serves_a_pod_on_a_node_witho
         return;
     }
     assert!(
-        ready.message.contains("skip the kubelet-plugin"),
+        ready
+            .message
+            .contains("claims of its shared devices skip the kubelet-plugin (skipNodeOperations)"),
         "{ready:?}"
     );
     for slice in &published {
