@@ -27,7 +27,7 @@ use akri_api::v1::{
     INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, Instance, PropertyFilter, instance_source_selector,
     set_condition,
 };
-use akri_devices::ATTR_CONFIGURATION;
+use akri_devices::{ATTR_CONFIGURATION, Sharing};
 use dra_plugin::api_support::ApiSupport;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
@@ -86,7 +86,7 @@ pub struct ControllerConfig {
     /// follows [`Self::api_support`].
     pub device_taints: Option<bool>,
     /// Forces whether shared devices are published with binding conditions
-    /// (`--binding-conditions on|off`, default off); `None` follows [`Self::api_support`].
+    /// (`--binding-conditions on|off`); `None` follows [`Self::api_support`].
     pub binding_conditions: Option<bool>,
     /// How long a shared device that lost its last node while a claim holds it stays
     /// `NoSchedule`-tainted before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
@@ -106,8 +106,7 @@ impl ControllerConfig {
             api_support: None,
             consumable_capacity: None,
             device_taints: None,
-            // Opt-in for now: see `--binding-conditions`.
-            binding_conditions: Some(false),
+            binding_conditions: None,
             vanished_grace: Duration::from_secs(300),
             node_lost_grace: Duration::from_secs(300),
             debounce: Duration::from_millis(500),
@@ -525,14 +524,27 @@ impl Context {
             }
             _ => "",
         };
-        let binding = match (any_shared && !skip, self.support.binding_conditions) {
-            (true, true) => {
+        // Shared through consumable capacity: no binding check (`shared::checked_at_binding`).
+        let multiple = config.spec.capacity > 1
+            && Sharing::for_configuration(
+                config.spec.unique_devices,
+                self.support.consumable_capacity,
+            ) == Sharing::ConsumableCapacity;
+        let binding = match (
+            any_shared && !skip,
+            self.support.binding_conditions,
+            multiple,
+        ) {
+            (true, true, false) => {
                 "; a pod is bound to the node chosen for a shared device only once that node's kubelet-plugin has found the device answers from there (binding condition akri.sh/Reachable)"
             }
-            (true, false) => {
+            (true, true, true) => {
+                "; its shared devices are not checked from the chosen node at binding: several claims share each of them through consumable capacity, and the scheduler counts the slots of a claim waiting for its check twice, so another node's pod could wait five minutes (capacity 1 or uniqueDevices: false devices are checked)"
+            }
+            (true, false, _) => {
                 "; the API server has no binding conditions (DRADeviceBindingConditions), so a pod may be bound to a node that lists a shared device but cannot reach it just then"
             }
-            (false, _) => "",
+            (false, _, _) => "",
         };
         match class_conflict {
             None => {

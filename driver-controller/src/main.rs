@@ -27,9 +27,8 @@ struct Args {
     consumable_capacity: Switch,
     /// Whether shared devices wait, at binding, for the chosen node to reach them
     /// (DRADeviceBindingConditions, beta from 1.36): `auto` asks the API server with a
-    /// dry-run probe at start. Off by default for now: under a loaded test machine pinned pods
-    /// were twice not bound within 90 s, for a cause not found yet.
-    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    /// dry-run probe at start. Set it as the kubelet-plugins' flag of that name.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
     binding_conditions: Switch,
     #[command(flatten)]
     vanished: akri_runtime::VanishedArgs,

@@ -78,8 +78,8 @@ struct Args {
     /// Whether shared devices the scheduler allocated for this node are checked from here
     /// before their pod is bound (binding conditions, DRADeviceBindingConditions): `auto`
     /// asks the API server with a dry-run probe at start. Set it as the driver-controller's
-    /// flag of that name (off by default, as there).
-    #[arg(long, value_enum, default_value_t = Switch::Off)]
+    /// flag of that name.
+    #[arg(long, value_enum, default_value_t = Switch::Auto)]
     binding_conditions: Switch,
     /// Seconds a shared device's network endpoint may take to accept a connection in its
     /// binding check before the check fails (and the scheduler tries again elsewhere).

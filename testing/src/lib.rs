@@ -128,6 +128,88 @@ pub async fn node_event(
         })
 }
 
+/// Waits up to `timeout` for pod `namespace/name` to be bound; returns it. On timeout it
+/// panics with what the scheduler and the drivers said: the pod's events and, for each of its
+/// claims, the allocation (node selector, devices, binding conditions) and `status.devices`.
+pub async fn bound_pod(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    timeout: std::time::Duration,
+) -> k8s_openapi::api::core::v1::Pod {
+    use k8s_openapi::api::core::v1::Pod;
+    let pods = kube::Api::<Pod>::namespaced(client.clone(), namespace);
+    let bound = async || {
+        let pod = pods.get_opt(name).await.ok()??;
+        pod.spec.as_ref()?.node_name.as_ref()?;
+        Some(pod)
+    };
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(pod) = bound().await {
+            return pod;
+        }
+        if started.elapsed() > timeout {
+            panic!(
+                "timed out after {timeout:?} waiting for pod {name} to be bound\n{}",
+                why_not_bound(client, namespace, name).await
+            );
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
+/// What the API server shows about pod `namespace/name` waiting to be scheduled: its events
+/// and its claims' allocations and device statuses, a line each.
+async fn why_not_bound(client: &kube::Client, namespace: &str, name: &str) -> String {
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::api::resource::v1::ResourceClaim;
+    let mut report = Vec::new();
+    let events = kube::Api::<Event>::namespaced(client.clone(), namespace);
+    for event in events
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let about = event.regarding.as_ref().and_then(|r| r.name.as_deref());
+        if about == Some(name) || about.is_some_and(|claim| claim.starts_with(name)) {
+            report.push(format!(
+                "event {} x{}: {}",
+                event.reason.unwrap_or_default(),
+                event.deprecated_count.unwrap_or(1),
+                event.note.unwrap_or_default()
+            ));
+        }
+    }
+    let claims = kube::Api::<ResourceClaim>::namespaced(client.clone(), namespace);
+    for claim in claims
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default()
+    {
+        let owned = (claim.metadata.owner_references.iter().flatten()).any(|o| o.name == name);
+        if !owned
+            && !claim
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|n| n.starts_with(name))
+        {
+            continue;
+        }
+        let status = claim.status.unwrap_or_default();
+        report.push(format!(
+            "claim {}: allocation {} status.devices {}",
+            claim.metadata.name.unwrap_or_default(),
+            serde_json::to_string(&status.allocation).unwrap_or_default(),
+            serde_json::to_string(&status.devices).unwrap_or_default(),
+        ));
+    }
+    report.join("\n")
+}
+
 /// How long [`eventually`] waits: long enough for a loaded CI machine's controllers, scheduler
 /// and kubelet, short enough that a test that cannot pass fails in reasonable time.
 pub const EVENTUALLY: std::time::Duration = std::time::Duration::from_secs(90);

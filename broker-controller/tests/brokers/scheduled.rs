@@ -21,7 +21,7 @@ use support::SimNode;
 
 const DRIVER: &str = "debugecho.akri.sh";
 
-use akri_testing::eventually;
+use akri_testing::{EVENTUALLY, eventually};
 
 /// Two nodes whose debugEcho handlers register as shared, each hiding the descriptions in
 /// `offline[i]` (so a device is seen by one node or by both), and both controllers.
@@ -130,10 +130,8 @@ impl Cluster {
     /// `akri.sh/instance` of the allocated device.
     async fn bound_with_device(&self, pod: &str) -> (String, String) {
         let pods = self.pods();
-        let node = eventually(&format!("{pod} bound"), async || {
-            pods.get_opt(pod).await.ok()??.spec?.node_name
-        })
-        .await;
+        let bound = akri_testing::bound_pod(&self.client, &self.apps, pod, EVENTUALLY).await;
+        let node = bound.spec.and_then(|s| s.node_name).unwrap();
         let claim = eventually(&format!("{pod}'s claim"), async || {
             pods.get(pod)
                 .await
@@ -148,13 +146,25 @@ impl Cluster {
             .get(&claim)
             .await
             .unwrap();
-        let results = claim
-            .status
-            .and_then(|s| s.allocation)
+        let status = claim.status.unwrap_or_default();
+        let results = status
+            .allocation
             .and_then(|a| a.devices)
             .and_then(|d| d.results)
             .unwrap_or_default();
         assert_eq!(results.len(), 1, "{pod}: one device");
+        // Where the API server serves binding conditions (1.37), the shared device waited
+        // for its node's check before the pod was bound.
+        if results[0].binding_conditions.is_some() {
+            let reachable = status.devices.iter().flatten().any(|d| {
+                d.device == results[0].device
+                    && d.conditions
+                        .iter()
+                        .flatten()
+                        .any(|c| c.type_ == akri_devices::BINDING_CONDITION && c.status == "True")
+            });
+            assert!(reachable, "{pod} bound before its node's binding check");
+        }
         let slices = Api::<ResourceSlice>::all(self.client.clone())
             .list(&Default::default())
             .await

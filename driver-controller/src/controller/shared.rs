@@ -12,7 +12,7 @@ use akri_api::v1::{DiscoveryConfiguration, Instance};
 use akri_devices::Sharing;
 use dra_plugin::slices::{PoolScope, PoolTemplate, SKIP_ALL_NODE_OPERATIONS, SlicePublisher};
 use dra_plugin::vanished::VanishedDevices;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams};
@@ -65,10 +65,13 @@ impl Context {
             offered.as_ref(),
         );
         // A binding check is a kubelet-plugin's, which a node need not run when the devices
-        // skip the node's operations.
+        // skip the node's operations. Not on a device several claims share through consumable
+        // capacity: see `checked_at_binding`.
         if self.support.binding_conditions && !skip {
             for device in pools.iter_mut().flat_map(|p| p.devices.iter_mut()) {
-                akri_devices::with_binding_check(device);
+                if checked_at_binding(device) {
+                    akri_devices::with_binding_check(device);
+                }
             }
         }
         let ours: Vec<Arc<SliceView>> = self
@@ -307,4 +310,15 @@ pub(super) fn asks_to_skip(config: &DiscoveryConfiguration) -> bool {
         .shared_devices
         .as_ref()
         .is_some_and(|shared| shared.node_operations == NodeOperations::Skip)
+}
+
+/// Whether a shared device waits at binding for its node's check. Not one that several claims
+/// share through consumable capacity (`allowMultipleAllocations`): while a claim waits for its
+/// binding check, the scheduler (seen in Kubernetes 1.37.2) counts the slots it took twice,
+/// once as allocated and once as in flight, and a pod of another node that it tries then finds
+/// the device full. When the wait ends nothing tells the scheduler to try that pod again, so
+/// it waits for its periodic retry of unschedulable pods, five minutes. Two brokers of one
+/// camera on two nodes would meet exactly that.
+pub(super) fn checked_at_binding(device: &Device) -> bool {
+    device.allow_multiple_allocations != Some(true)
 }

@@ -148,3 +148,52 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
         .unwrap();
     assert!(pod.spec.unwrap().node_name.is_some());
 }
+
+/// One camera with two slots (consumable capacity) on two nodes, a pod pinned to each, the
+/// second made while the first is allocated and not yet bound: both are bound at once. With
+/// binding conditions on such a device the second waited five minutes: during the first
+/// claim's binding wait the scheduler counts its slot twice (allocated and in flight), finds
+/// the camera full for the second pod, and nothing makes it try that pod again when the wait
+/// ends. So devices shared through consumable capacity get no binding check, and the
+/// configuration's status says so; a camera of capacity 1 still gets one.
+#[tokio::test]
+async fn a_camera_with_two_slots_serves_pods_on_two_nodes_at_once() {
+    let cluster =
+        Cluster::start_with_agents(2, true, |c| c.binding_conditions = None, |_| {}).await;
+    let config = cluster.discovery("pair", &["cam0"], 2, true).await;
+    cluster.wait_published(&config, 1).await;
+    let instance = akri_devices::instance_name(&config, "cam0", true, "");
+    eventually("the camera on both nodes", async || {
+        let nodes = support::shared_device_nodes(&cluster.client, &instance).await?;
+        (nodes.len() == 2).then_some(())
+    })
+    .await;
+    if !cluster.support.binding_conditions || !cluster.support.consumable_capacity {
+        return;
+    }
+    let ready = cluster.ready_condition(&config).await;
+    assert!(
+        ready
+            .message
+            .contains("not checked from the chosen node at binding"),
+        "{ready:?}"
+    );
+
+    let first = pod_on(&cluster, &config, 1, Some(&cluster.nodes[0])).await;
+    let claims = Api::<ResourceClaim>::namespaced(cluster.client.clone(), &cluster.namespace);
+    eventually("the first claim allocated", async || {
+        claims.get(&first).await.ok()?.status?.allocation
+    })
+    .await;
+    let second = pod_on(&cluster, &config, 1, Some(&cluster.nodes[1])).await;
+    for (pod, node) in [(&first, &cluster.nodes[0]), (&second, &cluster.nodes[1])] {
+        let bound = akri_testing::bound_pod(
+            &cluster.client,
+            &cluster.namespace,
+            pod,
+            Duration::from_secs(60),
+        )
+        .await;
+        assert_eq!(bound.spec.and_then(|s| s.node_name).as_ref(), Some(node));
+    }
+}

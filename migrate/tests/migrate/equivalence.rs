@@ -26,7 +26,7 @@ use akri_testing::components::{self as support, SimNode};
 
 const CONFIGURATION: &str = "echo";
 
-use akri_testing::{eventually, eventually_within};
+use akri_testing::{EVENTUALLY, eventually};
 
 /// Per Instance: its broker objects (`<kind>/<name>`, names with the node) and, per broker
 /// Pod, the environment its container gets from the device and the configuration.
@@ -207,22 +207,15 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
         let mut environments = BTreeMap::new();
         for node_name in reach {
             let pod_name = format!("{node_name}-{instance}-pod");
-            // Under a loaded machine (CI builds images beside the tests), with binding
-            // conditions then on, 90 s was once not enough for all four pods.
-            let waiting = format!("{pod_name} bound and allocated");
-            let bound = eventually_within(&waiting, Duration::from_secs(180), async || {
+            let pod = akri_testing::bound_pod(&client, &apps, &pod_name, EVENTUALLY).await;
+            let claimed = async || {
                 let pod = pods.get_opt(&pod_name).await.ok()??;
-                let node = pod.spec.as_ref()?.node_name.clone()?;
-                pod.status
-                    .as_ref()?
-                    .resource_claim_statuses
-                    .as_ref()?
-                    .first()?
-                    .resource_claim_name
-                    .as_ref()?;
-                Some((node, pod))
-            })
-            .await;
+                let statuses = pod.status?.resource_claim_statuses?;
+                statuses.first()?.resource_claim_name.clone()
+            };
+            eventually(&format!("{pod_name}'s claim"), claimed).await;
+            let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
+            let bound = (node.unwrap(), pod);
             assert_eq!(&bound.0, node_name, "{pod_name} runs on its node");
             let node = nodes.iter().find(|n| &n.name == node_name).unwrap();
             let containers = node.peer.prepare(&apps, &pod_name).await.expect("prepared");

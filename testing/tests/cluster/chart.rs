@@ -152,7 +152,7 @@ async fn template_renders_the_components_with_default_values() {
         "--plugins-dir=/var/lib/kubelet/plugins",
         "--cdi-dir=/var/run/cdi",
         "--device-metadata=true",
-        "--binding-conditions=off",
+        "--binding-conditions=auto",
         "--state-dir=/var/lib/akri-kubelet-plugin",
         "--discovery-socket=/var/lib/akri/agent-registration.sock",
         "--consumable-capacity=auto",

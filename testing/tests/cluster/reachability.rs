@@ -1,5 +1,5 @@
-//! Binding conditions (KEP-5007) as a user installs them: the chart with
-//! `bindingConditions: on` on two real 1.37 nodes, the OPC UA handler's DaemonSet in the nodes'
+//! Binding conditions (KEP-5007) as a user installs them: the chart with its default
+//! `bindingConditions: auto` on two real 1.37 nodes, the OPC UA handler's DaemonSet in the nodes'
 //! host network (`discoveryHandlers.opcua.hostNetwork`), and a real OPC UA server that both
 //! nodes' handlers find through a discovery server. Node B's pods cannot reach the server (this
 //! machine refuses their connections to its port, as a server on a network routed to the node
@@ -78,8 +78,6 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
             &registry,
             "--set",
             &tag,
-            "--set",
-            "bindingConditions=on",
             "--set",
             "discoveryHandlers.opcua.enabled=true",
             "--set",
