@@ -18,9 +18,11 @@
 //! The file is a JSON stream: the same `DeviceMetadata` object once per API version asked
 //! for, newest first, so a reader takes the first version it knows (upstream's
 //! `devicemetadata.DecodeMetadataFromStream` does). The host side is this library's own:
-//! `<plugin dir>/dra-device-metadata/<claim uid>/<request>/metadata.json` (by UID, so a claim
-//! deleted and made again under its name never shares a directory with the old one) and one
-//! CDI spec per claim, kind `<driver>/metadata`. Both are recorded in the checkpoint with their
+//! `<plugin dir>/dra-device-metadata/<claim uid>.<request>.json` (by UID, so a claim deleted
+//! and made again under its name never shares a file with the old one; one directory for all,
+//! as every directory made and removed per claim is two more inodes for the filesystem to
+//! allocate and free on the kubelet's path) and one CDI spec per claim, kind
+//! `<driver>/metadata`. Both are recorded in the checkpoint with their
 //! content, healed like the driver's specs and removed at unprepare.
 //!
 //! The file is world-readable (a container of any user reads it): it must hold nothing a
@@ -47,8 +49,9 @@ pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-na
 /// The host directory under the plugin directory.
 const HOST_SUBDIR: &str = "dra-device-metadata";
 
-/// The host file of a request's metadata.
-const FILE_NAME: &str = "metadata.json";
+/// The host file of a request's metadata in the layout before 2026-11-28
+/// (`<claim uid>/<request>/metadata.json`), which claims prepared then still have.
+const OLD_FILE_NAME: &str = "metadata.json";
 
 /// The metadata files are read by containers of any user.
 pub const FILE_MODE: u32 = 0o644;
@@ -168,9 +171,9 @@ impl MetadataWriter {
         })
     }
 
-    /// The host directory of a claim's files.
-    fn claim_dir(&self, uid: &str) -> PathBuf {
-        self.dir.join(uid)
+    /// The host file of a claim's request.
+    fn file(&self, uid: &str, request: &str) -> PathBuf {
+        self.dir.join(format!("{uid}.{request}.json"))
     }
 
     /// Writes the metadata of `claim`, prepared as `prepared` (its devices in the claim's
@@ -227,10 +230,7 @@ impl MetadataWriter {
                 });
             }
             let base = base_request_name(request);
-            let path = self
-                .claim_dir(&claim.reference.uid)
-                .join(base)
-                .join(FILE_NAME);
+            let path = self.file(&claim.reference.uid, base);
             let content = self.encode(&claim.reference, pod_claim_name, request, devices);
             files.push(WrittenFile {
                 path: path.clone(),
@@ -292,13 +292,28 @@ impl MetadataWriter {
         }
         let spec = self.cdi.spec_path(CDI_CLASS, &claim.uid)?;
         remove_file(&spec)?;
-        let dir = self.claim_dir(&claim.uid);
-        match std::fs::remove_dir_all(&dir) {
-            Err(cause) if cause.kind() != io::ErrorKind::NotFound => {
-                Err(Error::Io { path: dir, cause })
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |cause| Error::Io { path, cause }
+        };
+        let entries = match std::fs::read_dir(&self.dir) {
+            Err(cause) if cause.kind() == io::ErrorKind::NotFound => return Ok(()),
+            entries => entries.map_err(io(&self.dir))?,
+        };
+        let prefix = format!("{}.", claim.uid);
+        for entry in entries {
+            let entry = entry.map_err(io(&self.dir))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with(&prefix) && name.ends_with(".json") {
+                remove_file(&entry.path())?;
+            } else if name == claim.uid.as_str() {
+                // The layout before 2026-11-28: a directory per claim.
+                let dir = entry.path();
+                std::fs::remove_dir_all(&dir).map_err(io(&dir))?;
             }
-            _ => Ok(()),
         }
+        Ok(())
     }
 
     /// The stream: the object once per version, newest first.
@@ -339,9 +354,10 @@ impl MetadataWriter {
 pub(crate) fn remove_recorded(prepared: &PreparedClaim) -> Result<(), Error> {
     for file in &prepared.metadata_files {
         remove_file(&file.path)?;
-        // `<claim uid>/<request>/metadata.json`: the request's and the claim's directories.
-        // Not empty (another request's file) is fine; the last file's removal takes them.
-        let is_metadata = file.path.file_name() == Some(FILE_NAME.as_ref());
+        // A claim prepared in the layout before 2026-11-28 (`<claim uid>/<request>/metadata.json`):
+        // the request's and the claim's directories too. Not empty (another request's file)
+        // is fine; the last file's removal takes them.
+        let is_metadata = file.path.file_name() == Some(OLD_FILE_NAME.as_ref());
         let request_dir = file.path.parent().filter(|_| is_metadata);
         for dir in request_dir
             .into_iter()
@@ -415,4 +431,47 @@ struct FileDevice<'a> {
     attributes: Option<&'a BTreeMap<String, DeviceAttribute>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     network_data: Option<&'a NetworkDeviceData>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A claim the checkpoint does not know (a prepare interrupted before recording it) loses
+    /// whatever a prepare could have left: its files in today's layout and its directory in
+    /// the layout before, nobody else's.
+    #[test]
+    fn an_unrecorded_claims_files_are_removed_in_both_layouts() {
+        let root = tempfile::tempdir().unwrap();
+        let writer = MetadataWriter::new(
+            "gadget.example.com",
+            &root.path().join("plugin"),
+            &root.path().join("cdi"),
+            [Version::LATEST],
+        )
+        .unwrap();
+        let dir = root.path().join("plugin").join(HOST_SUBDIR);
+        let old = dir.join("uid-a").join("r");
+        std::fs::create_dir_all(&old).unwrap();
+        for file in [
+            dir.join("uid-a.r.json"),
+            dir.join("uid-a.s.json"),
+            dir.join("uid-b.r.json"),
+            old.join(OLD_FILE_NAME),
+        ] {
+            std::fs::write(file, "{}").unwrap();
+        }
+        let claim = ClaimRef {
+            namespace: "ns".into(),
+            name: "a".into(),
+            uid: "uid-a".into(),
+        };
+        writer.remove(&claim, None).unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["uid-b.r.json"]);
+    }
 }

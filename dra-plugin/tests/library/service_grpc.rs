@@ -496,7 +496,7 @@ async fn device_metadata_is_mounted_healed_after_a_reboot_and_removed_with_the_c
 
     let file = dir
         .path()
-        .join("plugin/dra-device-metadata/uid-meta/r/metadata.json");
+        .join("plugin/dra-device-metadata/uid-meta.r.json");
     let content = std::fs::read_to_string(&file).unwrap();
     let objects: Vec<serde_json::Value> = serde_json::Deserializer::from_str(&content)
         .into_iter()
@@ -556,10 +556,9 @@ async fn device_metadata_is_mounted_healed_after_a_reboot_and_removed_with_the_c
     let undone = unprepare(&served, vec![claim("r", "c", "uid-meta")]).await;
     assert_eq!(undone["uid-meta"].error, "");
     assert!(!spec_path.exists(), "the metadata spec is gone");
-    assert!(
-        !dir.path()
-            .join("plugin/dra-device-metadata/uid-meta")
-            .exists(),
-        "the claim's metadata directory is gone"
-    );
+    assert!(!file.exists(), "the claim's metadata file is gone");
+    let left: Vec<_> = std::fs::read_dir(dir.path().join("plugin/dra-device-metadata"))
+        .unwrap()
+        .collect();
+    assert!(left.is_empty(), "nothing else was made: {left:?}");
 }
