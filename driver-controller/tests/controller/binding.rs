@@ -173,8 +173,11 @@ async fn a_camera_with_two_slots_serves_pods_on_two_nodes_at_once() {
     .await;
     if cluster.support.binding_conditions && consumable {
         let ready = cluster.ready_condition(&config).await;
-        let why = "not checked from the chosen node at binding";
+        // As the user guide quotes it.
+        let why = "its shared devices are not checked from the chosen node at binding: several claims share each of them through consumable capacity, and the scheduler counts the slots of a claim waiting for its check twice, so another node's pod could wait five minutes (capacity 1 or uniqueDevices: false devices are checked)";
         assert!(ready.message.contains(why), "{ready:?}");
+        let guide = include_str!("../../../docs/user-guide.md").replace('\n', " ");
+        assert!(guide.contains(why), "the user guide quotes the message");
     }
 
     let first = pod_on(&cluster, &config, 1, Some(&cluster.nodes[0])).await;
