@@ -154,20 +154,25 @@ impl DraSink {
 
     /// Waits for what the sink itself reacts to: a driver's prepared claims changing while it
     /// keeps a vanished device, a taint moving on, the time to see whether a kubelet took a
-    /// driver.
-    pub async fn wake(&mut self) {
+    /// driver. Returns whether a pass should follow: claims changing on a driver without
+    /// vanished devices (every prepare and unprepare) need none.
+    pub async fn wake(&mut self) -> bool {
         tokio::select! {
             Some(driver) = self.claims_rx.recv() => {
-                if self.drivers.get(&driver).is_some_and(ServedDriver::waits_on_claims) {
+                let waits = self.drivers.get(&driver).is_some_and(ServedDriver::waits_on_claims);
+                if waits {
                     self.dirty.insert(driver);
                 }
+                waits
             }
             _ = sleep_until_some(self.next_registration_check) => {
                 self.next_registration_check = None;
+                true
             }
             _ = sleep_until_some(self.next_taint_change) => {
                 self.next_taint_change = None;
                 self.resync();
+                true
             }
         }
     }

@@ -4,7 +4,7 @@
 use akri_legacy_device_plugin::plugins::Counters;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -34,6 +34,7 @@ pub struct Metrics {
     prepare_seconds: Family<PrepareLabels, Histogram>,
     devices_published: Family<DriverLabels, Gauge>,
     discovery_errors: Gauge,
+    passes: Counter,
     legacy: Arc<OnceLock<Arc<Counters>>>,
 }
 
@@ -63,6 +64,12 @@ impl Default for Metrics {
             "Configurations whose discovery fails on this node (their status.discoveryErrors entry)",
             discovery_errors.clone(),
         );
+        let passes = Counter::default();
+        registry.register(
+            "passes",
+            "Passes of the node agent's loop (discovery brought in line with the configurations, the changed drivers published); prepares and unprepares set off none",
+            passes.clone(),
+        );
         let legacy = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(LegacyCollector(legacy.clone())));
         Metrics {
@@ -70,6 +77,7 @@ impl Default for Metrics {
             prepare_seconds,
             devices_published,
             discovery_errors,
+            passes,
             legacy,
         }
     }
@@ -95,6 +103,10 @@ impl Metrics {
 
     pub fn set_discovery_errors(&self, n: usize) {
         self.discovery_errors.set(n as i64);
+    }
+
+    pub fn passed(&self) {
+        self.passes.inc();
     }
 
     /// Where the legacy path puts its allocation counters once its plugins run; they are

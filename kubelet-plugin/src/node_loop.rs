@@ -168,8 +168,11 @@ impl NodeLoop {
                     continue;
                 }
                 _ = standing_by.tick(), if self.leader.is_none() => {}
-                _ = wake(self.dra.as_mut()) => {}
+                needed = wake(self.dra.as_mut()) => if !needed {
+                    continue;
+                },
             }
+            self.metrics.passed();
             let mut wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
                 .chain(v0.state().iter().filter_map(|c| Wanted::of_v0(c)))
                 .collect();
@@ -276,8 +279,8 @@ impl NodeLoop {
     }
 }
 
-/// The DRA sink's next wake-up, or never.
-async fn wake(dra: Option<&mut DraSink>) {
+/// The DRA sink's next wake-up, or never; whether a pass should follow.
+async fn wake(dra: Option<&mut DraSink>) -> bool {
     match dra {
         Some(dra) => dra.wake().await,
         None => std::future::pending().await,

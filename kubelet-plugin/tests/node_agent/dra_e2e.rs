@@ -258,6 +258,29 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
     let file = std::fs::read_to_string(metadata["source"].as_str().unwrap()).unwrap();
     assert!(file.contains("DEBUG_ECHO_DESCRIPTION"), "{file}");
 
+    // Prepares and unprepares set off no pass of the agent's loop: the kubelet's calls cost no
+    // discovery sync, health vouching or publishing. (At most one pass from the 30 s resync.)
+    let passes = || {
+        akri_testing::metric(
+            &node.agent.metrics().encode(),
+            "akri_kubelet_plugin_passes_total",
+        )
+        .expect("the passes counter")
+    };
+    let before = passes();
+    for _ in 0..5 {
+        node.peer.unprepare(&ns, "broker").await.unwrap();
+        node.peer.prepare(&ns, "broker").await.unwrap();
+    }
+    // Whatever the calls set off has run by now.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = passes();
+    assert!(
+        after - before <= 1.0,
+        "5 unprepares and prepares set off {} passes",
+        after - before
+    );
+
     // The device disappears while the pod holds it: it stays in the slice, tainted so that
     // nothing new gets it, and turns unhealthy; it comes back untainted.
     std::fs::write(&node.availability, "OFFLINE").unwrap();
