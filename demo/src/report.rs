@@ -224,9 +224,14 @@ impl Report {
             format!("the pod is bound to {}, not a demo node", self.pod.1),
         );
         // The device's CDI id, and its metadata file's (KEP-5304).
-        let device_ids = (self.cdi_ids.iter()).filter(|id| id.starts_with("akri.sh/debugecho="));
+        // Both in the claim's one spec, of kind akri.sh/debugecho.
+        let ours = |id: &&String| id.starts_with("akri.sh/debugecho=");
+        let device_ids = (self.cdi_ids.iter())
+            .filter(ours)
+            .filter(|id| !id.ends_with(".metadata"));
         let metadata_ids = (self.cdi_ids.iter())
-            .filter(|id| id.starts_with(&format!("{}/metadata=", crate::cluster::DRIVER)));
+            .filter(ours)
+            .filter(|id| id.ends_with(".metadata"));
         expect(
             self.cdi_ids.len() == 2 && device_ids.count() == 1 && metadata_ids.count() == 1,
             format!(

@@ -51,8 +51,9 @@ impl Driver for GadgetDriver {
                 ..CdiDevice::default()
             })
             .collect();
-        // One CDI device per result, in their order: the library records the rest.
-        let spec = (self.cdi).write_claim_spec(CDI_CLASS, &claim.reference.uid, &devices)?;
+        // One CDI device per result, in their order (and the device metadata mounts, where
+        // the plugin writes metadata): the library records the rest.
+        let spec = claim.write_cdi_spec(&self.cdi, CDI_CLASS, devices)?;
         Ok(Prepared::one_spec(spec))
     }
 

@@ -45,6 +45,12 @@ pub struct Claim {
     /// to it, from the claim and from its device classes, in precedence order (class before
     /// claim, as upstream applies them).
     pub config: Vec<DeviceAllocationConfiguration>,
+    /// The CDI devices that mount the claim's device metadata files, when the plugin writes
+    /// device metadata ([`crate::metadata`]); [`Claim::write_cdi_spec`] puts them in the
+    /// driver's spec.
+    pub(crate) metadata_mounts: Vec<crate::cdi::CdiDevice>,
+    /// Their CDI ids, once a spec holds them.
+    pub(crate) metadata_ids: std::sync::OnceLock<Vec<String>>,
 }
 
 /// What only the driver knows of a claim it prepared; the library makes the
@@ -77,6 +83,29 @@ impl Prepared {
 }
 
 impl Claim {
+    /// Writes the claim's spec of kind `<vendor>/<class>` in `root` with `devices`
+    /// ([`CdiRoot::write_claim_spec`](crate::cdi::CdiRoot::write_claim_spec)), and with the
+    /// mounts of the claim's device metadata files when the plugin writes them: one spec file
+    /// per claim, where a driver that writes its own spec otherwise gets a second one from the
+    /// library (every file is an inode made and freed on the kubelet's path, and one more spec
+    /// for the runtime's CDI cache to read). The ids returned are those of `devices`, in order.
+    pub fn write_cdi_spec(
+        &self,
+        root: &crate::cdi::CdiRoot,
+        class: &str,
+        mut devices: Vec<crate::cdi::CdiDevice>,
+    ) -> Result<crate::cdi::ClaimSpec, crate::cdi::Error> {
+        let own = devices.len();
+        devices.extend(self.metadata_mounts.iter().cloned());
+        let mut spec = root.write_claim_spec(class, &self.reference.uid, &devices)?;
+        let metadata_ids = spec.qualified_ids.split_off(own);
+        if !metadata_ids.is_empty() {
+            // Set once per prepare: a driver writing its spec twice writes the same ids.
+            let _ = self.metadata_ids.set(metadata_ids);
+        }
+        Ok(spec)
+    }
+
     /// The record of this claim prepared as `prepared` says, or (a driver's mistake) how many
     /// results it had and how many lists of CDI ids came back.
     pub(crate) fn record(
@@ -260,6 +289,8 @@ pub fn check(
         object,
         results,
         config,
+        metadata_mounts: Vec::new(),
+        metadata_ids: Default::default(),
     })
 }
 
@@ -309,6 +340,8 @@ mod tests {
             object: ResourceClaim::default(),
             results: vec![result("a", "dev-0"), result("b/sub", "shared")],
             config: Vec::new(),
+            metadata_mounts: Vec::new(),
+            metadata_ids: Default::default(),
         };
         let answer = |ids: &[&str]| Prepared {
             cdi_ids: ids.iter().map(|id| vec![id.to_string()]).collect(),

@@ -21,9 +21,11 @@
 //! `<plugin dir>/dra-device-metadata/<claim uid>.<request>.json` (by UID, so a claim deleted
 //! and made again under its name never shares a file with the old one; one directory for all,
 //! as every directory made and removed per claim is two more inodes for the filesystem to
-//! allocate and free on the kubelet's path) and one CDI spec per claim, kind
-//! `<driver>/metadata`. Both are recorded in the checkpoint with their
-//! content, healed like the driver's specs and removed at unprepare.
+//! allocate and free on the kubelet's path). The mounts go into the driver's own spec when it
+//! writes it with [`Claim::write_cdi_spec`] (`<vendor>/<class>=<claim uid>-<request>.metadata`),
+//! else into a CDI spec per claim of the library's, kind `<driver>/metadata` (upstream writes
+//! one per request). The files are recorded in the checkpoint with their content, healed like
+//! the driver's specs and removed at unprepare.
 //!
 //! The file is world-readable (a container of any user reads it): it must hold nothing a
 //! ResourceSlice would not show. Attributes follow the slices' rules, at most
@@ -59,8 +61,13 @@ pub const FILE_MODE: u32 = 0o644;
 /// The most attributes one device's metadata may carry (upstream's validation).
 pub const MAX_ATTRIBUTES: usize = 32;
 
-/// The CDI class of the metadata specs (`<driver>/metadata=<claim uid>-<request>`).
+/// The CDI class of the metadata specs the library writes when the driver's own spec does not
+/// mount the files (`<driver>/metadata=<claim uid>-<request>`).
 pub const CDI_CLASS: &str = "metadata";
+
+/// The suffix of the CDI devices in a driver's spec that mount the metadata files
+/// (`<vendor>/<class>=<claim uid>-<request>.metadata`).
+pub const MOUNT_SUFFIX: &str = "metadata";
 
 /// A version of the metadata API (`metadata.resource.k8s.io`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -176,9 +183,61 @@ impl MetadataWriter {
         self.dir.join(format!("{uid}.{request}.json"))
     }
 
+    /// The claim's requests in the order of their first result, each with its results'
+    /// indices.
+    fn requests(claim: &Claim) -> Vec<(&str, Vec<usize>)> {
+        let mut requests: Vec<(&str, Vec<usize>)> = Vec::new();
+        for (index, result) in claim.results.iter().enumerate() {
+            let base = base_request_name(&result.request);
+            match requests.iter_mut().find(|(name, _)| *name == base) {
+                Some((_, devices)) => devices.push(index),
+                None => requests.push((base, vec![index])),
+            }
+        }
+        requests
+    }
+
+    /// The name containers know the claim by, for a claim made from a template.
+    fn pod_claim_name(claim: &Claim) -> Option<&String> {
+        (claim.object.metadata.annotations.as_ref())
+            .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
+            .filter(|name| !name.is_empty())
+    }
+
+    /// The CDI devices that bind-mount the claim's metadata files, one per request in the
+    /// order of [`Self::requests`], named `<request>.metadata` (DRA device names have no dot).
+    pub(crate) fn mounts(&self, claim: &Claim) -> Vec<CdiDevice> {
+        let pod_claim_name = Self::pod_claim_name(claim);
+        (Self::requests(claim).into_iter())
+            .map(|(request, _)| {
+                let container_path = match pod_claim_name {
+                    Some(pod_claim) => format!(
+                        "{CONTAINER_DIR}/resourceclaimtemplates/{pod_claim}/{request}/{}-metadata.json",
+                        self.driver
+                    ),
+                    None => format!(
+                        "{CONTAINER_DIR}/resourceclaims/{}/{request}/{}-metadata.json",
+                        claim.reference.name, self.driver
+                    ),
+                };
+                let host_path = self.file(&claim.reference.uid, request);
+                CdiDevice {
+                    name: format!("{request}.{MOUNT_SUFFIX}"),
+                    mounts: vec![Mount {
+                        container_path,
+                        host_path: host_path.to_string_lossy().into_owned(),
+                        read_only: true,
+                    }],
+                    ..CdiDevice::default()
+                }
+            })
+            .collect()
+    }
+
     /// Writes the metadata of `claim`, prepared as `prepared` (its devices in the claim's
     /// results order), with the driver's `metadata` per result (missing ones are empty): one
-    /// file per request and one CDI spec, whose id goes to the first device of each request.
+    /// file per request, and a CDI spec of its own that mounts them unless the driver's spec
+    /// does ([`Claim::write_cdi_spec`]). Each request's CDI id goes to its first device.
     /// Records the files, with their content, in `prepared`.
     pub(crate) fn write(
         &self,
@@ -192,23 +251,9 @@ impl MetadataWriter {
                 given: metadata.len(),
             });
         }
-        // The requests in the order of their first result, each with its devices.
-        let mut requests: Vec<(&str, Vec<usize>)> = Vec::new();
-        for (index, result) in claim.results.iter().enumerate() {
-            let base = base_request_name(&result.request);
-            match requests
-                .iter_mut()
-                .find(|(name, _)| base_request_name(name) == base)
-            {
-                Some((_, devices)) => devices.push(index),
-                None => requests.push((&result.request, vec![index])),
-            }
-        }
-        let pod_claim_name = (claim.object.metadata.annotations.as_ref())
-            .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION))
-            .filter(|name| !name.is_empty());
+        let requests = Self::requests(claim);
+        let pod_claim_name = Self::pod_claim_name(claim);
         let mut files = Vec::new();
-        let mut cdi_devices = Vec::new();
         for (request, indices) in &requests {
             let mut devices = Vec::new();
             for &index in indices {
@@ -229,53 +274,45 @@ impl MetadataWriter {
                     network_data: given.and_then(|m| m.network_data.as_ref()),
                 });
             }
-            let base = base_request_name(request);
-            let path = self.file(&claim.reference.uid, base);
-            let content = self.encode(&claim.reference, pod_claim_name, request, devices);
+            // The name the first result gives the request (`req/sub` for a subrequest).
+            let named = &claim.results[indices[0]].request;
+            let content = self.encode(&claim.reference, pod_claim_name, named, devices);
             files.push(WrittenFile {
-                path: path.clone(),
+                path: self.file(&claim.reference.uid, request),
                 content,
                 mode: FILE_MODE,
-            });
-            let container_path = match pod_claim_name {
-                Some(pod_claim) => format!(
-                    "{CONTAINER_DIR}/resourceclaimtemplates/{pod_claim}/{base}/{}-metadata.json",
-                    self.driver
-                ),
-                None => format!(
-                    "{CONTAINER_DIR}/resourceclaims/{}/{base}/{}-metadata.json",
-                    claim.reference.name, self.driver
-                ),
-            };
-            cdi_devices.push(CdiDevice {
-                name: base.to_string(),
-                mounts: vec![Mount {
-                    container_path,
-                    host_path: path.to_string_lossy().into_owned(),
-                    read_only: true,
-                }],
-                ..CdiDevice::default()
             });
         }
         for file in &files {
             write(file)?;
         }
-        let spec = self
-            .cdi
-            .write_claim_spec(CDI_CLASS, &claim.reference.uid, &cdi_devices)?;
-        let content = std::fs::read_to_string(&spec.path).map_err(|cause| Error::Io {
-            path: spec.path.clone(),
-            cause,
-        })?;
+        let ids = match claim.metadata_ids.get() {
+            Some(ids) => ids.clone(),
+            None => {
+                // The driver wrote its spec without the mounts: a spec of their own, each
+                // device named by its request, as before 2026-11-28.
+                let mut devices = self.mounts(claim);
+                for (device, (request, _)) in devices.iter_mut().zip(&requests) {
+                    device.name = request.to_string();
+                }
+                let spec =
+                    (self.cdi).write_claim_spec(CDI_CLASS, &claim.reference.uid, &devices)?;
+                let content = std::fs::read_to_string(&spec.path).map_err(|cause| Error::Io {
+                    path: spec.path.clone(),
+                    cause,
+                })?;
+                files.push(WrittenFile {
+                    path: spec.path,
+                    content,
+                    mode: crate::cdi::SPEC_FILE_MODE,
+                });
+                spec.qualified_ids
+            }
+        };
         // Each request's CDI id on its first device: the runtime mounts the file once.
-        for ((_, indices), id) in requests.iter().zip(spec.qualified_ids) {
+        for ((_, indices), id) in requests.iter().zip(ids) {
             prepared.devices[indices[0]].cdi_device_ids.push(id);
         }
-        files.push(WrittenFile {
-            path: spec.path,
-            content,
-            mode: crate::cdi::SPEC_FILE_MODE,
-        });
         prepared.metadata_files = files;
         Ok(())
     }

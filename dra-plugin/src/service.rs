@@ -423,13 +423,16 @@ impl<D: Driver> DraService<D> {
             // the driver can write it again.
             tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "CDI spec missing; preparing again");
         }
-        let checked = crate::claim::read_and_check(
+        let mut checked = crate::claim::read_and_check(
             self.claims.as_ref(),
             claim,
             &self.on.driver,
             &self.on.node,
         )
         .await?;
+        if let Some(writer) = &self.metadata {
+            checked.metadata_mounts = writer.mounts(&checked);
+        }
         let mut answer = (self.driver.prepare(&checked).await).map_err(ClaimFailure::driver)?;
         let metadata = std::mem::take(&mut answer.metadata);
         let mut prepared = match checked.record(answer) {

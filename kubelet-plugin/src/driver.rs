@@ -2,8 +2,9 @@
 //!
 //! For each device allocated to this driver the container gets, through one CDI spec per
 //! claim: the device's discovered properties as environment variables (as Akri's agent does
-//! for its brokers), its mounts and its device nodes. The claim's `status.devices` gets an
-//! entry per device (configuration, Instance, properties), removed again at unprepare.
+//! for its brokers), its mounts and its device nodes, and the mounts of the claim's device
+//! metadata files. The claim's `status.devices` gets an entry per device (configuration,
+//! Instance, properties), removed again at unprepare.
 
 use crate::node_devices::{KnownDevice, NodeDevices};
 use dra_plugin::cdi::{self, CdiDevice, CdiRoot, DeviceNode, Mount};
@@ -91,9 +92,6 @@ impl Driver for AkriDriver {
             });
             found.push(known);
         }
-        let spec = self
-            .cdi
-            .write_claim_spec(&self.cdi_class, &claim.uid, &cdi_devices)?;
         // Each result's device among those written (two results can share a device).
         let devices: Vec<usize> = (results.iter())
             .map(|result| {
@@ -102,6 +100,8 @@ impl Driver for AkriDriver {
                     .expect("every result has its CDI device")
             })
             .collect();
+        // With the mounts of the claim's device metadata files: one spec file per claim.
+        let spec = checked.write_cdi_spec(&self.cdi, &self.cdi_class, cdi_devices)?;
         let statuses: Vec<DeviceStatus> = (results.iter().zip(&devices))
             .map(|(result, &index)| DeviceStatus {
                 pool: result.pool.clone(),

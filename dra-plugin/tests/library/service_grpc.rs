@@ -35,6 +35,8 @@ struct SpecDriver {
     /// Claim UIDs currently inside prepare or unprepare: two at once is a failure.
     busy: Mutex<BTreeMap<String, &'static str>>,
     overlaps: AtomicUsize,
+    /// Writes its spec with [`Claim::write_cdi_spec`], device metadata mounts included.
+    one_spec: bool,
 }
 
 impl SpecDriver {
@@ -47,6 +49,7 @@ impl SpecDriver {
             prepares: AtomicUsize::new(0),
             busy: Mutex::default(),
             overlaps: AtomicUsize::new(0),
+            one_spec: false,
         }
     }
 
@@ -94,8 +97,8 @@ fn service(driver: SpecDriver, checkpoint: &Path) -> DraService<SpecDriver> {
 impl Driver for SpecDriver {
     type Error = dra_plugin::cdi::Error;
 
-    async fn prepare(&self, claim: &Claim) -> Result<Prepared, Self::Error> {
-        let claim = &claim.reference;
+    async fn prepare(&self, checked: &Claim) -> Result<Prepared, Self::Error> {
+        let claim = &checked.reference;
         self.work(&claim.uid, "prepare").await;
         self.prepares.fetch_add(1, Ordering::SeqCst);
         let device = CdiDevice {
@@ -103,7 +106,10 @@ impl Driver for SpecDriver {
             env: vec![("CLAIM".into(), claim.name.clone())],
             ..CdiDevice::default()
         };
-        let spec = self.cdi.write_claim_spec("gadget", &claim.uid, &[device])?;
+        let spec = match self.one_spec {
+            true => checked.write_cdi_spec(&self.cdi, "gadget", vec![device])?,
+            false => self.cdi.write_claim_spec("gadget", &claim.uid, &[device])?,
+        };
         // What the device metadata file shows, where the service writes one.
         let model = DeviceAttribute {
             string: Some("gadget-2".into()),
@@ -561,4 +567,81 @@ async fn device_metadata_is_mounted_healed_after_a_reboot_and_removed_with_the_c
         .unwrap()
         .collect();
     assert!(left.is_empty(), "nothing else was made: {left:?}");
+}
+
+/// A driver that writes its spec with `Claim::write_cdi_spec` gets the metadata mounts in it:
+/// one spec file per claim, no second one from the library; healed and removed as before.
+#[tokio::test]
+async fn device_metadata_in_the_drivers_own_spec_needs_no_second_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_metadata = || {
+        let writer = MetadataWriter::new(
+            DRIVER,
+            &dir.path().join("plugin"),
+            &dir.path().join("cdi"),
+            [Version::LATEST],
+        )
+        .unwrap();
+        let mut driver = SpecDriver::new(dir.path(), Duration::ZERO);
+        driver.one_spec = true;
+        service(driver, &checkpoint(dir.path())).device_metadata(writer)
+    };
+    let served = serve_service(dir.path(), with_metadata()).await;
+    let answer = prepare(&served, vec![claim("r", "c", "uid-one")]).await;
+    let ids = answer["uid-one"].devices[0].cdi_device_ids.clone();
+    assert_eq!(
+        ids,
+        [
+            "example.com/gadget=uid-one-dev",
+            "example.com/gadget=uid-one-r.metadata"
+        ],
+        "{answer:?}"
+    );
+    let specs = || -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.path().join("cdi"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        specs(),
+        ["example.com-gadget-uid-one.json"],
+        "one spec file"
+    );
+    let spec_path = dir.path().join("cdi/example.com-gadget-uid-one.json");
+    let spec: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap()).unwrap();
+    let file = dir.path().join("plugin/dra-device-metadata/uid-one.r.json");
+    assert_eq!(spec["devices"][1]["name"], "uid-one-r.metadata");
+    assert_eq!(
+        spec["devices"][1]["containerEdits"]["mounts"][0],
+        serde_json::json!({
+            "hostPath": file.to_str().unwrap(),
+            "containerPath": "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/c/r/gadget.example.com-metadata.json",
+            "options": ["bind", "ro"],
+        })
+    );
+    assert!(
+        std::fs::read_to_string(&file).unwrap().contains("gadget-2"),
+        "the file holds the driver's attributes"
+    );
+    let spec_content = std::fs::read(&spec_path).unwrap();
+    drop(served);
+
+    // A reboot wipes the CDI directory and the metadata file; both come back unchanged.
+    std::fs::remove_dir_all(dir.path().join("cdi")).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let served = serve_service(dir.path(), with_metadata()).await;
+    let again = prepare(&served, vec![claim("r", "c", "uid-one")]).await;
+    assert_eq!(again["uid-one"].devices[0].cdi_device_ids, ids);
+    assert_eq!(std::fs::read(&spec_path).unwrap(), spec_content, "healed");
+    assert!(file.exists(), "the metadata file is healed too");
+    assert_eq!(served.service.driver().prepares.load(Ordering::SeqCst), 0);
+
+    let undone = unprepare(&served, vec![claim("r", "c", "uid-one")]).await;
+    assert_eq!(undone["uid-one"].error, "");
+    assert!(specs().is_empty(), "no spec left: {:?}", specs());
+    assert!(!file.exists(), "the claim's metadata file is gone");
 }

@@ -140,7 +140,7 @@ async fn broker_pod(client: &kube::Client, ns: &str, config: &str) {
 
 /// A container's CDI ids but those of device metadata files.
 fn device_ids(ids: &[String]) -> Vec<&String> {
-    ids.iter().filter(|id| !id.contains("/metadata=")).collect()
+    ids.iter().filter(|id| !id.ends_with(".metadata")).collect()
 }
 
 fn device_health(health: &Value, device: &str) -> Option<String> {
@@ -227,7 +227,13 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
     let ids = &containers["broker"];
     assert_eq!(ids.len(), 2, "the device and its metadata file: {ids:?}");
     assert!(ids[0].starts_with("akri.sh/debugecho="), "{ids:?}");
-    assert!(ids[1].starts_with("debugecho.akri.sh/metadata="), "{ids:?}");
+    // Both in the claim's one CDI spec.
+    assert!(
+        ids[1].starts_with("akri.sh/debugecho=") && ids[1].ends_with("-echo.metadata"),
+        "{ids:?}"
+    );
+    let specs = std::fs::read_dir(node.peer.cdi_dir()).unwrap().count();
+    assert_eq!(specs, 1, "one CDI spec file for the claim");
     let edits = node
         .peer
         .cdi_inject(ids)
