@@ -463,6 +463,21 @@ async fn a_failed_checkpoint_store_changes_nothing() {
     assert!(recorded["claims"].as_object().unwrap().is_empty());
 }
 
+/// The service writing device metadata under `dir` (both versions); its driver writes its spec
+/// with `Claim::write_cdi_spec` if `one_spec`.
+fn metadata_service(dir: &Path, one_spec: bool) -> DraService<SpecDriver> {
+    let writer = MetadataWriter::new(
+        DRIVER,
+        &dir.join("plugin"),
+        &dir.join("cdi"),
+        [Version::V1alpha1, Version::V1beta1],
+    )
+    .unwrap();
+    let mut driver = SpecDriver::new(dir, Duration::ZERO);
+    driver.one_spec = one_spec;
+    service(driver, &checkpoint(dir)).device_metadata(writer)
+}
+
 /// Device metadata (KEP-5304): the answer's first device of each request carries the CDI id
 /// that mounts the request's file, which holds the claim, the request and each device with
 /// the driver's attributes, newest version first; a reboot that wiped the CDI directory gets
@@ -477,17 +492,7 @@ async fn device_metadata_is_mounted_healed_after_a_reboot_and_removed_with_the_c
     assert!(!dir.path().join("plugin").exists(), "no metadata written");
     drop(plain);
 
-    let with_metadata = || {
-        let writer = MetadataWriter::new(
-            DRIVER,
-            &dir.path().join("plugin"),
-            &dir.path().join("cdi"),
-            [Version::V1alpha1, Version::V1beta1],
-        )
-        .unwrap();
-        let driver = SpecDriver::new(dir.path(), Duration::ZERO);
-        service(driver, &checkpoint(dir.path())).device_metadata(writer)
-    };
+    let with_metadata = || metadata_service(dir.path(), false);
     let served = serve_service(dir.path(), with_metadata()).await;
     let answer = prepare(&served, vec![claim("r", "c", "uid-meta")]).await;
     let ids = answer["uid-meta"].devices[0].cdi_device_ids.clone();
@@ -574,18 +579,7 @@ async fn device_metadata_is_mounted_healed_after_a_reboot_and_removed_with_the_c
 #[tokio::test]
 async fn device_metadata_in_the_drivers_own_spec_needs_no_second_spec() {
     let dir = tempfile::tempdir().unwrap();
-    let with_metadata = || {
-        let writer = MetadataWriter::new(
-            DRIVER,
-            &dir.path().join("plugin"),
-            &dir.path().join("cdi"),
-            [Version::LATEST],
-        )
-        .unwrap();
-        let mut driver = SpecDriver::new(dir.path(), Duration::ZERO);
-        driver.one_spec = true;
-        service(driver, &checkpoint(dir.path())).device_metadata(writer)
-    };
+    let with_metadata = || metadata_service(dir.path(), true);
     let served = serve_service(dir.path(), with_metadata()).await;
     let answer = prepare(&served, vec![claim("r", "c", "uid-one")]).await;
     let ids = answer["uid-one"].devices[0].cdi_device_ids.clone();
