@@ -5,9 +5,9 @@
 //! the Go driver). The kubelet-plugin is its release binary with the embedded debugEcho
 //! handler; its devices are discovered and published as on a node; its prepare also writes
 //! the claim's `status.devices` (off the kubelet's path) and its Instances exist.
-//! `BENCH_AGENT_BIN=<path>` runs another build of the kubelet-plugin, e.g. the static musl
-//! binary the image ships (`cargo build --release --target x86_64-unknown-linux-musl -p
-//! akri-kubelet-plugin`), whose allocator is musl's.
+//! `BENCH_TARGET=x86_64-unknown-linux-musl` builds the kubelet-plugin and the example for that
+//! target, as the images ship them (static, musl's libc), so that the image's binary is
+//! compared like for like; `BENCH_AGENT_BIN=<path>` runs any other build of the kubelet-plugin.
 
 use akri_testing::side_by_side::{self, Contender, published_devices, start};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
@@ -25,10 +25,13 @@ async fn agent(cp: &ControlPlane, node: &str) -> Result<Contender, Box<dyn std::
     let ns = cp.create_namespace("versus").await?;
     let dir = tempfile::Builder::new().prefix("versus-").tempdir()?.keep();
     let kubelet = [dir.join("registry"), dir.join("plugins"), dir.join("cdi")];
-    // BENCH_AGENT_BIN: another build, e.g. the image's static musl binary.
-    let bin = std::env::var_os("BENCH_AGENT_BIN")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| env!("CARGO_BIN_EXE_akri-kubelet-plugin").into());
+    let bin = match std::env::var_os("BENCH_AGENT_BIN") {
+        Some(bin) => bin.into(),
+        None if std::env::var_os("BENCH_TARGET").is_some() => {
+            side_by_side::release_build(&["-p", "akri-kubelet-plugin"])?.join("akri-kubelet-plugin")
+        }
+        None => std::path::PathBuf::from(env!("CARGO_BIN_EXE_akri-kubelet-plugin")),
+    };
     let bin = std::fs::canonicalize(&bin)?;
     let nodes = (node, ns.as_str());
     let child =

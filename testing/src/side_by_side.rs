@@ -170,19 +170,37 @@ impl Contender {
     }
 }
 
-/// Our driver's binary: the example, built as a driver author would build it.
-fn example_binary() -> Result<std::path::PathBuf, BoxError> {
+/// Builds `what` (cargo arguments naming one binary or example) in release, for the target
+/// named by `BENCH_TARGET` if set (e.g. `x86_64-unknown-linux-musl`, what the images ship),
+/// else for the host, and returns that build's release directory. Built as a user builds it,
+/// so the contenders compared are built alike.
+pub fn release_build(what: &[&str]) -> Result<std::path::PathBuf, BoxError> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = std::process::Command::new(cargo)
-        .args(["build", "--release", "--quiet", "-p", "dra-plugin"])
-        .args(["--example", "minimal"])
-        .status()?;
-    if !built.success() {
-        return Err("cargo build --release --example minimal failed".into());
+    let target = std::env::var("BENCH_TARGET").ok();
+    let mut build = std::process::Command::new(cargo);
+    build.args(["build", "--release", "--quiet"]).args(what);
+    if let Some(target) = &target {
+        build.args(["--target", target]);
     }
-    // A bench's binary is <target>/release/deps/<bench>-<hash>.
+    if !build.status()?.success() {
+        return Err(format!("cargo build --release {} failed", what.join(" ")).into());
+    }
+    // A bench's binary is <target dir>/release/deps/<bench>-<hash>.
     let exe = std::env::current_exe()?;
     let release = exe.parent().and_then(Path::parent).ok_or("no target dir")?;
+    Ok(match target {
+        Some(target) => release
+            .parent()
+            .ok_or("no target dir")?
+            .join(target)
+            .join("release"),
+        None => release.to_path_buf(),
+    })
+}
+
+/// Our driver's binary: the example, built as a driver author would build it.
+fn example_binary() -> Result<std::path::PathBuf, BoxError> {
+    let release = release_build(&["-p", "dra-plugin", "--example", "minimal"])?;
     Ok(release.join("examples").join("minimal"))
 }
 
