@@ -427,7 +427,9 @@ pub(crate) fn write(file: &WrittenFile) -> Result<(), Error> {
     if let Some(dir) = file.path.parent() {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
-    node_io::files::write_replacing(&file.path, file.content.as_bytes(), file.mode).map_err(io)
+    // Containers read it only after the prepare returns, so a new file is written in place.
+    node_io::files::write_new_or_replacing(&file.path, file.content.as_bytes(), file.mode)
+        .map_err(io)
 }
 
 // The file's object, as upstream's `k8s.io/dynamic-resource-allocation/api/metadata`
