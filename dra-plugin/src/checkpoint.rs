@@ -6,7 +6,7 @@
 //! with the same CDI device ids as before; it can only do that if it remembers, so it stores
 //! the prepared claims here before it answers the kubelet.
 //!
-//! The file is JSON:
+//! The file is JSON, compact (indented here):
 //!
 //! ```json
 //! { "version": 1, "checksum": 1234567890, "claims": { "<claim uid>": { ... } } }
@@ -191,11 +191,19 @@ pub struct Checkpoint {
     path: PathBuf,
 }
 
-#[derive(Serialize, Deserialize)]
+#[derive(Deserialize)]
 struct OnDisk {
     version: u64,
     checksum: u32,
     claims: PreparedClaims,
+}
+
+/// [`OnDisk`] as written: the claims borrowed, not copied (they hold every file's content).
+#[derive(Serialize)]
+struct OnDiskRef<'a> {
+    version: u64,
+    checksum: u32,
+    claims: &'a PreparedClaims,
 }
 
 /// A checkpoint that could not be used and was moved out of the way.
@@ -278,17 +286,29 @@ impl Checkpoint {
 
     /// Replaces the checkpoint with `claims`, atomically; creates the directory if missing.
     pub fn store(&self, claims: &PreparedClaims) -> Result<(), Error> {
+        self.write(&self.encode(claims)?)
+    }
+
+    /// The file's bytes for `claims` (compact JSON: it is rewritten whole on every change),
+    /// apart from [`write`](Self::write) so that an async caller encodes on its own thread
+    /// and hands only the bytes to a blocking one.
+    pub(crate) fn encode(&self, claims: &PreparedClaims) -> Result<Vec<u8>, Error> {
         let encode = |cause| Error::Encode {
             path: self.path.clone(),
             cause,
         };
-        let file = OnDisk {
+        let file = OnDiskRef {
             version: VERSION,
             checksum: checksum(claims).map_err(encode)?,
-            claims: claims.clone(),
+            claims,
         };
-        let mut bytes = serde_json::to_vec_pretty(&file).map_err(encode)?;
+        let mut bytes = serde_json::to_vec(&file).map_err(encode)?;
         bytes.push(b'\n');
+        Ok(bytes)
+    }
+
+    /// Replaces the checkpoint with `bytes` from [`encode`](Self::encode), atomically.
+    pub(crate) fn write(&self, bytes: &[u8]) -> Result<(), Error> {
         let write = |cause| Error::Write {
             path: self.path.clone(),
             cause,
@@ -297,7 +317,7 @@ impl Checkpoint {
             std::fs::create_dir_all(dir).map_err(write)?;
         }
         // Only the plugin needs to read it.
-        node_io::files::write_atomically(&self.path, &bytes, 0o600).map_err(write)
+        node_io::files::write_atomically(&self.path, bytes, 0o600).map_err(write)
     }
 
     /// The checkpoint file.
@@ -405,7 +425,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = stored(dir.path());
         let text = std::fs::read_to_string(&path).unwrap();
-        std::fs::write(&path, text.replace("\"version\": 1", "\"version\": 2")).unwrap();
+        std::fs::write(&path, text.replace("\"version\":1", "\"version\":2")).unwrap();
         let error = Checkpoint::open(&path).unwrap_err();
         assert!(
             matches!(&error, Error::Version { found, .. } if found == "2"),

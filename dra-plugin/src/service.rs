@@ -665,9 +665,11 @@ async fn store(
     checkpoint: &Checkpoint,
     claims: &PreparedClaims,
 ) -> Result<(), crate::checkpoint::Error> {
-    let (checkpoint, claims) = (checkpoint.clone(), claims.clone());
+    // Encoded here, so that only the bytes go to the blocking thread, which waits for fsync.
+    let bytes = checkpoint.encode(claims)?;
+    let checkpoint = checkpoint.clone();
     let path = checkpoint.path().to_path_buf();
-    tokio::task::spawn_blocking(move || checkpoint.store(&claims))
+    tokio::task::spawn_blocking(move || checkpoint.write(&bytes))
         .await
         .unwrap_or_else(|joined| {
             Err(crate::checkpoint::Error::Write {

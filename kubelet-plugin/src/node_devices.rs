@@ -369,19 +369,20 @@ impl NodeDevices {
     /// The discovered device behind a DRA device name of a driver (an Instance name, or a slot
     /// device `<instance>-<slot>`), if this node sees it now.
     pub fn lookup(&self, driver: &str, dra_device: &str) -> Option<KnownDevice> {
-        // On every prepare: searched in place, only the device found is cloned.
+        // On every prepare: searched in place by name (not a map lookup per device), only
+        // the device found is cloned.
         let drivers = self.drivers.read().expect("lock");
         drivers.get(driver)?.values().find_map(|named| {
-            let device = named.devices.devices.iter().find(|device| {
-                let instance = named.names[&device.id].as_str();
-                dra_device == instance
+            let (id, instance) = named.names.iter().find(|(_, instance)| {
+                dra_device == instance.as_str()
                     || dra_device
-                        .strip_prefix(instance)
+                        .strip_prefix(instance.as_str())
                         .and_then(|rest| rest.strip_prefix('-'))
                         .is_some_and(|slot| slot.parse::<u32>().is_ok())
             })?;
+            let device = named.devices.devices.iter().find(|d| d.id == *id)?;
             Some(KnownDevice {
-                instance: named.names[&device.id].clone(),
+                instance: instance.clone(),
                 configuration: named.devices.configuration.clone(),
                 device: device.clone(),
             })
