@@ -191,9 +191,9 @@ pub struct Checkpoint {
     path: PathBuf,
 }
 
+/// The file as read (its `version` is checked before, on the parsed value).
 #[derive(Deserialize)]
 struct OnDisk {
-    version: u64,
     checksum: u32,
     claims: PreparedClaims,
 }
