@@ -1,4 +1,5 @@
-//! Files replaced whole: a reader sees the old file or the new one, never a partial one.
+//! Files replaced whole: a reader sees the old file or the new one, never a partial one
+//! (and, for files no one reads before their writer returns, new ones written in place).
 
 use std::fs::{File, OpenOptions, Permissions};
 use std::io::{self, Write};
