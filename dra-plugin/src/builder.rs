@@ -260,6 +260,11 @@ impl Builder {
             ),
             None => service,
         };
+        // The driver's entries in its claims' status, under its name as field manager.
+        let service = service.device_status(crate::device_status::Writer::start(
+            client.clone(),
+            &self.driver,
+        ));
         let health = HealthReporter::default();
         let config = PluginConfig {
             driver_name: self.driver.clone(),

@@ -56,7 +56,7 @@ use std::path::{Path, PathBuf};
 const VERSION: u64 = 1;
 
 /// A claim the plugin prepared, with what unprepare needs to undo it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PreparedClaim {
     /// The claim's UID (also its key in [`PreparedClaims`]).
     pub uid: String,
@@ -80,6 +80,12 @@ pub struct PreparedClaim {
     /// when device metadata is off (an empty list is not written).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub metadata_files: Vec<WrittenFile>,
+    /// The driver's entries in the claim's `status.devices`
+    /// ([`Prepared::status`](crate::Prepared::status)): kept here, where every prepare is
+    /// stored durably anyway, so that the next process applies what this one had no time to.
+    /// Absent when the driver writes none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub status: Vec<crate::device_status::DeviceStatus>,
 }
 
 /// A file the library wrote for a claim, kept whole to be written again.
@@ -355,6 +361,12 @@ mod tests {
             cdi_spec_files: vec![PathBuf::from("/var/run/cdi/akri.sh-onvif-0b6c1c5e.json")],
             cdi_spec_contents: BTreeMap::new(),
             metadata_files: Vec::new(),
+            status: vec![crate::device_status::DeviceStatus {
+                pool: "node-a".to_string(),
+                device: "onvif-1a2b3c".to_string(),
+                data: Some(serde_json::json!({ "instance": "onvif-1a2b3c" })),
+                ..Default::default()
+            }],
         };
         BTreeMap::from([(claim.uid.clone(), claim)])
     }

@@ -68,6 +68,12 @@ pub struct Prepared {
     /// [`Claim::results`] order (fewer entries: the rest get none), when the plugin writes
     /// device metadata ([`Builder::device_metadata`](crate::Builder::device_metadata)).
     pub metadata: Vec<crate::metadata::DeviceMetadata>,
+    /// The driver's entries for the claim's `status.devices` (none: nothing is written). The
+    /// library records them with the claim and writes them off the kubelet's path
+    /// ([`device_status::Writer`](crate::device_status::Writer)); a process that dies before
+    /// they are applied leaves them to the next one, which applies what the checkpoint holds.
+    /// Unprepare removes them.
+    pub status: Vec<crate::device_status::DeviceStatus>,
 }
 
 impl Prepared {
@@ -78,6 +84,7 @@ impl Prepared {
             cdi_ids: spec.qualified_ids.into_iter().map(|id| vec![id]).collect(),
             cdi_spec_files: vec![spec.path],
             metadata: Vec::new(),
+            status: Vec::new(),
         }
     }
 }
@@ -132,6 +139,7 @@ impl Claim {
             cdi_spec_files: prepared.cdi_spec_files,
             cdi_spec_contents: Default::default(),
             metadata_files: Vec::new(),
+            status: prepared.status,
         })
     }
 }

@@ -18,7 +18,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
 
 /// One prepared device's entry.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -159,93 +158,33 @@ pub const BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(2
 /// per claim and only if it differs from what it last wrote there (a claim prepared and
 /// unprepared within the window costs no write at all), retrying a failure with backoff (1 s
 /// doubling to 30 s) until the claim takes it or is gone. A prepare then waits for no API call
-/// of its own, and an outage loses no status. With a journal
-/// ([`start_journaled`](Writer::start_journaled)) a restart loses none either: what is asked
-/// and not yet applied is kept in a file, and the next process applies it. The task ends when
-/// the last clone of the writer is dropped and nothing is left to write.
+/// of its own, and an outage loses no status. The writer keeps its queue in memory only: a
+/// restart loses none because the service records each claim's status in its checkpoint
+/// ([`DraService::device_status`](crate::service::DraService::device_status)) and asks the
+/// next process's writer for all of it. The task ends when the last clone of the writer is
+/// dropped and nothing is left to write.
 #[derive(Clone, Debug)]
 pub struct Writer {
     requests: tokio::sync::mpsc::UnboundedSender<(crate::ClaimRef, Vec<DeviceStatus>)>,
 }
 
 impl Writer {
-    /// Starts the writer of `driver`'s entries (also its field manager), keeping its queue in
-    /// memory only.
+    /// Starts the writer of `driver`'s entries (also its field manager).
     pub fn start(client: kube::Client, driver: &str) -> Writer {
-        Writer::spawn(client, driver, None)
-    }
-
-    /// Starts the writer of `driver`'s entries with its queue kept in the file `journal`,
-    /// first applying what the file holds from an earlier process (an unreadable file is set
-    /// aside with a warning: the statuses it held are then only written again when asked).
-    pub fn start_journaled(client: kube::Client, driver: &str, journal: PathBuf) -> Writer {
-        Writer::spawn(client, driver, Some(journal))
-    }
-
-    fn spawn(client: kube::Client, driver: &str, journal: Option<PathBuf>) -> Writer {
         let (requests, received) = tokio::sync::mpsc::unbounded_channel();
-        let writer = Writer { requests };
-        if let Some(path) = &journal {
-            for entry in Journal::read(path) {
-                let claim = crate::ClaimRef {
-                    namespace: entry.namespace,
-                    name: entry.name,
-                    uid: entry.uid,
-                };
-                writer.write(&claim, entry.devices);
-            }
-        }
-        let queue = Queue {
-            journal,
-            ..Queue::default()
-        };
-        tokio::spawn(write_all(client, driver.to_string(), received, queue));
-        writer
+        tokio::spawn(write_all(
+            client,
+            driver.to_string(),
+            received,
+            Queue::default(),
+        ));
+        Writer { requests }
     }
 
     /// Makes `devices` the driver's entries of `claim`'s status, soon.
     pub fn write(&self, claim: &crate::ClaimRef, devices: Vec<DeviceStatus>) {
         // The task only ends once every sender is gone.
         let _ = self.requests.send((claim.clone(), devices));
-    }
-}
-
-/// One claim's status as the journal keeps it.
-#[derive(Debug, Serialize, Deserialize)]
-struct JournalEntry {
-    namespace: String,
-    name: String,
-    uid: String,
-    devices: Vec<DeviceStatus>,
-}
-
-/// The journal file: every status asked and not yet applied (or found unneeded).
-#[derive(Debug, Default, Serialize, Deserialize)]
-struct Journal {
-    unapplied: Vec<JournalEntry>,
-}
-
-impl Journal {
-    fn read(path: &Path) -> Vec<JournalEntry> {
-        let bytes = match std::fs::read(path) {
-            Ok(bytes) => bytes,
-            Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Vec::new(),
-            Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "status journal unreadable; starting without it");
-                return Vec::new();
-            }
-        };
-        match serde_json::from_slice::<Journal>(&bytes) {
-            Ok(journal) => journal.unapplied,
-            Err(error) => {
-                let mut aside = path.as_os_str().to_owned();
-                aside.push(".unusable");
-                let aside = PathBuf::from(aside);
-                let _ = std::fs::rename(path, &aside);
-                tracing::warn!(path = %path.display(), moved_to = %aside.display(), %error, "status journal unusable; set aside");
-                Vec::new()
-            }
-        }
     }
 }
 
@@ -256,16 +195,11 @@ type Pending = BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)>;
 struct Queue {
     /// Asked and not yet tried, by claim UID (the latest ask per claim).
     pending: Pending,
-    /// Asked and not yet applied or found unneeded: `pending` and what is being applied.
-    unapplied: Pending,
     /// What it last wrote into each claim.
     written: BTreeMap<String, Vec<DeviceStatus>>,
     /// The claims it was asked a status for. A claim neither written nor asked may hold
     /// entries an earlier process wrote, so an empty status for it is written.
     asked: BTreeSet<String>,
-    journal: Option<PathBuf>,
-    /// `unapplied` changed since the journal was written.
-    dirty: bool,
 }
 
 impl Queue {
@@ -274,10 +208,7 @@ impl Queue {
         if !devices.is_empty() {
             self.asked.insert(claim.uid.clone());
         }
-        let entry = (claim.clone(), devices);
-        self.unapplied.insert(claim.uid.clone(), entry.clone());
-        self.pending.insert(claim.uid, entry);
-        self.dirty = true;
+        self.pending.insert(claim.uid.clone(), (claim, devices));
     }
 
     /// The pending statuses that need an apply; the others are done with.
@@ -295,9 +226,6 @@ impl Queue {
             };
             if needed {
                 batch.push((claim, devices));
-            } else {
-                self.unapplied.remove(&uid);
-                self.dirty = true;
             }
         }
         batch
@@ -305,54 +233,10 @@ impl Queue {
 
     /// `devices` is now what `claim` holds of this driver.
     fn applied(&mut self, claim: crate::ClaimRef, devices: Vec<DeviceStatus>) {
-        self.unapplied.remove(&claim.uid);
-        self.dirty = true;
         match devices.is_empty() {
             true => self.written.remove(&claim.uid),
             false => self.written.insert(claim.uid, devices),
         };
-    }
-
-    /// Writes the journal if `unapplied` changed (removes it when empty), on a blocking
-    /// thread: the fsync must not hold up a runtime thread that serves prepares. A journal
-    /// that cannot be written costs only the restart guarantee, so it is logged, not fatal.
-    async fn sync_journal(&mut self) {
-        let Some(path) = self.journal.clone() else {
-            return;
-        };
-        if !std::mem::take(&mut self.dirty) {
-            return;
-        }
-        let contents = (!self.unapplied.is_empty()).then(|| {
-            let journal = Journal {
-                unapplied: (self.unapplied.values())
-                    .map(|(claim, devices)| JournalEntry {
-                        namespace: claim.namespace.clone(),
-                        name: claim.name.clone(),
-                        uid: claim.uid.clone(),
-                        devices: devices.clone(),
-                    })
-                    .collect(),
-            };
-            serde_json::to_vec(&journal).expect("a journal serializes")
-        });
-        let write = move || {
-            match contents {
-                Some(bytes) => node_io::files::write_atomically(&path, &bytes, 0o600),
-                None => match std::fs::remove_file(&path) {
-                    Err(error) if error.kind() != std::io::ErrorKind::NotFound => Err(error),
-                    _ => Ok(()),
-                },
-            }
-            .map_err(|error| (path, error))
-        };
-        match tokio::task::spawn_blocking(write).await {
-            Ok(Err((path, error))) => {
-                tracing::warn!(path = %path.display(), %error, "could not write the status journal")
-            }
-            Err(error) => tracing::warn!(%error, "the status journal's write did not finish"),
-            Ok(Ok(())) => {}
-        }
     }
 }
 
@@ -372,15 +256,12 @@ async fn write_all(
                 Some((claim, devices)) => queue.take(claim, devices),
                 None => return,
             };
-            // Journaled at once, not after the window: a crash now loses nothing asked.
-            queue.sync_journal().await;
             tokio::time::sleep(BATCH_WINDOW).await;
         }
         while let Ok((claim, devices)) = received.try_recv() {
             queue.take(claim, devices);
         }
         let batch = queue.batch();
-        queue.sync_journal().await;
         let results: Vec<_> = futures::stream::iter(batch)
             .map(|(claim, devices)| {
                 let (client, driver) = (&client, driver.as_str());
@@ -410,7 +291,6 @@ async fn write_all(
                 Err(failure) => failed.push(failure),
             }
         }
-        queue.sync_journal().await;
         if failed.is_empty() {
             backoff = std::time::Duration::from_secs(1);
             continue;
@@ -428,10 +308,7 @@ async fn write_all(
             tokio::select! {
                 _ = &mut sleep => break,
                 request = received.recv() => match request {
-                    Some((claim, devices)) => {
-                        queue.take(claim, devices);
-                        queue.sync_journal().await;
-                    }
+                    Some((claim, devices)) => queue.take(claim, devices),
                     None => open = false,
                 },
             }

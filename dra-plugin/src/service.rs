@@ -169,6 +169,8 @@ pub struct DraService<D> {
     shared: Option<Arc<std::path::PathBuf>>,
     /// Writes each prepared claim's device metadata ([`Self::device_metadata`]).
     metadata: Option<Arc<MetadataWriter>>,
+    /// Writes the claims' `status.devices` ([`Self::device_status`]).
+    status: Option<crate::device_status::Writer>,
 }
 
 impl<D> Clone for DraService<D> {
@@ -183,6 +185,7 @@ impl<D> Clone for DraService<D> {
             changed: self.changed.clone(),
             shared: self.shared.clone(),
             metadata: self.metadata.clone(),
+            status: self.status.clone(),
         }
     }
 }
@@ -233,6 +236,7 @@ impl<D: Driver> DraService<D> {
             changed: Arc::new(tokio::sync::watch::channel(()).0),
             shared: None,
             metadata: None,
+            status: None,
         })
     }
 
@@ -252,6 +256,30 @@ impl<D: Driver> DraService<D> {
     /// [`Prepared::metadata`](crate::Prepared::metadata) says of each device.
     pub fn device_metadata(mut self, writer: MetadataWriter) -> Self {
         self.metadata = Some(Arc::new(writer));
+        self
+    }
+
+    /// Writes the `status.devices` entries the driver gives with each claim it prepares
+    /// ([`Prepared::status`](crate::Prepared::status)) through `writer`, and removes them when
+    /// the claim is unprepared. What the checkpoint holds is asked of the writer at once: a
+    /// status the process before had no time to apply is applied now, and one it applied is
+    /// applied again unchanged, which changes nothing on the API server.
+    pub fn device_status(mut self, writer: crate::device_status::Writer) -> Self {
+        {
+            let state = self
+                .state
+                .try_lock()
+                .expect("nothing else holds a new service's state");
+            for claim in state.claims.values().filter(|c| !c.status.is_empty()) {
+                let reference = claim_ref(
+                    claim.namespace.clone(),
+                    claim.name.clone(),
+                    claim.uid.clone(),
+                );
+                writer.write(&reference, claim.status.clone());
+            }
+        }
+        self.status = Some(writer);
         self
     }
 
@@ -381,6 +409,13 @@ impl<D: Driver> DraService<D> {
         }
         drop(state);
         for (claim, prepared) in fresh {
+            // Recorded first: if this process dies before the writer applies it, the next
+            // process finds it in the checkpoint.
+            if let Some(writer) = &self.status
+                && !prepared.status.is_empty()
+            {
+                writer.write(&claim, prepared.status);
+            }
             tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, devices = prepared.devices.len(), "prepared");
             answers.insert(claim.uid, Ok(prepared.devices));
         }
@@ -516,6 +551,10 @@ impl<D: Driver> DraService<D> {
             .iter()
             .filter_map(|claim| state.claims.remove(&claim.uid))
             .collect();
+        let removed_status: Vec<String> = (removed.iter())
+            .filter(|claim| !claim.status.is_empty())
+            .map(|claim| claim.uid.clone())
+            .collect();
         let stored = store(&state.checkpoint, &state.claims)
             .await
             .map_err(Arc::new);
@@ -530,6 +569,16 @@ impl<D: Driver> DraService<D> {
             }
         }
         drop(state);
+        if let (Ok(()), Some(writer)) = (&stored, &self.status) {
+            // Unprepare waits for no API server either (the kubelet unprepares through
+            // outages), and the claim is usually being deallocated, which drops them anyway.
+            for claim in removed_status
+                .iter()
+                .filter_map(|uid| undone.iter().find(|c| &c.uid == uid))
+            {
+                writer.write(claim, Vec::new());
+            }
+        }
         for claim in undone {
             if stored.is_ok() {
                 tracing::info!(claim = %claim.name, namespace = %claim.namespace, uid = %claim.uid, "unprepared");

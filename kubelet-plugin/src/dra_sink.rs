@@ -258,16 +258,6 @@ impl DraSink {
             cdi_class: handler.to_ascii_lowercase(),
             cdi,
             devices: self.devices.clone(),
-            // Journaled beside the checkpoint: a status asked just before a restart is
-            // applied by the next process. Two pods of a rolling update keep one each.
-            status: dra_plugin::device_status::Writer::start_journaled(
-                self.client.clone(),
-                driver,
-                options.state_dir.join(match &options.pod_uid {
-                    Some(uid) => format!("{driver}-status-journal-{uid}.json"),
-                    None => format!("{driver}-status-journal.json"),
-                }),
-            ),
         };
         let checkpoint = options.state_dir.join(format!("{driver}-checkpoint.json"));
         let timed = Timed {

@@ -9,7 +9,7 @@
 use crate::node_devices::{KnownDevice, NodeDevices};
 use dra_plugin::cdi::{self, CdiDevice, CdiRoot, DeviceNode, Mount};
 use dra_plugin::checkpoint::PreparedClaim;
-use dra_plugin::device_status::{self, DeviceStatus};
+use dra_plugin::device_status::DeviceStatus;
 use dra_plugin::metadata::DeviceMetadata;
 use dra_plugin::{Claim, ClaimRef, Driver, Prepared};
 
@@ -37,8 +37,6 @@ pub struct AkriDriver {
     pub cdi_class: String,
     pub cdi: CdiRoot,
     pub devices: NodeDevices,
-    /// Writes the claims' `status.devices` off the kubelet's path.
-    pub status: device_status::Writer,
 }
 
 #[tonic::async_trait]
@@ -102,7 +100,8 @@ impl Driver for AkriDriver {
             .collect();
         // With the mounts of the claim's device metadata files: one spec file per claim.
         let spec = checked.write_cdi_spec(&self.cdi, &self.cdi_class, cdi_devices)?;
-        let statuses: Vec<DeviceStatus> = (results.iter().zip(&devices))
+        // Recorded and written by the library, off the kubelet's path.
+        let status: Vec<DeviceStatus> = (results.iter().zip(&devices))
             .map(|(result, &index)| DeviceStatus {
                 pool: result.pool.clone(),
                 device: result.device.clone(),
@@ -111,8 +110,6 @@ impl Driver for AkriDriver {
                 conditions: Vec::new(),
             })
             .collect();
-        // Written by the status writer's task: the container waits for no API call.
-        self.status.write(claim, statuses);
         let cdi_ids = (devices.iter())
             .map(|&index| vec![spec.qualified_ids[index].clone()])
             .collect();
@@ -124,6 +121,7 @@ impl Driver for AkriDriver {
             cdi_ids,
             cdi_spec_files: vec![spec.path],
             metadata,
+            status,
         })
     }
 
@@ -140,9 +138,6 @@ impl Driver for AkriDriver {
         for file in files {
             cdi::remove_claim_spec(&file)?;
         }
-        // Unprepare must not wait for the API server either (the kubelet unprepares through
-        // outages), and the claim is usually being deallocated, which drops its status anyway.
-        self.status.write(claim, Vec::new());
         Ok(())
     }
 }

@@ -180,81 +180,174 @@ async fn the_writer_applies_the_latest_status_and_skips_what_was_undone() {
     .await;
 }
 
-/// A status asked for and not yet applied when the process dies (here: its runtime is dropped
-/// while the API server cannot be reached) is applied by the next process's writer, from the
-/// journal; the journal is gone once nothing is left to apply.
+/// Prepares every claim with a CDI spec and gives one status entry per result, naming the
+/// claim.
+struct StatusDriver {
+    cdi: dra_plugin::cdi::CdiRoot,
+}
+
+#[tonic::async_trait]
+impl dra_plugin::Driver for StatusDriver {
+    type Error = dra_plugin::cdi::Error;
+
+    async fn prepare(
+        &self,
+        checked: &dra_plugin::Claim,
+    ) -> Result<dra_plugin::Prepared, Self::Error> {
+        let devices: Vec<_> = (checked.results.iter())
+            .map(|r| dra_plugin::cdi::CdiDevice {
+                name: r.device.clone(),
+                env: vec![("CLAIM".into(), checked.reference.name.clone())],
+                ..Default::default()
+            })
+            .collect();
+        let spec = self
+            .cdi
+            .write_claim_spec("gadget", &checked.reference.uid, &devices)?;
+        let status = (checked.results.iter())
+            .map(|r| DeviceStatus {
+                pool: r.pool.clone(),
+                device: r.device.clone(),
+                data: Some(json!({ "claim": checked.reference.name })),
+                ..DeviceStatus::default()
+            })
+            .collect();
+        Ok(dra_plugin::Prepared {
+            status,
+            ..dra_plugin::Prepared::one_spec(spec)
+        })
+    }
+
+    async fn unprepare(
+        &self,
+        claim: &dra_plugin::ClaimRef,
+        _: Option<&dra_plugin::PreparedClaim>,
+    ) -> Result<(), Self::Error> {
+        dra_plugin::cdi::remove_claim_spec(&self.cdi.spec_path("gadget", &claim.uid)?)
+    }
+}
+
+/// The service of [`StatusDriver`] on `dir`'s checkpoint, its statuses written by `writer`.
+fn status_service(
+    client: &kube::Client,
+    dir: &std::path::Path,
+    driver: &str,
+    writer: device_status::Writer,
+) -> dra_plugin::service::DraService<StatusDriver> {
+    let cdi = dra_plugin::cdi::CdiRoot::new(dir.join("cdi"), "example.com").unwrap();
+    let on = dra_plugin::service::DriverOnNode {
+        driver: driver.into(),
+        node: "node".into(),
+    };
+    dra_plugin::service::DraService::new(
+        StatusDriver { cdi },
+        client.clone(),
+        on,
+        &dir.join("checkpoint.json"),
+    )
+    .unwrap()
+    .device_status(writer)
+}
+
+/// Statuses of two claims prepared one right after the other, not yet applied when the
+/// process dies (its runtime is dropped while the API server cannot be reached, so neither
+/// can be), are applied by the next process from the checkpoint without being asked again. A
+/// third process applies them again unchanged, which changes no claim, and removes a claim's
+/// entries when it is unprepared.
 #[tokio::test]
-async fn a_status_asked_before_a_crash_is_applied_by_the_next_process() {
+async fn statuses_not_applied_before_a_crash_are_applied_by_the_next_process() {
     let cp = ControlPlane::shared_api_server().await.unwrap();
     let client = cp.client().await.unwrap();
-    let ns = cp.create_namespace("journal").await.unwrap();
+    let ns = cp.create_namespace("restart").await.unwrap();
     let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
-    let driver = "j.status.example.com";
-    let claim: ResourceClaim = from_json(json!({
-        "metadata": { "name": "journaled" },
-        "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
-    }));
-    let created = claims.create(&PostParams::default(), &claim).await.unwrap();
-    let allocation = json!({ "status": { "allocation": { "devices": { "results": [
-        { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
-    ] } } } });
-    claims
-        .patch_status(
-            "journaled",
-            &PatchParams::default(),
-            &Patch::Merge(&allocation),
-        )
-        .await
-        .unwrap();
-    let claim = dra_plugin::ClaimRef {
-        namespace: ns.clone(),
-        name: "journaled".into(),
-        uid: created.metadata.uid.unwrap(),
-    };
-    let status = vec![DeviceStatus {
-        pool: "pool".into(),
-        device: "dev".into(),
-        data: Some(json!({ "survived": true })),
-        ..DeviceStatus::default()
-    }];
+    let driver = "r.status.example.com";
+    let mut refs = Vec::new();
+    for name in ["first", "second"] {
+        let claim: ResourceClaim = from_json(json!({
+            "metadata": { "name": name },
+            "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
+        }));
+        let created = claims.create(&PostParams::default(), &claim).await.unwrap();
+        let allocation = json!({ "status": { "allocation": { "devices": { "results": [
+            { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
+        ] } } } });
+        claims
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&allocation))
+            .await
+            .unwrap();
+        refs.push(dra_plugin::ClaimRef {
+            namespace: ns.clone(),
+            name: name.to_string(),
+            uid: created.metadata.uid.unwrap(),
+        });
+    }
     let dir = tempfile::tempdir().unwrap();
-    let journal = dir.path().join("status-journal.json");
 
-    // The first process: asked, cannot apply, dies.
+    // The first process: prepares both (the claims are read), cannot write status, dies.
     let unreachable =
         kube::Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap())).unwrap();
-    let (path, asked, ask) = (journal.clone(), claim.clone(), status.clone());
+    let config = cp.client_config().await.unwrap();
+    let (path, asked) = (dir.path().to_path_buf(), refs.clone());
     std::thread::spawn(move || {
         let runtime = tokio::runtime::Runtime::new().unwrap();
         runtime.block_on(async {
-            let writer = device_status::Writer::start_journaled(unreachable, driver, path.clone());
-            writer.write(&asked, ask);
-            akri_testing::eventually("the journal holds the status", async || {
-                std::fs::read_to_string(&path)
-                    .ok()
-                    .filter(|text| text.contains(&asked.uid))
-            })
-            .await;
+            // A client of this runtime's own: the test's is bound to the test's runtime.
+            let reader = kube::Client::try_from(config).unwrap();
+            let writer = device_status::Writer::start(unreachable, driver);
+            let service = status_service(&reader, &path, driver, writer);
+            for claim in asked {
+                let answers = service.prepare_claims(vec![claim.clone()]).await;
+                assert!(answers[&claim.uid].is_ok(), "{:?}", answers[&claim.uid]);
+            }
         });
         // Dropping the runtime ends the writer's task, as a crash would.
     })
     .join()
     .unwrap();
-    assert!(entries(&claims, "journaled").await.is_empty());
+    for name in ["first", "second"] {
+        assert!(
+            entries(&claims, name).await.is_empty(),
+            "{name}: not applied yet"
+        );
+    }
 
-    // The next process applies it without being asked again.
-    let _writer = device_status::Writer::start_journaled(client.clone(), driver, journal.clone());
-    let expected = vec![(
-        driver.to_string(),
-        "dev".to_string(),
-        json!({ "survived": true }),
-    )];
-    akri_testing::eventually("the status from the journal", async || {
-        (entries(&claims, "journaled").await == expected).then_some(())
+    // The next process applies both without being asked again.
+    let writer = device_status::Writer::start(client.clone(), driver);
+    let restarted = status_service(&client, dir.path(), driver, writer);
+    let mut versions = Vec::new();
+    for name in ["first", "second"] {
+        let expected = vec![(
+            driver.to_string(),
+            "dev".to_string(),
+            json!({ "claim": name }),
+        )];
+        akri_testing::eventually(
+            &format!("the status of {name} from the checkpoint"),
+            async || (entries(&claims, name).await == expected).then_some(()),
+        )
+        .await;
+        versions.push(claims.get(name).await.unwrap().metadata.resource_version);
+    }
+    drop(restarted);
+
+    // Once more: applied again, unchanged; then `first` unprepared.
+    let writer = device_status::Writer::start(client.clone(), driver);
+    let again = status_service(&client, dir.path(), driver, writer);
+    tokio::time::sleep(3 * device_status::BATCH_WINDOW).await;
+    let answers = again.unprepare_claims(vec![refs[0].clone()]).await;
+    assert!(answers[&refs[0].uid].is_ok());
+    akri_testing::eventually("the unprepared claim's entries removed", async || {
+        entries(&claims, "first").await.is_empty().then_some(())
     })
     .await;
-    akri_testing::eventually("the journal removed", async || {
-        (!journal.exists()).then_some(())
-    })
-    .await;
+    assert_eq!(
+        claims
+            .get("second")
+            .await
+            .unwrap()
+            .metadata
+            .resource_version,
+        versions[1],
+        "a restart applies what was right unchanged: the claim is not written"
+    );
 }

@@ -6,7 +6,9 @@ use akri_kubelet_plugin::agent::AgentConfig;
 use akri_testing::components::SimNode;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 use std::time::Duration;
@@ -264,6 +266,35 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
     let file = std::fs::read_to_string(metadata["source"].as_str().unwrap()).unwrap();
     assert!(file.contains("DEBUG_ECHO_DESCRIPTION"), "{file}");
 
+    // The claim's status shows the device, written by the library off the kubelet's path.
+    let claim = eventually("the pod's claim", async || {
+        (pods
+            .get("broker")
+            .await
+            .ok()?
+            .status?
+            .resource_claim_statuses?)
+            .into_iter()
+            .find_map(|status| status.resource_claim_name)
+    })
+    .await;
+    let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);
+    let shown = async || -> Option<Vec<(String, Value)>> {
+        let devices = claims.get(&claim).await.ok()?.status?.devices;
+        Some(
+            (devices.unwrap_or_default().into_iter())
+                .map(|d| (d.device, d.data.map(|data| data.0).unwrap_or_default()))
+                .collect(),
+        )
+    };
+    let entries = eventually("the device in the claim's status", async || {
+        shown().await.filter(|entries| !entries.is_empty())
+    })
+    .await;
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0].0, device_of[index]);
+    assert_eq!(entries[0].1["properties"]["DEBUG_ECHO_DESCRIPTION"], "foo0");
+
     // Prepares and unprepares set off no pass of the agent's loop: the kubelet's calls cost no
     // discovery sync, health vouching or publishing. (At most one pass from the 30 s resync.)
     let passes = || {
@@ -321,6 +352,10 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
         node.peer.cdi_inject(ids).await.is_err(),
         "the CDI spec is gone after unprepare"
     );
+    eventually("the claim's status without the device", async || {
+        shown().await.filter(|entries| entries.is_empty())
+    })
+    .await;
 }
 
 /// Runs `create` while the DiscoveryConfiguration CRD has no rules on the object (as before

@@ -41,7 +41,6 @@ async fn malformed_claims_fail_alone() {
             cdi_class: "debugecho".into(),
             cdi: CdiRoot::new(dir.path().join("cdi"), "akri.sh").unwrap(),
             devices,
-            status: dra_plugin::device_status::Writer::start(client.clone(), DRIVER),
         },
         client.clone(),
         DriverOnNode {

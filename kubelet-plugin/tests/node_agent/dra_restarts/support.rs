@@ -198,7 +198,6 @@ pub(crate) fn driver_seeing(
             cdi_class: "debugecho".into(),
             cdi: CdiRoot::new(dir.join("cdi"), "akri.sh").unwrap(),
             devices,
-            status: dra_plugin::device_status::Writer::start(client.clone(), DRIVER),
         },
         client.clone(),
         DriverOnNode {
