@@ -14,7 +14,7 @@
 //! re-prepare of a prepared claim, unprepare; resident memory with 100 and 1,000 devices; CPU
 //! time during the calls; and ours/theirs.
 
-use akri_testing::side_by_side::{self, start};
+use akri_testing::side_by_side::{self, Peer, start};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::Api;
@@ -29,8 +29,8 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     let node = "bench-node";
     cp.create_node(node).await?;
 
-    let mut go = start("go", true, (&cp, node), 100).await?;
-    let mut rust = start("rust", false, (&cp, node), 100).await?;
+    let mut go = start("go", Peer::Go, (&cp, node), 100).await?;
+    let mut rust = start("rust", Peer::Example { metadata: false }, (&cp, node), 100).await?;
     // Warm up both (connections, caches), then measure in alternating blocks.
     go.block(ROUNDS).await;
     rust.block(ROUNDS).await;
@@ -92,8 +92,14 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     drop((go, rust));
 
     // Resident memory with 1,000 devices published, after a block of calls.
-    let mut go = start("go1000", true, (&cp, node), 1000).await?;
-    let mut rust = start("rust1000", false, (&cp, node), 1000).await?;
+    let mut go = start("go1000", Peer::Go, (&cp, node), 1000).await?;
+    let mut rust = start(
+        "rust1000",
+        Peer::Example { metadata: false },
+        (&cp, node),
+        1000,
+    )
+    .await?;
     go.block(ROUNDS).await;
     rust.block(ROUNDS).await;
     let rss_1000 = (go.resident_mib(), rust.resident_mib());

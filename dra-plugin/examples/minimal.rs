@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `CDI_ROOT` (default `/var/run/cdi`) and `KUBELET_DIR` (the kubelet's `--root-dir`, default
-//! `/var/lib/kubelet`) move what it writes.
+//! `/var/lib/kubelet`) move what it writes. `DEVICE_METADATA=true` gives each container a
+//! device metadata file (KEP-5304) naming its gadget.
 //!
 //! It runs as root on the node (or in a pod with `/var/lib/kubelet/plugins`,
 //! `/var/lib/kubelet/plugins_registry` and `/var/run/cdi` mounted from the host), with a
@@ -19,6 +20,7 @@
 //! DRA manager.
 
 use dra_plugin::cdi::{CdiDevice, CdiRoot};
+use dra_plugin::metadata::Version;
 use dra_plugin::{Claim, ClaimRef, Driver, Plugin, Prepared, PreparedClaim};
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
@@ -109,12 +111,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let kubelet_dir =
         std::env::var("KUBELET_DIR").unwrap_or_else(|_| dra_plugin::KUBELET_DIR.into());
 
+    let metadata = std::env::var("DEVICE_METADATA").is_ok_and(|v| v == "true");
+
     let client = kube::Client::try_default().await?;
     let cdi = CdiRoot::new(cdi_root, CDI_VENDOR)?;
-    let plugin = Plugin::builder(driver, node)
-        .kubelet_dir(kubelet_dir)
-        .start(client, GadgetDriver { cdi })
-        .await?;
+    let builder = Plugin::builder(driver, node).kubelet_dir(kubelet_dir);
+    let builder = match metadata {
+        true => builder.device_metadata([Version::V1beta1, Version::V1alpha1]),
+        false => builder,
+    };
+    let plugin = builder.start(client, GadgetDriver { cdi }).await?;
     let names: Vec<&str> = names.split(',').collect();
     plugin.publish(gadgets(&names)).await?;
     tokio::signal::ctrl_c().await?;

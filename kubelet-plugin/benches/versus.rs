@@ -4,12 +4,14 @@
 //! `cargo bench -p akri-kubelet-plugin --bench versus` (after `hack/k8s-bins.sh`, which builds
 //! the Go driver). The kubelet-plugin is its release binary with the embedded debugEcho
 //! handler; its devices are discovered and published as on a node; its prepare also writes
-//! the claim's `status.devices` (off the kubelet's path) and its Instances exist.
+//! the claim's `status.devices` (off the kubelet's path) and its Instances exist, and it writes
+//! each claim's device metadata files, so the example runs twice: as it is, and with device
+//! metadata (`examplemd`), the like-for-like peer.
 //! `BENCH_TARGET=x86_64-unknown-linux-musl` builds the kubelet-plugin and the example for that
 //! target, as the images ship them (static, musl's libc), so that the image's binary is
 //! compared like for like; `BENCH_AGENT_BIN=<path>` runs any other build of the kubelet-plugin.
 
-use akri_testing::side_by_side::{self, Contender, published_devices, start};
+use akri_testing::side_by_side::{self, Contender, Peer, published_devices, start};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use kube::api::{Api, PostParams};
 use serde_json::json;
@@ -57,10 +59,24 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     cp.install_crds(&akri_api::crds::all()).await?;
     let node = "bench-node";
     cp.create_node(node).await?;
-    // The example first: the ratios printed are to it.
+    // The example first: the ratios printed are to it. The kubelet-plugin writes device
+    // metadata files (KEP-5304), so the example also runs with them, like for like.
     let mut contenders = vec![
-        start("example", false, (&cp, node), DEVICES).await?,
-        start("go", true, (&cp, node), DEVICES).await?,
+        start(
+            "example",
+            Peer::Example { metadata: false },
+            (&cp, node),
+            DEVICES,
+        )
+        .await?,
+        start(
+            "examplemd",
+            Peer::Example { metadata: true },
+            (&cp, node),
+            DEVICES,
+        )
+        .await?,
+        start("go", Peer::Go, (&cp, node), DEVICES).await?,
         agent(&cp, node).await?,
     ];
     // Warm up (connections, caches), then measure in alternating blocks.
@@ -80,6 +96,8 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     );
     let all: Vec<&Contender> = contenders.iter().collect();
     side_by_side::print(&all, &resident);
+    eprintln!("\nLike for like, both writing device metadata:");
+    side_by_side::print(&[all[1], all[3]], &[resident[1], resident[3]]);
     Ok(())
 }
 

@@ -204,12 +204,25 @@ fn example_binary() -> Result<std::path::PathBuf, BoxError> {
     Ok(release.join("examples").join("minimal"))
 }
 
-/// Starts driver `<label>.bench.example.com` with `count` devices (dev-0..) on `node`: the Go
-/// driver on upstream's helper (`hack/k8s/go-dra-driver`, built by `hack/k8s-bins.sh`) or
-/// dra-plugin's example driver; returns it once it has published them.
+/// Which driver a contender runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peer {
+    /// The Go driver on upstream's helper (`hack/k8s/go-dra-driver`, built by
+    /// `hack/k8s-bins.sh`).
+    Go,
+    /// dra-plugin's example driver; with `metadata`, writing device metadata (KEP-5304) as
+    /// the kubelet-plugin does.
+    Example {
+        /// Whether it writes device metadata files.
+        metadata: bool,
+    },
+}
+
+/// Starts driver `<label>.bench.example.com` with `count` devices (dev-0..) on `node`, the
+/// `peer`; returns it once it has published them.
 pub async fn start(
     label: &str,
-    go: bool,
+    peer: Peer,
     (cp, node): (&ControlPlane, &str),
     count: usize,
 ) -> Result<Contender, BoxError> {
@@ -218,33 +231,40 @@ pub async fn start(
         .prefix("versus-go-")
         .tempdir()?
         .keep();
-    let mut command = if go {
-        let mut c =
-            tokio::process::Command::new(crate::BinDir::from_env()?.require("go-dra-driver")?);
-        c.arg(format!("--kubeconfig={}", cp.kubeconfig().display()))
-            .arg(format!("--driver-name={name}"))
-            .arg(format!("--node-name={node}"))
-            .arg(format!("--registry-dir={}", dir.join("registry").display()))
-            .arg(format!("--plugin-dir={}", dir.join("plugin").display()))
-            .arg(format!("--cdi-dir={}", dir.join("cdi").display()))
-            .arg(format!(
-                "--checkpoint={}",
-                dir.join("checkpoint.json").display()
-            ))
-            .arg(format!("--devices={count}"));
-        c
-    } else {
-        // The example's own settings: its gadgets dev-0..dev-<count-1>, the kubelet's
-        // directories in `dir`.
-        let gadgets: Vec<String> = (0..count).map(|i| format!("dev-{i}")).collect();
-        let mut c = tokio::process::Command::new(example_binary()?);
-        c.env("KUBECONFIG", cp.kubeconfig())
-            .env("DRIVER_NAME", &name)
-            .env("NODE_NAME", node)
-            .env("GADGETS", gadgets.join(","))
-            .env("CDI_ROOT", dir.join("cdi"))
-            .env("KUBELET_DIR", &dir);
-        c
+    let go = peer == Peer::Go;
+    let mut command = match peer {
+        Peer::Go => {
+            let mut c =
+                tokio::process::Command::new(crate::BinDir::from_env()?.require("go-dra-driver")?);
+            c.arg(format!("--kubeconfig={}", cp.kubeconfig().display()))
+                .arg(format!("--driver-name={name}"))
+                .arg(format!("--node-name={node}"))
+                .arg(format!("--registry-dir={}", dir.join("registry").display()))
+                .arg(format!("--plugin-dir={}", dir.join("plugin").display()))
+                .arg(format!("--cdi-dir={}", dir.join("cdi").display()))
+                .arg(format!(
+                    "--checkpoint={}",
+                    dir.join("checkpoint.json").display()
+                ))
+                .arg(format!("--devices={count}"));
+            c
+        }
+        Peer::Example { metadata } => {
+            // The example's own settings: its gadgets dev-0..dev-<count-1>, the kubelet's
+            // directories in `dir`.
+            let gadgets: Vec<String> = (0..count).map(|i| format!("dev-{i}")).collect();
+            let mut c = tokio::process::Command::new(example_binary()?);
+            c.env("KUBECONFIG", cp.kubeconfig())
+                .env("DRIVER_NAME", &name)
+                .env("NODE_NAME", node)
+                .env("GADGETS", gadgets.join(","))
+                .env("CDI_ROOT", dir.join("cdi"))
+                .env("KUBELET_DIR", &dir);
+            if metadata {
+                c.env("DEVICE_METADATA", "true");
+            }
+            c
+        }
     };
     let mut child = command
         .stdout(match go {
