@@ -24,6 +24,33 @@ async fn entries(
     entries
 }
 
+/// Claim `name` with one request, allocated device `dev` of `driver` as the scheduler would;
+/// its reference and the allocated claim's resourceVersion.
+async fn allocated_claim(
+    claims: &Api<ResourceClaim>,
+    name: &str,
+    driver: &str,
+) -> (dra_plugin::ClaimRef, String) {
+    let claim: ResourceClaim = from_json(json!({
+        "metadata": { "name": name },
+        "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
+    }));
+    let created = claims.create(&PostParams::default(), &claim).await.unwrap();
+    let allocation = json!({ "status": { "allocation": { "devices": { "results": [
+        { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
+    ] } } } });
+    let allocated = claims
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&allocation))
+        .await
+        .unwrap();
+    let reference = dra_plugin::ClaimRef {
+        namespace: created.metadata.namespace.unwrap(),
+        name: name.to_string(),
+        uid: created.metadata.uid.unwrap(),
+    };
+    (reference, allocated.metadata.resource_version.unwrap())
+}
+
 #[tokio::test]
 async fn each_driver_owns_only_its_entries_in_a_shared_claim() {
     let cp = ControlPlane::shared_api_server().await.unwrap();
@@ -126,26 +153,7 @@ async fn the_writer_applies_the_latest_status_and_skips_what_was_undone() {
     let driver = "w.status.example.com";
     let mut refs = Vec::new();
     for name in ["kept", "undone"] {
-        let claim: ResourceClaim = from_json(json!({
-            "metadata": { "name": name },
-            "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
-        }));
-        let created = claims.create(&PostParams::default(), &claim).await.unwrap();
-        let allocation = json!({ "status": { "allocation": { "devices": { "results": [
-            { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
-        ] } } } });
-        let allocated = claims
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&allocation))
-            .await
-            .unwrap();
-        refs.push((
-            dra_plugin::ClaimRef {
-                namespace: ns.clone(),
-                name: name.to_string(),
-                uid: created.metadata.uid.unwrap(),
-            },
-            allocated.metadata.resource_version.unwrap(),
-        ));
+        refs.push(allocated_claim(&claims, name, driver).await);
     }
     let status = vec![DeviceStatus {
         pool: "pool".into(),
@@ -263,23 +271,7 @@ async fn statuses_not_applied_before_a_crash_are_applied_by_the_next_process() {
     let driver = "r.status.example.com";
     let mut refs = Vec::new();
     for name in ["first", "second"] {
-        let claim: ResourceClaim = from_json(json!({
-            "metadata": { "name": name },
-            "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": "any" } }] } },
-        }));
-        let created = claims.create(&PostParams::default(), &claim).await.unwrap();
-        let allocation = json!({ "status": { "allocation": { "devices": { "results": [
-            { "request": "r", "driver": driver, "pool": "pool", "device": "dev" },
-        ] } } } });
-        claims
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&allocation))
-            .await
-            .unwrap();
-        refs.push(dra_plugin::ClaimRef {
-            namespace: ns.clone(),
-            name: name.to_string(),
-            uid: created.metadata.uid.unwrap(),
-        });
+        refs.push(allocated_claim(&claims, name, driver).await.0);
     }
     let dir = tempfile::tempdir().unwrap();
 
