@@ -264,6 +264,11 @@ impl<D: Driver> DraService<D> {
     /// the claim is unprepared. What the checkpoint holds is asked of the writer at once: a
     /// status the process before had no time to apply is applied now, and one it applied is
     /// applied again unchanged, which changes nothing on the API server.
+    ///
+    /// # Panics
+    ///
+    /// If a call is being served: set it up before serving, as the builder does (asked later,
+    /// a recorded status could overtake the unprepare that removed it).
     pub fn device_status(mut self, writer: crate::device_status::Writer) -> Self {
         {
             let state = self
