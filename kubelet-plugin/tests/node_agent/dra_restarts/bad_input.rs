@@ -2,12 +2,8 @@
 //! requests on one device.
 
 use super::support::{DRIVER, allocated_claim, cdi_env, driver_seeing, from_json};
-use akri_kubelet_plugin::discovery::DiscoveredDevice;
-use akri_kubelet_plugin::driver::AkriDriver;
-use akri_kubelet_plugin::node_devices::{ConfigDevices, NodeDevices};
 use akri_testing::ControlPlane;
-use dra_plugin::cdi::CdiRoot;
-use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
+use dra_plugin::service::ClaimRef;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -19,37 +15,8 @@ async fn malformed_claims_fail_alone() {
     let ns = cp.create_namespace("claims").await.unwrap();
     let node = "node-here";
     let dir = tempfile::tempdir().unwrap();
-    let devices = NodeDevices::new(node, true);
-    devices.set(
-        DRIVER,
-        ConfigDevices {
-            configuration: "echo".into(),
-            capacity: 1,
-            unique_devices: true,
-            shared: false,
-            devices: vec![DiscoveredDevice {
-                id: "foo0".into(),
-                properties: [("DEBUG_ECHO_DESCRIPTION".to_string(), "foo0".to_string())].into(),
-                ..DiscoveredDevice::default()
-            }],
-        },
-    );
+    let service = driver_seeing(&client, node, &["foo0"], 1, dir.path());
     let device = akri_devices::instance_name("echo", "foo0", false, node);
-    let service = DraService::new(
-        AkriDriver {
-            driver: DRIVER.into(),
-            cdi_class: "debugecho".into(),
-            cdi: CdiRoot::new(dir.path().join("cdi"), "akri.sh").unwrap(),
-            devices,
-        },
-        client.clone(),
-        DriverOnNode {
-            driver: DRIVER.into(),
-            node: node.into(),
-        },
-        &dir.path().join("checkpoint.json"),
-    )
-    .unwrap();
 
     // Claims allocated by hand (an admin may write claim status), each wrong in one way.
     let claims = Api::<ResourceClaim>::namespaced(client.clone(), &ns);

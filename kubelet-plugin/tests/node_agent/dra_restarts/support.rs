@@ -166,7 +166,7 @@ pub(crate) async fn node_on(
 }
 
 /// A driver for `node` that sees debugEcho devices `ids` of configuration `echo`, its CDI
-/// specs under `dir`.
+/// specs under `dir`, writing its claims' status as the builder has it do.
 pub(crate) fn driver_seeing(
     client: &kube::Client,
     node: &str,
@@ -207,6 +207,10 @@ pub(crate) fn driver_seeing(
         &dir.join("checkpoint.json"),
     )
     .unwrap()
+    .device_status(dra_plugin::device_status::Writer::start(
+        client.clone(),
+        DRIVER,
+    ))
 }
 
 /// A claim allocated by hand (as the scheduler would) to `results` (request, device, share id)
