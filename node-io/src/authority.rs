@@ -78,15 +78,39 @@ pub fn bind_unless_served(path: &std::path::Path, mode: u32) -> io::Result<UnixL
 /// discovery handler's own directory): the socket is bound at `staging`, a path in a directory
 /// only we write on the same filesystem, given its mode there, then renamed onto `path`. The
 /// rename is the one thing done by path in the other user's directory, and it replaces
-/// whatever is at `path` (a symlink included) instead of following it, so that user cannot
-/// turn our chmod onto another file or keep us from serving there.
+/// whatever is at `path` (a symlink included; a directory is first moved out into ours)
+/// instead of following it, so that user cannot turn our chmod onto another file or keep us
+/// from serving there.
 pub fn bind_via(
     staging: &std::path::Path,
     path: &std::path::Path,
     mode: u32,
 ) -> io::Result<UnixListener> {
     let listener = bind(staging, mode)?;
-    if let Err(error) = std::fs::rename(staging, path) {
+    let renamed = match std::fs::rename(staging, path) {
+        // rename(2) replaces a file or a symlink at `path`, not a directory: the other user
+        // could keep us from serving with `mkdir path`. The directory is moved into our own
+        // (by name, atomically: what is moved is whatever is there then) and removed there,
+        // where the other user cannot reach into it; then the socket takes its place.
+        Err(error)
+            if matches!(
+                error.kind(),
+                io::ErrorKind::IsADirectory | io::ErrorKind::DirectoryNotEmpty
+            ) =>
+        {
+            let aside = staging.with_file_name(format!(
+                "{}.aside",
+                staging.file_name().unwrap_or_default().to_string_lossy()
+            ));
+            let _ = std::fs::remove_dir_all(&aside);
+            std::fs::rename(path, &aside).and_then(|()| {
+                let _ = std::fs::remove_dir_all(&aside);
+                std::fs::rename(staging, path)
+            })
+        }
+        renamed => renamed,
+    };
+    if let Err(error) = renamed {
         let _ = std::fs::remove_file(staging);
         return Err(error);
     }

@@ -214,19 +214,30 @@ impl Registry {
         self.servers.push((socket.clone(), serve(listener, None)));
         tracing::info!(socket = %socket.display(), "serving discovery-handler registration");
         for (name, (dir, owner)) in &self.shared.own {
-            let own_error = |cause| Error::OwnDirectory {
-                path: dir.clone(),
-                cause,
-            };
-            make_own_directory(dir, owner).map_err(own_error)?;
-            // Staged beside the directory, in ours: see node_io::authority::bind_via.
-            let staging = dir.with_file_name(format!(".{name}-{SOCKET_NAME}"));
+            // A handler's own directory is the handler's to fill: whatever it put there
+            // costs at most its own registration, never the agent's start or another
+            // handler's (said in the log, and the handler cannot register until it is
+            // put right and the agent restarts).
             let own_socket = dir.join(SOCKET_NAME);
-            let listener = node_io::authority::bind_via(&staging, &own_socket, OWN_SOCKET_MODE)
-                .map_err(own_error)?;
-            self.servers
-                .push((own_socket.clone(), serve(listener, Some(name.clone()))));
-            tracing::info!(handler = %name, socket = %own_socket.display(), "serving discovery-handler registration in the handler's own directory");
+            let served = make_own_directory(dir, owner).and_then(|()| {
+                // Staged beside the directory, in ours: see node_io::authority::bind_via.
+                let staging = dir.with_file_name(format!(".{name}-{SOCKET_NAME}"));
+                node_io::authority::bind_via(&staging, &own_socket, OWN_SOCKET_MODE)
+            });
+            match served {
+                Ok(listener) => {
+                    self.servers
+                        .push((own_socket.clone(), serve(listener, Some(name.clone()))));
+                    tracing::info!(handler = %name, socket = %own_socket.display(), "serving discovery-handler registration in the handler's own directory");
+                }
+                Err(cause) => {
+                    let error = Error::OwnDirectory {
+                        path: dir.clone(),
+                        cause,
+                    };
+                    tracing::error!(handler = %name, %error, "not serving registration in the handler's own directory: the handler cannot register");
+                }
+            }
         }
         Ok(())
     }

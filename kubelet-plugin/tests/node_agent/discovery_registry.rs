@@ -288,6 +288,59 @@ async fn a_handler_with_its_own_directory_registers_only_from_there() {
     );
 }
 
+/// What a handler can make in its own directory cannot stop the agent (issue 52): a
+/// directory where the agent's socket goes, with something in it, made while the agent was
+/// down. rename(2) would not replace it, and the agent did not start, nor any of the node's
+/// drivers; now it is moved out and removed, and every socket serves.
+#[tokio::test]
+async fn a_directory_a_handler_made_where_its_socket_goes_stops_nothing() {
+    use akri_kubelet_plugin::discovery::registry::{OwnDirectory, SOCKET_NAME};
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join(SOCKET_NAME);
+    let state = dir.path().join("state/handlers.json");
+    let gid = match std::fs::metadata("/proc/self").unwrap().uid() {
+        0 => 65532,
+        _ => std::fs::metadata(dir.path()).unwrap().gid(),
+    };
+    let squatted = dir.path().join("opcua").join(SOCKET_NAME);
+    std::fs::create_dir_all(squatted.join("deeper")).unwrap();
+    std::fs::write(squatted.join("deeper/file"), "x").unwrap();
+    let own: Vec<OwnDirectory> = (["opcua", "onvif"].iter())
+        .map(|name| format!("{name}:{gid}").parse().unwrap())
+        .collect();
+    let mut registry = Registry::load(&socket, &state, &own);
+    registry
+        .serve_on()
+        .expect("the agent serves whatever a handler made in its directory");
+    for name in ["opcua", "onvif"] {
+        let own_socket = dir.path().join(name).join(SOCKET_NAME);
+        let served = std::fs::symlink_metadata(&own_socket).unwrap();
+        assert!(served.file_type().is_socket(), "{name}");
+    }
+    let opcua = handler(
+        "opcua",
+        Endpoint::Uds("/var/lib/akri/opcua.sock".into()),
+        false,
+    );
+    handler::register(&squatted, &opcua).await.unwrap();
+    let udev = handler("udev", Endpoint::Uds(dir.path().join("udev.sock")), false);
+    handler::register(&socket, &udev).await.unwrap();
+    assert_eq!(
+        registry.handlers().keys().collect::<Vec<_>>(),
+        ["opcua", "udev"]
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        !left.iter().any(|n| n.to_string_lossy().ends_with(".aside")),
+        "the moved directory is removed: {left:?}"
+    );
+}
+
 #[tokio::test]
 async fn refuses_bad_registrations_and_query_device_info() {
     let dir = tempfile::tempdir().unwrap();
