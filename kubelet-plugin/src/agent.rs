@@ -74,10 +74,15 @@ pub struct AgentConfig {
     pub startup_wait: Duration,
     /// Namespaces whose Secrets and ConfigMaps discovery properties may name; `None`: any.
     pub property_namespaces: Option<BTreeSet<String>>,
+    /// The Secrets (by name, in those namespaces) discovery properties may name; `None`: any.
+    pub property_secrets: Option<BTreeSet<String>>,
     /// What the devices of each handler kind may bring into containers where their
     /// configuration does not say (`containerAccess`); other kinds keep the built-in default
     /// ([`crate::discovery::Access::of`]).
     pub handler_access: BTreeMap<String, akri_api::v1::ContainerAccess>,
+    /// Where this process sees the host's `/dev/`: the device nodes handlers report are
+    /// resolved there ([`crate::discovery::Access::admit`]).
+    pub host_dev: PathBuf,
     /// Serve DRA: v1 DiscoveryConfigurations published as ResourceSlices and Instances, a
     /// kubelet plugin per discovery handler ([`crate::dra_sink`]). `None` asks the API server
     /// at start: DRA is off where it serves no `resource.k8s.io/v1` (1.33 and older), and
@@ -128,7 +133,9 @@ impl AgentConfig {
             device_taints: None,
             startup_wait: Duration::from_secs(10),
             property_namespaces: None,
+            property_secrets: None,
             handler_access: BTreeMap::new(),
+            host_dev: PathBuf::from("/dev"),
             dra: Some(true),
             legacy: None,
             kubelet_registration_timeout: Duration::from_secs(60),
@@ -353,7 +360,9 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         config.property_namespaces.clone(),
         events_tx,
     )
-    .handler_access(config.handler_access.clone());
+    .handler_access(config.handler_access.clone())
+    .host_dev(crate::discovery::HostDev::new(&config.host_dev))
+    .property_secrets(config.property_secrets.clone());
     let devices = discovery.devices(Sink::Dra);
     let binding_conditions = match (serve_dra, config.binding_conditions) {
         (false, _) => false,
@@ -380,6 +389,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         startup_wait: config.startup_wait,
         metrics: metrics.clone(),
         readiness: readiness.clone(),
+        refused_v0: Default::default(),
     };
     // Standing by: the takeover holds the registry (not served yet) until the lock is free.
     let takeover = pending.zip(registry).map(|(unlocked, registry)| {

@@ -38,11 +38,16 @@ pub struct LegacyOptions {
     pub reclaim_interval: Duration,
     /// How long a node stays NotReady before the slots it holds are freed by the others.
     pub node_lost_grace: Duration,
+    /// The namespaces whose v0 Configurations are served; those elsewhere are ignored
+    /// ([`crate::same_name`]).
+    pub namespaces: BTreeSet<String>,
 }
 
 /// The legacy sink: the device plugins over the v0 Configurations' devices, and their
 /// Instances (per namespace).
 pub struct LegacySink {
+    /// The namespaces whose v0 Configurations are served.
+    pub namespaces: BTreeSet<String>,
     client: kube::Client,
     node: String,
     instance_grace: Grace,
@@ -79,6 +84,7 @@ impl LegacySink {
         );
         let _ = counters.set(plugins.counters());
         LegacySink {
+            namespaces: options.namespaces.clone(),
             client,
             node: node.to_string(),
             instance_grace,

@@ -108,12 +108,24 @@ struct Args {
     /// separated); empty: any. Match the RoleBindings that grant the reads.
     #[arg(long, value_delimiter = ',')]
     property_namespaces: Vec<String>,
+    /// The names of the Secrets (in --property-namespaces) discovery properties may read
+    /// (comma separated; given but empty: none); not given: any. Match the Role that grants
+    /// reads by name: a reference to another Secret is refused on the node, said in the
+    /// configuration's status.
+    #[arg(long, value_delimiter = ',')]
+    property_secrets: Option<Vec<String>>,
     /// What the devices of each discovery handler kind may bring into containers where their
     /// configuration has no `containerAccess`, as JSON: `{"<handler>": {"deviceNodes":
-    /// [{"path": "/dev/ttyUSB", "writable": true}], "mounts": [{"path": "/srv/"}]}}`. Kinds
-    /// not named keep the built-in default (udev: device nodes under /dev/; others: none).
+    /// [{"path": "/dev/ttyUSB", "writable": true}], "mounts": [{"path": "/srv/"}],
+    /// "environment": ["BAUD"]}}`. Kinds not named keep the built-in default (udev:
+    /// character devices under /dev/, not the host's memory; others: none; each kind its
+    /// known properties).
     #[arg(long, value_parser = handler_access, default_value = "{}")]
     handler_container_access: HandlerAccess,
+    /// Where this process sees the host's /dev (the chart mounts it read-only): the device
+    /// nodes handlers report are resolved there, symlinks and all, before they are checked.
+    #[arg(long, default_value = "/dev")]
+    host_dev: PathBuf,
     /// Serve DRA (`resource.k8s.io/v1`): DiscoveryConfigurations published as ResourceSlices,
     /// a kubelet plugin per discovery handler. `auto` serves it where the API server serves
     /// resource.k8s.io/v1; where it does not (1.33 and older), or with `off`, the legacy
@@ -137,6 +149,11 @@ struct Args {
     /// holds are freed by the other nodes' plugins.
     #[arg(long, default_value_t = 300)]
     node_lost_grace_seconds: u64,
+    /// The namespaces whose v0 Configurations the legacy device plugins serve (comma
+    /// separated); not given: the Instances' namespace (--instance-namespace) only. A
+    /// Configuration elsewhere is ignored, and the log says so.
+    #[arg(long, value_delimiter = ',')]
+    legacy_namespaces: Vec<String>,
     #[command(flatten)]
     process: akri_runtime::ProcessArgs,
 }
@@ -155,7 +172,7 @@ fn main() -> anyhow::Result<()> {
     });
     let config = AgentConfig {
         node_name: args.node_name,
-        instance_namespace: args.instance_namespace,
+        instance_namespace: args.instance_namespace.clone(),
         pod_uid: args.pod_uid.filter(|uid| !uid.is_empty()),
         registry_dir: args.registry_dir,
         plugins_dir: args.plugins_dir,
@@ -179,7 +196,10 @@ fn main() -> anyhow::Result<()> {
         ),
         property_namespaces: (!args.property_namespaces.is_empty())
             .then(|| args.property_namespaces.into_iter().collect()),
+        property_secrets: (args.property_secrets)
+            .map(|names| names.into_iter().filter(|n| !n.is_empty()).collect()),
         handler_access: args.handler_container_access,
+        host_dev: args.host_dev,
         dra: args.dra.forced(),
         binding_conditions: args.binding_conditions.forced(),
         binding_check_timeout: Duration::from_secs(args.binding_check_timeout_seconds),
@@ -189,6 +209,10 @@ fn main() -> anyhow::Result<()> {
             reclaim_grace: Duration::from_secs(args.slot_reclaim_grace_seconds),
             reclaim_interval: Duration::from_secs(10),
             node_lost_grace: Duration::from_secs(args.node_lost_grace_seconds),
+            namespaces: match args.legacy_namespaces.is_empty() {
+                true => [args.instance_namespace].into(),
+                false => args.legacy_namespaces.into_iter().collect(),
+            },
         }),
     };
     agent::run_process(config, args.process.metrics_address)?;

@@ -4,7 +4,7 @@
 //! devices the streams report kept here, per sink and group. The sinks ([`crate::dra_sink`],
 //! [`crate::legacy`]) only read what is kept.
 
-use crate::discovery::{Access, DiscoveryEvent, Handlers};
+use crate::discovery::{Access, DiscoveryEvent, Handlers, HostDev};
 use crate::discovery_errors::DiscoveryErrors;
 use crate::node_devices::{ConfigDevices, NodeDevices};
 use crate::properties::PropertySources;
@@ -42,6 +42,9 @@ pub struct Wanted {
     /// What its devices may bring into containers (the configuration's own word; `None`:
     /// the handler kind's, [`NodeDiscovery::handler_access`]).
     pub container_access: Option<ContainerAccess>,
+    /// A v1 configuration's `akri.sh/migrated-from`: the `<namespace>/<name>` of the v0
+    /// Configuration it was made of ([`crate::same_name`]).
+    pub migrated_from: Option<String>,
 }
 
 impl Wanted {
@@ -59,6 +62,9 @@ impl Wanted {
             capacity: config.spec.capacity,
             unique_devices: config.spec.unique_devices,
             container_access: config.spec.container_access.clone(),
+            migrated_from: (config.metadata.annotations.as_ref())
+                .and_then(|a| a.get(akri_api::v1::MIGRATED_FROM_ANNOTATION))
+                .cloned(),
         })
     }
 
@@ -80,6 +86,7 @@ impl Wanted {
             unique_devices: config.spec.unique_devices(),
             // A v0 Configuration says nothing of it: its handler kind's.
             container_access: None,
+            migrated_from: None,
         })
     }
 }
@@ -87,20 +94,22 @@ impl Wanted {
 /// A group of a sink whose devices changed.
 pub type Changed = (Sink, String);
 
-/// The devices `access` lets into containers, and why the others are refused (the first few
-/// named): a refused device is left out, its configuration's other devices are kept.
+/// The devices `access` lets into containers, as it lets them (canonical paths, permissions
+/// written out), and why the others are refused (the first few named): a refused device is
+/// left out, its configuration's other devices are kept.
 fn admitted(
     devices: Vec<crate::discovery::DiscoveredDevice>,
     access: &Access,
+    dev: &HostDev,
 ) -> (Vec<crate::discovery::DiscoveredDevice>, Option<String>) {
     const NAMED: usize = 3;
     let mut refused = Vec::new();
-    let devices = (devices.into_iter())
-        .filter(|device| match access.check(device) {
-            Ok(()) => true,
+    let devices = (devices.iter())
+        .filter_map(|device| match access.admit(device, dev) {
+            Ok(admitted) => Some(admitted),
             Err(why) => {
                 refused.push(format!("device {} refused: {why}", device.id));
-                false
+                None
             }
         })
         .collect();
@@ -149,6 +158,9 @@ pub struct NodeDiscovery {
     /// What the devices of each handler kind may bring into containers where a configuration
     /// does not say (the operator's word over the built-in defaults of [`Access::of`]).
     handler_access: BTreeMap<String, ContainerAccess>,
+    /// Where this process sees the host's `/dev/`, to resolve the device nodes handlers
+    /// report.
+    host_dev: HostDev,
 }
 
 impl NodeDiscovery {
@@ -180,6 +192,7 @@ impl NodeDiscovery {
             events,
             started: tokio::time::Instant::now(),
             handler_access: BTreeMap::new(),
+            host_dev: HostDev::new("/dev"),
         }
     }
 
@@ -187,6 +200,19 @@ impl NodeDiscovery {
     /// does not say; a kind not named keeps its built-in default ([`Access::of`]).
     pub fn handler_access(mut self, access: BTreeMap<String, ContainerAccess>) -> Self {
         self.handler_access = access;
+        self
+    }
+
+    /// The Secrets (by name) discovery properties may read; `None`: any
+    /// ([`PropertySources::allowed_secrets`]).
+    pub fn property_secrets(mut self, names: Option<BTreeSet<String>>) -> Self {
+        self.sources.allowed_secrets(names);
+        self
+    }
+
+    /// Where this process sees the host's `/dev/` (default `/dev`).
+    pub fn host_dev(mut self, dev: HostDev) -> Self {
+        self.host_dev = dev;
         self
     }
 
@@ -237,7 +263,7 @@ impl NodeDiscovery {
                 let configured = (wanted.container_access.as_ref())
                     .or_else(|| self.handler_access.get(&wanted.handler));
                 let access = Access::of(configured, &wanted.handler);
-                let (devices, refused) = admitted(devices, &access);
+                let (devices, refused) = admitted(devices, &access, &self.host_dev);
                 if sink == Sink::Dra {
                     match refused {
                         Some(why) => {
@@ -461,6 +487,7 @@ mod tests {
             capacity: 1,
             unique_devices: true,
             container_access: None,
+            migrated_from: None,
         }
     }
 

@@ -26,7 +26,7 @@ use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -45,6 +45,8 @@ pub(crate) struct NodeLoop {
     pub startup_wait: Duration,
     pub metrics: Metrics,
     pub readiness: Readiness,
+    /// Why v0 Configurations are not served, as last said in the log.
+    pub refused_v0: BTreeMap<String, String>,
 }
 
 /// How a standby agent takes the lead once the one leading the node exits: waits for its lock,
@@ -173,21 +175,31 @@ impl NodeLoop {
                 },
             }
             self.metrics.passed();
-            let mut wanted: Vec<Wanted> = (v1.state().iter().filter_map(|c| Wanted::of_v1(c)))
-                .chain(v0.state().iter().filter_map(|c| Wanted::of_v0(c)))
-                .collect();
+            let mut wanted: Vec<Wanted> =
+                (v1.state().iter().filter_map(|c| Wanted::of_v1(c))).collect();
             let leading = self.leader.is_some();
-            let held = match &self.legacy {
+            let (served_v0, held) = match &self.legacy {
                 Some(legacy) => {
-                    let v0_names: Vec<(String, String)> = (v0.state().iter())
+                    let served = same_name::served_v0(&v0.state(), &legacy.namespaces, &wanted);
+                    if served.refused != self.refused_v0 {
+                        for (config, why) in &served.refused {
+                            tracing::warn!(configuration = %config, %why, "v0 Configuration not served");
+                        }
+                        self.refused_v0 = served.refused;
+                    }
+                    let v0_names: Vec<(String, String)> = (served.configs.iter())
                         .filter_map(|c| {
                             Some((c.metadata.namespace.clone()?, c.metadata.name.clone()?))
                         })
                         .collect();
-                    same_name::held_back(&wanted, &v0_names, &legacy.instances_by_configuration())
+                    let instances = legacy.instances_by_configuration();
+                    let held =
+                        same_name::held_back(&wanted, &v0_names, &legacy.namespaces, &instances);
+                    (served.configs, held)
                 }
                 None => Default::default(),
             };
+            wanted.extend(served_v0.iter().filter_map(|c| Wanted::of_v0(c)));
             wanted.retain(|w| w.sink != Sink::Dra || !held.contains_key(&w.name));
             let registered = handlers.borrow().clone();
             for (sink, group) in self.discovery.sync(&wanted, &registered).await {
@@ -226,9 +238,9 @@ impl NodeLoop {
                 } else {
                     let devices = self.discovery.devices(Sink::Legacy);
                     if leading {
-                        legacy.publish(&v0.state(), &devices).await;
+                        legacy.publish(&served_v0, &devices).await;
                     } else {
-                        legacy.serve(&v0.state(), &devices).await;
+                        legacy.serve(&served_v0, &devices).await;
                         waiting_for_kubelet |= !legacy.all_registered();
                     }
                 }

@@ -52,6 +52,14 @@ pub enum Error {
         name: String,
     },
     #[error(
+        "discovery property {property}: Secret {namespace}/{name} is not one this node may read: name it in the chart's propertySecrets (--property-secrets), which lets the nodes read those Secrets by name and no other"
+    )]
+    SecretNotAllowed {
+        property: String,
+        namespace: String,
+        name: String,
+    },
+    #[error(
         "discovery property {property}: {kind} {namespace}/{name} is outside the Configuration's namespace {own}; an akri.sh/v0 Configuration reads only its own namespace's Secrets and ConfigMaps (Akri's default namespace for a reference is `default`: set `namespace: {own}` and keep the object there)"
     )]
     OutsideOwnNamespace {
@@ -101,6 +109,8 @@ struct Watched {
 pub struct PropertySources {
     client: kube::Client,
     allowed_namespaces: Option<BTreeSet<String>>,
+    /// The Secrets (by name, in the allowed namespaces) the node may read; `None`: any.
+    allowed_secrets: Option<BTreeSet<String>>,
     watched: BTreeMap<Source, Watched>,
     changed: Arc<Notify>,
 }
@@ -119,9 +129,18 @@ impl PropertySources {
         PropertySources {
             client,
             allowed_namespaces,
+            allowed_secrets: None,
             watched: BTreeMap::new(),
             changed: Arc::new(Notify::new()),
         }
+    }
+
+    /// Only these Secrets (by name) may be read: the chart grants the node a read of each by
+    /// name and no list of a namespace, so a taken-over node reads no other Secret (Helm's
+    /// release records live in the release namespace too). Others are refused without a
+    /// request, saying which value names them.
+    pub fn allowed_secrets(&mut self, names: Option<BTreeSet<String>>) {
+        self.allowed_secrets = names;
     }
 
     /// Notified when a watched object changes (or its watch starts or stops failing).
@@ -168,6 +187,16 @@ impl PropertySources {
                 return Err(Error::NamespaceNotAllowed {
                     property: property.name.clone(),
                     kind: source.kind,
+                    namespace: source.namespace,
+                    name: source.name,
+                });
+            }
+            if let Some(allowed) = &self.allowed_secrets
+                && source.kind == "Secret"
+                && !allowed.contains(&source.name)
+            {
+                return Err(Error::SecretNotAllowed {
+                    property: property.name.clone(),
                     namespace: source.namespace,
                     name: source.name,
                 });
@@ -430,6 +459,28 @@ mod tests {
             sources.watched.is_empty(),
             "nothing watched for a refused reference"
         );
+    }
+
+    #[tokio::test]
+    async fn secrets_not_named_for_the_node_are_refused_without_a_read() {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().unwrap());
+        let client = kube::Client::try_from(config).unwrap();
+        let properties: Vec<DiscoveryProperty> = serde_json::from_value(serde_json::json!([
+            { "name": "release", "valueFrom": { "secretKeyRef": {
+                "name": "sh.helm.release.v1.akri.v1", "namespace": "akri", "key": "release" } } },
+        ]))
+        .unwrap();
+        let mut sources = PropertySources::new(client, Some(BTreeSet::from(["akri".into()])));
+        sources.allowed_secrets(Some(BTreeSet::from(["camera-credentials".to_string()])));
+        let error = sources.resolve(&properties, None).await.unwrap_err();
+        assert!(matches!(error, Error::SecretNotAllowed { .. }), "{error}");
+        assert!(!error.is_transient());
+        assert!(
+            (error.to_string()).contains("Secret akri/sh.helm.release.v1.akri.v1")
+                && error.to_string().contains("propertySecrets"),
+            "{error}"
+        );
+        assert!(sources.watched.is_empty());
     }
 
     #[tokio::test]

@@ -15,8 +15,9 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// Annotation on every migrated object: `<namespace>/<name>` of its v0 Configuration. A
-/// DiscoveryConfiguration with another value (or none) is not overwritten by `--apply`.
-pub const MIGRATED_FROM: &str = "akri.sh/migrated-from";
+/// DiscoveryConfiguration with another value (or none) is not overwritten by `--apply`; the
+/// node agent holds it back while that v0 Configuration is served.
+pub const MIGRATED_FROM: &str = akri_api::v1::MIGRATED_FROM_ANNOTATION;
 /// Annotations not carried over: kubectl's record of the v0 object, which would be wrong on
 /// the v1 one.
 const SKIPPED_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];

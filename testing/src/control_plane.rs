@@ -462,8 +462,15 @@ impl ControlPlane {
     /// Creates a namespace and its `default` ServiceAccount (so pods can be created even
     /// before, or without, the controller-manager's service-account controller).
     pub async fn create_namespace(&self, prefix: &str) -> Result<String, Error> {
+        self.create_namespace_named(&Self::unique_name(prefix))
+            .await
+    }
+
+    /// [`create_namespace`](Self::create_namespace) under `name` as it is (a name the docs
+    /// give, on a control plane of one test suite).
+    pub async fn create_namespace_named(&self, name: &str) -> Result<String, Error> {
         let client = self.client().await?;
-        let name = Self::unique_name(prefix);
+        let name = name.to_string();
         let namespace: Namespace = serde_json::from_value(serde_json::json!({
             "metadata": { "name": name }
         }))

@@ -45,11 +45,12 @@ pub struct DiscoveryConfigurationSpec {
     #[serde(default = "default_unique_devices")]
     pub unique_devices: bool,
 
-    /// What the devices may bring into the containers that use them, besides environment
-    /// variables (their properties). A device whose handler reports more is refused on its
-    /// node, with the reason in `status.discoveryErrors`; the configuration's other devices are
-    /// published. Absent: the handler's default, `udev`: device nodes under `/dev/` (not
-    /// `/dev/mem`, `/dev/kmem`, `/dev/port`), read-write; every other handler: none.
+    /// What the devices may bring into the containers that use them: each an allowlist. A
+    /// device whose handler reports more is refused on its node, with the reason in
+    /// `status.discoveryErrors`; the configuration's other devices are published. Absent: the
+    /// handler kind's default, `udev`: character devices under `/dev/` (not the host's memory
+    /// devices, no block devices), read-write; every other handler: none. Either way the
+    /// handler kind's known properties come as environment variables.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container_access: Option<ContainerAccess>,
 
@@ -96,23 +97,45 @@ pub enum NodeOperations {
     Skip,
 }
 
-/// Host paths a configuration's devices may bring into containers.
+/// What a configuration's devices may bring into containers besides their handler kind's
+/// known properties: device nodes, mounts and further environment names, each an allowlist.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerAccess {
-    /// Device nodes whose host path starts with one of these (`/dev/video` allows
-    /// `/dev/video0`), with cgroup permissions `r` and `m` (mknod of that device only), and
-    /// `w` if `writable`.
+    /// Device nodes whose host path, resolved on the node (symlinks followed, never out of
+    /// `/dev/`), starts with one of these (`/dev/video` allows `/dev/video0`): character
+    /// devices, with cgroup permissions `r` and `m` (mknod of that device only), and `w` if
+    /// `writable`. Block devices and the host's memory devices only where `blockDevices` and
+    /// `memoryDevices` say so.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub device_nodes: Vec<HostPathPrefix>,
-    /// Mounts whose host path starts with one of these, read-only unless `writable`.
+    /// Mounts whose host path, in canonical form (no `//`, `.` or `..`), starts with one of
+    /// these, read-only unless `writable`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub mounts: Vec<HostPathPrefix>,
+    /// Environment variable names the devices may bring besides their handler kind's known
+    /// properties (a handler of your own names its properties here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 64),
+        inner(length(min = 1, max = 128), pattern(r"^[A-Za-z_][A-Za-z0-9_]*$"))
+    )]
+    pub environment: Vec<String>,
+    /// Whether `deviceNodes` may be block devices (disks, partitions: the host's data).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub block_devices: bool,
+    /// Whether `deviceNodes` may be the host's memory devices (`/dev/mem`, `/dev/kmem`,
+    /// `/dev/port`, `/dev/kmsg`, ...: character major 1 other than `null`, `zero`, `full`,
+    /// `random` and `urandom`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub memory_devices: bool,
 }
 
-/// A host path prefix, as text.
+/// A host path prefix, compared as text with the canonical form of each path a device
+/// reports (`/dev/ttyUSB` allows `/dev/ttyUSB0`; `/dev//mem` and `/dev/char/1:1` are
+/// `/dev/mem` by then).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct HostPathPrefix {

@@ -40,6 +40,13 @@ pub const INSTANCE_SOURCE_DISCOVERY_CONFIGURATION: &str = "DiscoveryConfiguratio
 /// `configurationName` names an `akri.sh/v0` Configuration in the Instance's namespace.
 pub const INSTANCE_SOURCE_CONFIGURATION: &str = "Configuration";
 
+/// Annotation on a DiscoveryConfiguration that `akri-migrate` made: `<namespace>/<name>` of
+/// the v0 Configuration it was made of. It is the one link between the two: a node that
+/// serves both holds the DiscoveryConfiguration back while that v0 Configuration (or its
+/// Instances) is served, and a v0 Configuration that has a DiscoveryConfiguration's name
+/// without this link is not served at all.
+pub const MIGRATED_FROM_ANNOTATION: &str = "akri.sh/migrated-from";
+
 /// The label selector of the Instances of one path (`source` is one of the two values above).
 pub fn instance_source_selector(source: &str) -> String {
     format!("{INSTANCE_SOURCE_LABEL}={source}")

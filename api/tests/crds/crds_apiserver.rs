@@ -365,9 +365,20 @@ async fn discovery_configuration_v1() {
         )
         .await;
     }
+    // Environment names a configuration allows: names a shell takes, nothing else.
+    assert_rejected(
+        &api,
+        kind.0,
+        kind.1,
+        json!({ "discoveryHandler": { "name": "serial" },
+                "containerAccess": { "environment": ["BAUD", "BASH_FUNC_ls%%"] } }),
+        "should match '^[A-Za-z_][A-Za-z0-9_]*$'",
+    )
+    .await;
     let access = json!({ "discoveryHandler": { "name": "serial" }, "containerAccess": {
         "deviceNodes": [{ "path": "/dev/ttyUSB", "writable": true }],
         "mounts": [{ "path": "/var/lib/serial-firmware/" }],
+        "environment": ["SERIAL_BAUD"], "blockDevices": false,
     } });
     api.create(
         &PostParams::default(),

@@ -23,7 +23,7 @@ pub mod registry;
 pub mod state_file;
 pub mod stream;
 
-pub use access::Access;
+pub use access::{Access, HostDev};
 pub use device::{DeviceSpec, DiscoveredDevice, InvalidDevices, Mount};
 pub use handler::{Endpoint, RegisteredHandler};
 pub use registry::{Handlers, Registry};

@@ -193,6 +193,7 @@ async fn template_renders_the_components_with_default_values() {
     assert_eq!(
         paths,
         [
+            "/dev",
             "/var/lib/akri",
             "/var/lib/akri-kubelet-plugin",
             "/var/lib/kubelet/plugins",
@@ -201,7 +202,8 @@ async fn template_renders_the_components_with_default_values() {
         ],
         "no udev, device-plugins or pod-resources mounts by default"
     );
-    // Each host path is mounted where the flags (and the kubelet) expect it.
+    // Each host path is mounted where the flags (and the kubelet) expect it; the host's /dev
+    // read-only beside the container's own, where --host-dev says.
     for mount in container["volumeMounts"].as_array().unwrap() {
         let volume = pod["volumes"]
             .as_array()
@@ -209,6 +211,12 @@ async fn template_renders_the_components_with_default_values() {
             .iter()
             .find(|v| v["name"] == mount["name"])
             .unwrap();
+        if volume["hostPath"]["path"] == "/dev" {
+            assert_eq!(mount["mountPath"], "/host/dev");
+            assert_eq!(mount["readOnly"], true);
+            assert!(strings(&container["args"]).contains(&"--host-dev=/host/dev".to_string()));
+            continue;
+        }
         assert_eq!(volume["hostPath"]["path"], mount["mountPath"]);
     }
 
@@ -274,6 +282,13 @@ async fn template_renders_the_components_with_default_values() {
         args.iter()
             .any(|a| a == "--property-namespaces=akri-system"),
         "{args:?}"
+    );
+    // No Secret by default: the flag says none, and the role grants none.
+    assert!(args.iter().any(|a| a == "--property-secrets="), "{args:?}");
+    let properties = find(&objects, "ClusterRole", "akri-kubelet-plugin-properties");
+    assert_eq!(
+        properties["rules"],
+        json!([{ "apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"] }])
     );
     for off in ["ServiceMonitor", "DiscoveryConfiguration"] {
         assert!(of_kind(&objects, off).is_empty(), "{off} is opt-in");
@@ -347,6 +362,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--embed-handlers=udev",
         "--consumable-capacity=on",
         "--property-namespaces=akri-credentials,cameras",
+        "--property-secrets=camera-credentials",
         r#"--handler-container-access={"serial":{"deviceNodes":[{"path":"/dev/ttyUSB","writable":true}],"mounts":[{"path":"/var/lib/serial-firmware/"}]}}"#,
         "--metrics-address=[::]:9090",
         "--log-json",
@@ -1098,8 +1114,13 @@ kubelet-plugin     create  events.k8s.io/events                      other     -
 kubelet-plugin     patch   events.k8s.io/events                      other     -             yes
 kubelet-plugin     get     core/pods                                 other     -             no
 kubelet-plugin     update  core/pods                                 other     -             no
-kubelet-plugin     list    core/secrets                              property  -             yes
-kubelet-plugin     watch   core/secrets                              property  -             yes
+kubelet-plugin     list    core/secrets                              property  -             no
+kubelet-plugin     watch   core/secrets                              property  -             no
+kubelet-plugin     list    core/secrets                              property  camera-credentials  yes
+kubelet-plugin     watch   core/secrets                              property  camera-credentials  yes
+kubelet-plugin     get     core/secrets                              property  camera-credentials  yes
+kubelet-plugin     list    core/secrets                              property  other-credentials  no
+kubelet-plugin     get     core/secrets                              property  other-credentials  no
 kubelet-plugin     list    core/configmaps                           property  -             yes
 kubelet-plugin     watch   core/configmaps                           property  -             yes
 kubelet-plugin     get     core/secrets                              property  -             no
@@ -1177,11 +1198,15 @@ broker-controller  update  coordination.k8s.io/leases                release   e
 broker-controller  update  coordination.k8s.io/leases                release   akri-leader   no
 ";
 
-/// The same for the `akri` release (default values): no propertyNamespaces, so Secret and
-/// ConfigMap gets (never lists or watches) anywhere; the Leases under their default names; the
+/// The same for the `akri` release (default values): no propertyNamespaces and no
+/// propertySecrets, so ConfigMaps in the release namespace and no Secret at all, not even
+/// Helm's release record by its name; the Leases under their default names; the
 /// broker-controller on.
 const RBAC_DEFAULT_VALUES: &str = "
-kubelet-plugin     list    core/secrets                              release   -             yes
+kubelet-plugin     list    core/secrets                              release   -             no
+kubelet-plugin     watch   core/secrets                              release   -             no
+kubelet-plugin     list    core/secrets                              release   sh.helm.release.v1.akri.v1  no
+kubelet-plugin     get     core/secrets                              release   sh.helm.release.v1.akri.v1  no
 kubelet-plugin     watch   core/configmaps                           release   -             yes
 kubelet-plugin     get     core/secrets                              other     -             no
 kubelet-plugin     get     core/configmaps                           other     -             no
@@ -1283,6 +1308,70 @@ async fn each_service_account_has_what_its_component_needs_and_no_more() {
         wrong.is_empty(),
         "these rows do not hold (component, verb, resource, where, name, expected):\n{}",
         wrong.join("\n")
+    );
+}
+
+/// A node's token reads the Secrets the chart's propertySecrets names, by name, and no other:
+/// no list of a property namespace (it returned every Secret there, issue 52), not Helm's
+/// release record in the release namespace, not another Secret by name.
+#[tokio::test]
+async fn a_node_reads_the_named_property_secrets_and_lists_no_namespace() {
+    use k8s_openapi::api::core::v1::Secret;
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let admin = cp.client().await.unwrap();
+    let cameras = installed.property_ns[1];
+    for name in ["camera-credentials", "other-credentials"] {
+        let secret: Secret = from_json(json!({
+            "metadata": { "name": name }, "stringData": { "password": "x" },
+        }));
+        match Api::<Secret>::namespaced(admin.clone(), cameras)
+            .create(&PostParams::default(), &secret)
+            .await
+        {
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Ok(_) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let forbidden = |result: Result<_, kube::Error>, what: &str| match result {
+        Err(kube::Error::Api(e)) if e.code == 403 => {}
+        other => panic!("{what}: {:?}", other.map(|_: ()| ())),
+    };
+    // The edge release lists camera-credentials; the akri release (default values) none.
+    let edge = plugin_client_of(
+        "edge-akri-kubelet-plugin",
+        cp,
+        &installed.full_ns,
+        Some("node-s"),
+    )
+    .await;
+    let secrets = Api::<Secret>::namespaced(edge.clone(), cameras);
+    let by_name = kube::api::ListParams::default().fields("metadata.name=camera-credentials");
+    assert_eq!(secrets.list(&by_name).await.unwrap().items.len(), 1);
+    secrets.get("camera-credentials").await.unwrap();
+    forbidden(
+        secrets.list(&Default::default()).await.map(drop),
+        "a list of the namespace",
+    );
+    forbidden(
+        secrets.get("other-credentials").await.map(drop),
+        "another Secret by name",
+    );
+    let other = kube::api::ListParams::default().fields("metadata.name=other-credentials");
+    forbidden(
+        secrets.list(&other).await.map(drop),
+        "another Secret by a field selector",
+    );
+    let akri = plugin_client_on(cp, &installed.default_ns, Some("node-s")).await;
+    let release = Api::<Secret>::namespaced(akri, &installed.default_ns);
+    forbidden(
+        release.list(&Default::default()).await.map(drop),
+        "the release namespace",
+    );
+    forbidden(
+        release.get("sh.helm.release.v1.akri.v1").await.map(drop),
+        "Helm's release record",
     );
 }
 

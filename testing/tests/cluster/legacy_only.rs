@@ -23,6 +23,8 @@ use tokio::sync::OnceCell;
 
 /// The release namespace (the chart's examples/akri-namespace.yaml).
 const NAMESPACE: &str = "akri";
+/// The users' namespace, as the documented install lists it.
+const USERS: &str = "cameras";
 const NODES: [&str; 2] = ["legacy-a", "legacy-b"];
 /// Slots with no container behind them are freed after this (the chart's
 /// `legacyDevicePlugin.slotReclaimGraceSeconds`).
@@ -109,7 +111,8 @@ async fn cluster() -> Cluster {
                 cp.serves_dra(),
                 started.elapsed()
             );
-            let ns = cp.create_namespace("cameras").await.unwrap();
+            // The namespace the documented install lists (legacyDevicePlugin.namespaces).
+            let ns = cp.create_namespace_named(USERS).await.unwrap();
             Shared {
                 cp,
                 images,
@@ -139,7 +142,8 @@ fn documented_commands() -> [String; 2] {
     };
     let helm = line("helm install ");
     assert!(
-        helm.contains("--set legacyDevicePlugin.enabled=true"),
+        helm.contains("--set legacyDevicePlugin.enabled=true")
+            && helm.contains(&format!("--set legacyDevicePlugin.namespaces={{{USERS}}}")),
         "{helm}"
     );
     [line("kubectl apply "), helm]

@@ -45,6 +45,9 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     kubectl(&cp, &["apply", "-f", "examples/akri-namespace.yaml"]).unwrap();
     let helm = Helm::new().unwrap();
     let [registry, tag] = images.values();
+    // The users' namespace, whose v0 Configuration the legacy device plugins serve.
+    let users = cp.create_namespace(USERS).await.unwrap();
+    let served = format!("legacyDevicePlugin.namespaces={{{users}}}");
     helm.ok(&[
         "install",
         "akri",
@@ -66,6 +69,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         "--set",
         "legacyDevicePlugin.enabled=true",
         "--set",
+        &served,
+        "--set",
         "brokerController.enabled=false",
         "--wait",
         "--timeout",
@@ -75,7 +80,6 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     .unwrap_or_else(|e| panic!("{e}"));
     let dra = cp.serves_dra();
     eprintln!("Kubernetes {}, DRA served: {dra}", cp.bins().version());
-    let users = cp.create_namespace(USERS).await.unwrap();
     if dra {
         Api::<ResourceClaimTemplate>::namespaced(client.clone(), &users)
             .create(

@@ -109,6 +109,7 @@ fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration)
         reclaim_grace,
         reclaim_interval: Duration::from_millis(200),
         node_lost_grace: NODE_LOST_GRACE,
+        namespaces: [config.instance_namespace.clone()].into(),
     });
 }
 

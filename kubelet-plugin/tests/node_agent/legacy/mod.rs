@@ -419,7 +419,9 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
         &PostParams::default(),
         &serde_json::from_value(serde_json::json!({
             "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": name },
+            "metadata": { "name": name, "annotations": {
+                akri_api::v1::MIGRATED_FROM_ANNOTATION: format!("{}/{name}", c.ns),
+            } },
             "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
         }))
         .unwrap(),
@@ -471,7 +473,7 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
     let held = eventually("the v1 configuration held back on the node", status).await;
     assert!(
         held.contains(&format!(
-            "the v0 Configuration {}/{name} of the same name",
+            "the v0 Configuration {}/{name} it was made of",
             c.ns
         )),
         "{held}"

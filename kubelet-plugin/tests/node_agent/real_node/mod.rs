@@ -51,8 +51,19 @@ impl Cluster {
     /// driver-controller's job, written here as it writes it) and a ResourceClaimTemplate
     /// `<name>` asking for one of its devices.
     async fn dra_configuration(&self, name: &str, handler: &str, details: &str) {
-        self.create_configuration(name, handler, details, json!([]))
-            .await;
+        (self.dra_configuration_allowing(name, handler, details, serde_json::Value::Null)).await;
+    }
+
+    /// [`Cluster::dra_configuration`], whose devices may bring what `access` (its
+    /// `containerAccess`, as an administrator writes it) allows.
+    async fn dra_configuration_allowing(
+        &self,
+        name: &str,
+        handler: &str,
+        details: &str,
+        access: serde_json::Value,
+    ) {
+        (self.create_configuration(name, handler, details, json!([]), access)).await;
         let class: DeviceClass = from_json(json!({
             "metadata": { "name": name },
             "spec": { "selectors": [{ "cel": { "expression": format!(
@@ -66,20 +77,26 @@ impl Cluster {
         self.claim_template(name).await;
     }
 
-    /// A DiscoveryConfiguration `name` of `handler` with `details` and `properties`.
+    /// A DiscoveryConfiguration `name` of `handler` with `details`, `properties` and
+    /// `access` (its `containerAccess`, if not null).
     async fn create_configuration(
         &self,
         name: &str,
         handler: &str,
         details: &str,
         properties: serde_json::Value,
+        access: serde_json::Value,
     ) {
+        let mut spec = json!({ "discoveryHandler": {
+            "name": handler, "discoveryDetails": details, "discoveryProperties": properties,
+        } });
+        if !access.is_null() {
+            spec["containerAccess"] = access;
+        }
         let configuration: akri_api::v1::DiscoveryConfiguration = from_json(json!({
             "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
             "metadata": { "name": name },
-            "spec": { "discoveryHandler": {
-                "name": handler, "discoveryDetails": details, "discoveryProperties": properties,
-            } },
+            "spec": spec,
         }));
         Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
             .create(&PostParams::default(), &configuration)
@@ -138,7 +155,7 @@ impl Cluster {
         details: &str,
         properties: serde_json::Value,
     ) {
-        self.create_configuration(name, handler, details, properties)
+        (self.create_configuration(name, handler, details, properties, serde_json::Value::Null))
             .await;
         let classes = Api::<DeviceClass>::all(self.client.clone());
         self.node
@@ -325,17 +342,27 @@ async fn a_claimed_device_reaches_the_container_through_cdi_shows_in_the_claim_a
     assert!(c.cdi_specs().is_empty(), "{:?}", c.cdi_specs());
 }
 
-/// A handler that reports more than its kind may bring into containers (a read-write mount
-/// of the host's `/`, `LD_PRELOAD`): that device is refused on the node, the configuration's
-/// status says why, and its other device reaches a container with nothing of the refused one.
+/// A handler that reports more than its configuration allows into containers (a read-write
+/// mount of the host's `/`, `LD_PRELOAD`, a shell function, the host's memory through
+/// `/dev/char/1:1` and `/dev//mem`): each such device is refused on the node, the
+/// configuration's status says why, and its other device reaches a container with nothing of
+/// the refused ones, its device node with the permissions its prefix allows even where the
+/// handler asked for none (CDI's empty means `rwm`).
 #[tokio::test]
-async fn a_device_bringing_more_than_its_handler_kind_may_is_refused_and_its_sibling_served() {
+async fn a_device_bringing_more_than_its_configuration_allows_is_refused_and_its_sibling_served() {
     let c = Cluster::start().await;
     let device = |id: &str| akri_proto::discovery::v0::Device {
         id: id.into(),
         properties: [("ROGUE_ID".to_string(), id.to_string())].into(),
         ..Default::default()
     };
+    let node = |host: &str| akri_proto::discovery::v0::DeviceSpec {
+        container_path: DEVICE_PATH.into(),
+        host_path: host.into(),
+        permissions: String::new(),
+    };
+    let mut served = device("rogue-0");
+    served.device_specs.push(node("/dev/null"));
     let mut rooted = device("rogue-rooted");
     rooted.mounts.push(akri_proto::discovery::v0::Mount {
         container_path: "/host".into(),
@@ -344,11 +371,18 @@ async fn a_device_bringing_more_than_its_handler_kind_may_is_refused_and_its_sib
     });
     let mut preloading = device("rogue-preloading");
     (preloading.properties).insert("LD_PRELOAD".into(), "/tmp/evil.so".into());
-    let _rogue = c
-        .external_handler("rogue", vec![device("rogue-0"), rooted, preloading])
-        .await;
+    let mut function = device("rogue-function");
+    (function.properties).insert("BASH_FUNC_ls%%".into(), "() { id; }".into());
+    let mut memory = device("rogue-memory");
+    memory.device_specs.push(node("/dev/char/1:1"));
+    let mut spelled = device("rogue-spelled");
+    spelled.device_specs.push(node("/dev//mem"));
+    let devices = vec![served, rooted, preloading, function, memory, spelled];
+    let _rogue = c.external_handler("rogue", devices).await;
     let rogue = ControlPlane::unique_name("rogue");
-    c.dra_configuration(&rogue, "rogue", "{}").await;
+    // What an administrator allows: its one property, /dev/null read-only, no mounts.
+    let access = json!({ "environment": ["ROGUE_ID"], "deviceNodes": [{ "path": "/dev/null" }] });
+    (c.dra_configuration_allowing(&rogue, "rogue", "{}", access)).await;
 
     let configurations = Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone());
     let said = c
@@ -364,22 +398,57 @@ async fn a_device_bringing_more_than_its_handler_kind_may_is_refused_and_its_sib
             },
         )
         .await;
+    let unnamed =
+        "is not a known property of handler kind rogue and not in containerAccess.environment";
     for refused in [
-        "device rogue-rooted refused: mount of / is not under an allowed prefix",
-        "device rogue-preloading refused: environment variable LD_PRELOAD is never brought into containers",
+        "device rogue-rooted refused: mount of / is not under an allowed prefix".to_string(),
+        format!("device rogue-preloading refused: environment variable \"LD_PRELOAD\" {unnamed}"),
+        format!("device rogue-function refused: environment variable \"BASH_FUNC_ls%%\" {unnamed}"),
+        "and 2 more".to_string(),
     ] {
-        assert!(said.contains(refused), "{said}");
+        assert!(said.contains(&refused), "{refused:?} not in {said}");
     }
+    // The status names the first three; the other two are refused with them (one report):
+    // the node publishes one device.
+    let slices = Api::<k8s_openapi::api::resource::v1::ResourceSlice>::all(c.client.clone());
+    let published = c
+        .node
+        .eventually(
+            "the rogue handler's slice",
+            Duration::from_secs(30),
+            async || {
+                let list = slices.list(&Default::default()).await.ok()?;
+                let devices: Vec<String> = (list.items.iter())
+                    .filter(|s| s.spec.driver == "rogue.akri.sh")
+                    .flat_map(|s| s.spec.devices.iter().flatten())
+                    .map(|d| d.name.clone())
+                    .collect();
+                (!devices.is_empty()).then_some(devices)
+            },
+        )
+        .await;
+    assert_eq!(published.len(), 1, "{published:?}");
 
-    // The one device published is the one a claim gets.
-    let script = "env | grep -E '^(ROGUE_ID|LD_PRELOAD)=' | sort\n\
-                  test -e /host/etc && echo host mounted\n\
-                  true";
-    c.script_pod("rogue-broker", &rogue, script).await;
+    // The one device published is the one a claim gets, its node read-only.
+    let script = format!(
+        "env | grep -E '^(ROGUE_ID|LD_PRELOAD|BASH_FUNC.*)=' | sort\n\
+         test -e /host/etc && echo host mounted\n\
+         echo x > {DEVICE_PATH} && echo device written || echo device not written\n\
+         true"
+    );
+    c.script_pod("rogue-broker", &rogue, &script).await;
     let output = c.output("rogue-broker").await;
-    assert_shows(&output, &["ROGUE_ID=rogue-0".to_string()]);
+    assert_shows(
+        &output,
+        &[
+            "ROGUE_ID=rogue-0".to_string(),
+            "device not written".to_string(),
+        ],
+    );
     assert!(
-        !output.contains("LD_PRELOAD") && !output.contains("host mounted"),
+        !output.contains("LD_PRELOAD")
+            && !output.contains("BASH_FUNC")
+            && !output.contains("host mounted"),
         "{output}"
     );
 }
@@ -481,7 +550,15 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
         disk.udev_rule(),
         disk.image().display(),
     );
-    c.dra_configuration(&config, "udev", &details).await;
+    // Disks are the host's data: an administrator allows block devices by name.
+    let disks = json!({
+        "deviceNodes": [{ "path": "/dev/loop", "writable": true }], "blockDevices": true,
+    });
+    (c.dra_configuration_allowing(&config, "udev", &details, disks)).await;
+    // The same rules under the udev default: a namespace user's rules that match a disk
+    // bring no disk into a container (issue 52), and the status says why.
+    let raw = ControlPlane::unique_name("raw");
+    c.dra_configuration(&raw, "udev", &details).await;
     let script = format!(
         "env | grep '^UDEV_' | sort\n\
          stat -c 'device %n: %F %t:%T' {device} {device}p1\n\
@@ -513,6 +590,20 @@ async fn a_udev_device_and_its_partition_reach_the_container_with_akris_properti
     assert!(
         message.contains("udev discovery details") && message.contains("NAME is not supported"),
         "{message}"
+    );
+    let refused = c
+        .node
+        .eventually(
+            "the raw disk's refusal in the status",
+            Duration::from_secs(30),
+            async || error_of(&raw).await,
+        )
+        .await;
+    assert!(
+        refused.contains(&format!(
+            "device node {device} is a block device, and containerAccess.blockDevices is not set"
+        )),
+        "{refused}"
     );
     let output = c.output("disk").await;
     assert_shows(

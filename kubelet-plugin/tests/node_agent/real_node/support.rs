@@ -83,6 +83,7 @@ impl Cluster {
             reclaim_grace: Duration::from_secs(5),
             reclaim_interval: Duration::from_secs(1),
             node_lost_grace: Duration::from_secs(300),
+            namespaces: [self.ns.clone()].into(),
         });
         // The fixture's mount (a directory under the temporary directory) and device node
         // (the host's /dev/null), allowed as an operator allows a handler kind's.
@@ -92,6 +93,7 @@ impl Cluster {
             from_json(json!({
                 "deviceNodes": [{ "path": "/dev/null", "writable": true }],
                 "mounts": [{ "path": temporary }],
+                "environment": ["FIXTURE_SERIAL", "FIXTURE_MODEL"],
             })),
         );
         adjust(&mut config);
