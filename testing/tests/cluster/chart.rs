@@ -1657,6 +1657,21 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
             .await,
         &format!("after: [{node_b}]"),
     );
+    // An Instance of nobody, which nothing would delete and which a namespace's legacy path
+    // counted as its own (issue 52): refused, labelled as the legacy path's or not.
+    for labels in [
+        json!({}),
+        json!({ "akri.sh/configuration-kind": "Configuration" }),
+    ] {
+        let mut nobodys = instance(&ControlPlane::unique_name("nobodys"), &[]);
+        nobodys.metadata.labels = Some(serde_json::from_value(labels).unwrap());
+        refused(
+            plugin_instances
+                .create(&PostParams::default(), &nobodys)
+                .await,
+            &format!("on node '{node_a}' may create only Instances that name its own node"),
+        );
+    }
     let local = ControlPlane::unique_name("local");
     plugin_instances
         .patch(
@@ -2412,6 +2427,16 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_off_what_other_nodes_device
         &format!("refused: {} ({b} -> )", slot(0)),
     );
 
+    // Joining it and rewriting what the other node serves in the same write, then leaving
+    // (issue 52): refused; a node changes the properties only of a device it reached already.
+    let mut rewriting = instance(&[&a], true);
+    rewriting.data["spec"]["brokerProperties"] = json!({ "IP": "10.6.6.6" });
+    refused(
+        plugin
+            .patch(&name, &node_manager(&a), &Patch::Apply(&rewriting))
+            .await,
+        "and not in the write that joins or leaves one",
+    );
     // Joining it, as the plugin does (server-side apply of its own entry).
     plugin
         .patch(

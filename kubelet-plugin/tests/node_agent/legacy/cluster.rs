@@ -25,7 +25,11 @@ pub struct Cluster {
     pub nodes: Vec<SimNode>,
 }
 
-/// A control plane of its own (every agent serves every v0 Configuration it sees) with
+/// The namespace whose v0 Configurations the agents serve (`--legacy-namespaces`), on a
+/// control plane of each cluster's own.
+pub const SERVED: &str = "legacy";
+
+/// A control plane of its own (every agent serves the v0 Configurations of [`SERVED`]) with
 /// `nodes` simulated nodes; slots with no container are freed after `reclaim_grace`.
 pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
     let cp = ControlPlane::start(ControlPlaneOptions::default())
@@ -33,7 +37,7 @@ pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
         .expect("control plane");
     let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("legacy").await.unwrap();
+    let ns = cp.create_namespace_named(SERVED).await.unwrap();
     let mut started = Vec::new();
     for _ in 0..nodes {
         started.push(start_node(&cp, &client, reclaim_grace).await);
@@ -109,7 +113,7 @@ fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration)
         reclaim_grace,
         reclaim_interval: Duration::from_millis(200),
         node_lost_grace: NODE_LOST_GRACE,
-        namespaces: [config.instance_namespace.clone()].into(),
+        namespaces: [SERVED.to_string()].into(),
     });
 }
 

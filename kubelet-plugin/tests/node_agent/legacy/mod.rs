@@ -860,3 +860,83 @@ async fn a_v0_configuration_reads_secrets_of_its_own_namespace_only() {
         "a Secret of another namespace reached the handler"
     );
 }
+
+/// What a namespace's v0 Configurations cannot do (issue 52): one named like a
+/// DiscoveryConfiguration that was not made of it took that configuration's devices away from
+/// DRA on every node (held back) and would serve `akri.sh/<name>` under it; one in a
+/// namespace the operator did not list was served like any other. Now neither is served,
+/// and the DiscoveryConfiguration's device is offered to DRA. (Two v0 Configurations of one
+/// name: the older serves it, `same_name`'s table.)
+#[tokio::test]
+async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_namespaces() {
+    // Its DRA Instances in the served namespace, where the namesake's would be.
+    let mut c = cluster(0, Duration::from_secs(600)).await;
+    c.nodes
+        .push(cluster::start_node_in(&c.cp, &c.client, &c.ns, Duration::from_secs(600)).await);
+    let a = &c.nodes[0];
+    let name = ControlPlane::unique_name("cams");
+    let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
+    v1.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let v0 = |name: &str| -> Configuration {
+        akri_testing::from_json(akri_testing::discovery::v0_debug_echo(
+            name,
+            &["cam0"],
+            1,
+            true,
+        ))
+    };
+    Api::<Configuration>::namespaced(c.client.clone(), &c.ns)
+        .create(&PostParams::default(), &v0(&name))
+        .await
+        .unwrap();
+    let tenant = c.cp.create_namespace("tenant").await.unwrap();
+    let usb = ControlPlane::unique_name("usb");
+    Api::<Configuration>::namespaced(c.client.clone(), &tenant)
+        .create(&PostParams::default(), &v0(&usb))
+        .await
+        .unwrap();
+    // Created after both: once it is served, the node has passed over them.
+    let served = ControlPlane::unique_name("served");
+    c.configuration(&served, &["ok0"], 1, true).await;
+    registered(a, &format!("akri.sh/{served}"), 1).await;
+    for resource in [format!("akri.sh/{name}"), format!("akri.sh/{usb}")] {
+        assert_eq!(
+            kubelet_view(&a.peer, &resource).await,
+            (0, Vec::new()),
+            "{resource} is served"
+        );
+    }
+    // Offered to DRA: its DRA Instance (a shared device: the driver-controller publishes it).
+    let dra_instance = async || {
+        let selector = akri_api::v1::instance_source_selector(
+            akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+        );
+        let list = (c.instances().list(&ListParams::default().labels(&selector)))
+            .await
+            .ok()?;
+        (list.items.iter())
+            .any(|i| i.spec.configuration_name == name && i.spec.nodes.contains(&a.name))
+            .then_some(())
+    };
+    eventually(
+        "the DiscoveryConfiguration's device offered to DRA",
+        dra_instance,
+    )
+    .await;
+    let status = v1.get(&name).await.unwrap().status.unwrap_or_default();
+    assert!(
+        status.discovery_errors.iter().all(|e| e.node != a.name),
+        "{:?}",
+        status.discovery_errors
+    );
+}
