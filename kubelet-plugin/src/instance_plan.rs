@@ -9,6 +9,11 @@ use kube::api::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+/// The most Instances a node keeps of one configuration: far above a site's cameras or USB
+/// devices, far below what a handler fed fresh ids every scan piles up within the shared
+/// grace (20 a scan made 420 in 40 s, about 30,000 at 300 s).
+pub const MAX_INSTANCES_PER_CONFIGURATION: usize = 1024;
+
 /// A device this node sees: its Instance's capacity and whether it is shared.
 pub type Seen = (KnownDevice, i32, bool);
 
@@ -23,6 +28,11 @@ pub enum Step {
     /// Apply `instance`. `unforced` for an unshared Instance new to this node: a field
     /// another node's device set otherwise is then a conflict, and that Instance stays.
     Apply { instance: Instance, unforced: bool },
+    /// A device new to this node whose configuration has [`Writer::max_per_configuration`]
+    /// Instances here already (those within their grace included): not written, so that a
+    /// handler reporting fresh ids every scan (a LAN peer answering probes with new uuids)
+    /// cannot pile up Instances, brokers and slices. The caller says so in the status.
+    Limited { configuration: String, kept: usize },
 }
 
 /// What to do with an Instance this node no longer sees, once its grace is over.
@@ -79,6 +89,8 @@ pub struct Writer<'a> {
     /// The configurations that exist, where known: an Instance of another one (its
     /// configuration deleted) departs without a grace, which is for devices that flap.
     pub live: Option<&'a BTreeSet<String>>,
+    /// The most Instances this node keeps of one configuration ([`Step::Limited`]).
+    pub max_per_configuration: usize,
 }
 
 impl Writer<'_> {
@@ -94,16 +106,45 @@ impl Writer<'_> {
         now: Instant,
     ) -> Plan {
         let mut plan = Plan::default();
-        let mut names = BTreeSet::new();
-        for (device, capacity, shared) in seen {
-            names.insert(device.instance.as_str());
+        let names: BTreeSet<&str> = seen.iter().map(|(d, _, _)| d.instance.as_str()).collect();
+        for (device, _, _) in seen {
             vanished.remove(&device.instance);
+        }
+        self.depart(stored, &names, vanished, now, &mut plan);
+        // What this node keeps of each configuration after this pass's departures: the bound
+        // a new device must fit under.
+        let departing: BTreeSet<&str> = (plan.departures.iter())
+            .map(|d| match d {
+                Departure::Delete(n) | Departure::Leave(n) => n.as_str(),
+            })
+            .collect();
+        let mut kept: BTreeMap<&str, usize> = BTreeMap::new();
+        for (name, instance) in stored {
+            if !departing.contains(name.as_str()) {
+                *kept
+                    .entry(instance.spec.configuration_name.as_str())
+                    .or_default() += 1;
+            }
+        }
+        for (device, capacity, shared) in seen {
             if !*shared && others.contains(&device.instance) {
                 plan.steps.push(Step::Contested(device.instance.clone()));
                 continue;
             }
+            let current = stored.get(&device.instance);
+            if current.is_none() {
+                let kept = kept.entry(device.configuration.as_str()).or_default();
+                if *kept >= self.max_per_configuration {
+                    plan.steps.push(Step::Limited {
+                        configuration: device.configuration.clone(),
+                        kept: *kept,
+                    });
+                    continue;
+                }
+                *kept += 1;
+            }
             let desired = self.instance(device, *capacity, *shared);
-            plan.steps.push(match stored.get(&device.instance) {
+            plan.steps.push(match current {
                 Some(current) if says_already(current, &desired, self.node) => {
                     Step::Unchanged(current.clone())
                 }
@@ -113,6 +154,18 @@ impl Writer<'_> {
                 },
             });
         }
+        plan
+    }
+
+    /// The departures of the Instances this node no longer sees (`names` are those it does).
+    fn depart(
+        &self,
+        stored: &BTreeMap<String, Instance>,
+        names: &BTreeSet<&str>,
+        vanished: &mut BTreeMap<String, Instant>,
+        now: Instant,
+        plan: &mut Plan,
+    ) {
         for (name, instance) in stored {
             if names.contains(name.as_str()) {
                 continue;
@@ -138,7 +191,6 @@ impl Writer<'_> {
                 false => Departure::Leave(name.clone()),
             });
         }
-        plan
     }
 
     /// The Instance this node applies for `device`.
@@ -254,6 +306,7 @@ pub(crate) mod tests {
             shared: Duration::from_secs(300),
         },
         live: None,
+        max_per_configuration: 1024,
     };
 
     #[test]
@@ -283,6 +336,68 @@ pub(crate) mod tests {
             "an unshared Instance new to this node is applied unforced"
         );
         assert!(plan.departures.is_empty());
+    }
+
+    /// A handler reporting fresh ids every scan (a LAN peer answering probes with new uuids):
+    /// the Instances it leaves within their grace count, and new devices past the limit are
+    /// not written; those it keeps, and other configurations, are.
+    #[test]
+    fn devices_past_the_limit_of_their_configuration_are_not_written() {
+        let writer = Writer {
+            max_per_configuration: 2,
+            ..WRITER
+        };
+        let mut other = seen("mic-1", true);
+        other.0.configuration = "mic".into();
+        let mut vanished = BTreeMap::new();
+        let start = Instant::now();
+        // Scan 1 and 2: two ids each, the first scan's still within the grace.
+        let stored = BTreeMap::from([
+            ("cam-1".to_string(), named("cam-1", &["a"], true)),
+            ("cam-2".to_string(), named("cam-2", &["a"], true)),
+        ]);
+        let plan = writer.plan(
+            &[seen("cam-2", true), seen("cam-3", true), other],
+            &stored,
+            &BTreeSet::new(),
+            &mut vanished,
+            start,
+        );
+        assert!(
+            matches!(&plan.steps[0], Step::Unchanged(_) | Step::Apply { .. }),
+            "kept"
+        );
+        assert_eq!(
+            plan.steps[1],
+            Step::Limited {
+                configuration: "cam".into(),
+                kept: 2
+            }
+        );
+        assert!(
+            matches!(&plan.steps[2], Step::Apply { .. }),
+            "another configuration"
+        );
+        // cam-1 departs once its grace is over: room for one new device again.
+        let later = start + Duration::from_secs(300);
+        let plan = writer.plan(
+            &[
+                seen("cam-2", true),
+                seen("cam-3", true),
+                seen("cam-4", true),
+            ],
+            &stored,
+            &BTreeSet::new(),
+            &mut vanished,
+            later,
+        );
+        assert_eq!(plan.departures, [Departure::Delete("cam-1".into())]);
+        assert!(
+            matches!(&plan.steps[1], Step::Apply { .. }),
+            "{:?}",
+            plan.steps[1]
+        );
+        assert!(matches!(&plan.steps[2], Step::Limited { kept: 2, .. }));
     }
 
     #[test]

@@ -225,6 +225,7 @@ impl InstanceWriter {
             source: self.source,
             grace: self.grace,
             live,
+            max_per_configuration: instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
         };
         let plan = {
             let mine = self.mine.lock().expect("not poisoned");
@@ -246,6 +247,18 @@ impl InstanceWriter {
                     continue;
                 }
                 Step::Unchanged(current) => current,
+                Step::Limited {
+                    configuration,
+                    kept,
+                } => {
+                    let why = format!(
+                        "this node keeps {kept} Instances of the configuration, the most it keeps of one; devices new to it are left out until some go (a handler reporting new device ids on every scan?)"
+                    );
+                    if refused.0.insert(configuration.clone(), why).is_none() {
+                        tracing::warn!(%configuration, kept, "Instance limit reached; new devices left out");
+                    }
+                    continue;
+                }
                 Step::Apply {
                     instance,
                     unforced: first,

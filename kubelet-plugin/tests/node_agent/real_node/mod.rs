@@ -361,8 +361,10 @@ async fn a_device_bringing_more_than_its_configuration_allows_is_refused_and_its
         host_path: host.into(),
         permissions: String::new(),
     };
+    // /dev/fuse: a device no container has by default (unlike /dev/null, which runc's
+    // default rules open to every container), so the permissions are the CDI spec's.
     let mut served = device("rogue-0");
-    served.device_specs.push(node("/dev/null"));
+    served.device_specs.push(node("/dev/fuse"));
     let mut rooted = device("rogue-rooted");
     rooted.mounts.push(akri_proto::discovery::v0::Mount {
         container_path: "/host".into(),
@@ -380,8 +382,8 @@ async fn a_device_bringing_more_than_its_configuration_allows_is_refused_and_its
     let devices = vec![served, rooted, preloading, function, memory, spelled];
     let _rogue = c.external_handler("rogue", devices).await;
     let rogue = ControlPlane::unique_name("rogue");
-    // What an administrator allows: its one property, /dev/null read-only, no mounts.
-    let access = json!({ "environment": ["ROGUE_ID"], "deviceNodes": [{ "path": "/dev/null" }] });
+    // What an administrator allows: its one property, /dev/fuse read-only, no mounts.
+    let access = json!({ "environment": ["ROGUE_ID"], "deviceNodes": [{ "path": "/dev/fuse" }] });
     (c.dra_configuration_allowing(&rogue, "rogue", "{}", access)).await;
 
     let configurations = Api::<akri_api::v1::DiscoveryConfiguration>::all(c.client.clone());
@@ -400,10 +402,12 @@ async fn a_device_bringing_more_than_its_configuration_allows_is_refused_and_its
         .await;
     let unnamed =
         "is not a known property of handler kind rogue and not in containerAccess.environment";
+    // The first three by id are named (whatever this host's /dev has of 1:1, it is refused),
+    // the rooted and the spelled one counted.
     for refused in [
-        "device rogue-rooted refused: mount of / is not under an allowed prefix".to_string(),
-        format!("device rogue-preloading refused: environment variable \"LD_PRELOAD\" {unnamed}"),
         format!("device rogue-function refused: environment variable \"BASH_FUNC_ls%%\" {unnamed}"),
+        "device rogue-memory refused: device node /dev/char/1:1".to_string(),
+        format!("device rogue-preloading refused: environment variable \"LD_PRELOAD\" {unnamed}"),
         "and 2 more".to_string(),
     ] {
         assert!(said.contains(&refused), "{refused:?} not in {said}");
@@ -433,7 +437,8 @@ async fn a_device_bringing_more_than_its_configuration_allows_is_refused_and_its
     let script = format!(
         "env | grep -E '^(ROGUE_ID|LD_PRELOAD|BASH_FUNC.*)=' | sort\n\
          test -e /host/etc && echo host mounted\n\
-         echo x > {DEVICE_PATH} && echo device written || echo device not written\n\
+         (exec 3< {DEVICE_PATH}) && echo device readable\n\
+         (exec 3<> {DEVICE_PATH}) 2>/dev/null && echo device written || echo device not written\n\
          true"
     );
     c.script_pod("rogue-broker", &rogue, &script).await;
@@ -442,6 +447,7 @@ async fn a_device_bringing_more_than_its_configuration_allows_is_refused_and_its
         &output,
         &[
             "ROGUE_ID=rogue-0".to_string(),
+            "device readable".to_string(),
             "device not written".to_string(),
         ],
     );
