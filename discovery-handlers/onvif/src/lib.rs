@@ -22,10 +22,12 @@
 //! `<service URL>-<uuid>`, properties `ONVIF_DEVICE_SERVICE_URL`, `ONVIF_DEVICE_UUID`,
 //! `ONVIF_DEVICE_IP_ADDRESS` and `ONVIF_DEVICE_MAC_ADDRESS` (Akri's), and `ONVIF_STREAM_URI`
 //! when the camera tells it (never with user info). Credentials are never logged or
-//! reported. Devices are shared: every node reaching a camera reports the same id.
+//! reported, and go only to the address a camera's device service first answered at
+//! ([`pins`]). Devices are shared: every node reaching a camera reports the same id.
 
 pub mod credentials;
 pub mod device;
+pub mod pins;
 pub mod probe;
 mod xml;
 
@@ -148,6 +150,8 @@ async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut li
     let credentials = Arc::new(credentials);
     // What each camera's device service said, kept while the camera answers probes.
     let mut known: BTreeMap<String, Info> = BTreeMap::new();
+    let mut pins = pins::Pins::default();
+    let mut said = std::collections::BTreeSet::new();
     loop {
         let timeout = Duration::from_secs(details.discovery_timeout_seconds);
         let cameras = match probe::probe(onvif.probe_target, timeout).await {
@@ -163,6 +167,11 @@ async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut li
             .into_iter()
             .filter(|c| details.admits_camera(c))
             .collect();
+        let (admitted, left_out) = pins.choose(admitted);
+        for why in left_out.difference(&said) {
+            tracing::warn!(%why, "ONVIF camera left out");
+        }
+        said = left_out;
         known.retain(|uuid, _| admitted.iter().any(|c| &c.uuid == uuid));
         let mut queries = tokio::task::JoinSet::new();
         for camera in admitted.iter().filter(|c| !known.contains_key(&c.uuid)) {
@@ -177,13 +186,14 @@ async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut li
                         None
                     }
                 };
-                (camera.uuid, info)
+                (camera, info)
             });
         }
-        for (uuid, info) in queries.join_all().await {
+        for (camera, info) in queries.join_all().await {
             // A camera that did not answer is asked again next time.
             if let Some(info) = info {
-                known.insert(uuid, info);
+                pins.answered(&camera);
+                known.insert(camera.uuid, info);
             }
         }
         let devices = admitted

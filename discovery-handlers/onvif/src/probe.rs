@@ -5,7 +5,11 @@
 //! host's network. A camera's device service is taken only at the address its answer came
 //! from (the handler sends the camera's credential there, and nowhere an answer merely
 //! names), and one probe window keeps at most [`MAX_CAMERAS`] cameras from at most
-//! [`MAX_ANSWERS`] datagrams, however many arrive.
+//! [`MAX_ANSWERS`] datagrams, however many arrive; of those, one address gets at most
+//! [`MAX_PER_SOURCE`] datagrams read and cameras kept, so that one peer flooding the window
+//! with junk or fresh uuids cannot keep the other cameras out. The same uuid answering from
+//! two addresses is kept once per address: which one is the camera is the caller's to say
+//! (`lib.rs` pins a camera to the address its credential was first accepted at).
 
 use crate::xml;
 use std::collections::BTreeMap;
@@ -22,8 +26,12 @@ pub const MAX_CAMERAS: usize = 1024;
 /// The most datagrams one probe window reads; the window ends after them.
 pub const MAX_ANSWERS: usize = 4 * MAX_CAMERAS;
 
+/// The most datagrams read, and cameras kept, from one address in one window: a camera
+/// answers a probe once, an NVR for a few cameras; the rest of a flood is dropped unread.
+pub const MAX_PER_SOURCE: usize = 16;
+
 /// A camera that answered.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Camera {
     /// Its endpoint's uuid, lower case, without `urn:uuid:` (Akri's form).
     pub uuid: String,
@@ -90,33 +98,50 @@ pub fn uuid_of(address: &str) -> String {
     s.strip_prefix("uuid:").unwrap_or(s).to_lowercase()
 }
 
-/// Sends one probe to `target` and collects answers until `timeout`, one entry per camera.
+/// Sends one probe to `target` and collects answers until `timeout`, one entry per camera
+/// and answering address.
 pub async fn probe(target: SocketAddr, timeout: Duration) -> std::io::Result<Vec<Camera>> {
     let socket = UdpSocket::bind("0.0.0.0:0").await?;
     socket.set_multicast_ttl_v4(2)?;
     let id = uuid::Uuid::new_v4().to_string();
     socket.send_to(message(&id).as_bytes(), target).await?;
-    let mut cameras = BTreeMap::new();
-    let (mut elsewhere, mut over) = (0, 0);
+    let mut cameras: BTreeMap<(String, IpAddr), Camera> = BTreeMap::new();
+    // Per address: datagrams read, cameras kept.
+    let mut sources: BTreeMap<IpAddr, (usize, usize)> = BTreeMap::new();
+    let (mut elsewhere, mut over, mut flooding) = (0, 0, 0);
+    let mut read = 0;
     let mut buffer = vec![0u8; 64 * 1024];
     let deadline = tokio::time::Instant::now() + timeout;
-    for _ in 0..MAX_ANSWERS {
+    while read < MAX_ANSWERS {
         let Ok(received) = tokio::time::timeout_at(deadline, socket.recv_from(&mut buffer)).await
         else {
             break;
         };
         let (length, from) = received?;
+        let source = sources.entry(from.ip()).or_default();
+        if source.0 >= MAX_PER_SOURCE {
+            // Dropped unread, and not counted against the window: one address cannot end it.
+            flooding += 1;
+            continue;
+        }
+        source.0 += 1;
+        read += 1;
         let text = String::from_utf8_lossy(&buffer[..length]);
         for camera in parse(&text, &id) {
             let Some(camera) = at_sender(camera, from.ip()) else {
                 elsewhere += 1;
                 continue;
             };
-            if cameras.len() >= MAX_CAMERAS && !cameras.contains_key(&camera.uuid) {
+            let key = (camera.uuid.clone(), from.ip());
+            if cameras.contains_key(&key) {
+                continue;
+            }
+            if cameras.len() >= MAX_CAMERAS || source.1 >= MAX_PER_SOURCE {
                 over += 1;
                 continue;
             }
-            cameras.entry(camera.uuid.clone()).or_insert(camera);
+            source.1 += 1;
+            cameras.insert(key, camera);
         }
     }
     if elsewhere > 0 {
@@ -128,7 +153,18 @@ pub async fn probe(target: SocketAddr, timeout: Duration) -> std::io::Result<Vec
     if over > 0 {
         tracing::warn!(
             left_out = over,
-            "more than {MAX_CAMERAS} cameras answered one probe"
+            "more than {MAX_CAMERAS} cameras answered one probe, or more than {MAX_PER_SOURCE} from one address"
+        );
+    }
+    if flooding > 0 {
+        let flooding_sources: Vec<String> = (sources.iter())
+            .filter(|(_, (datagrams, _))| *datagrams >= MAX_PER_SOURCE)
+            .map(|(ip, _)| ip.to_string())
+            .collect();
+        tracing::warn!(
+            dropped = flooding,
+            sources = flooding_sources.join(", "),
+            "more than {MAX_PER_SOURCE} answers from one address in one probe window: the rest dropped unread"
         );
     }
     Ok(cameras.into_values().collect())
@@ -220,12 +256,55 @@ mod tests {
             .await
             .unwrap();
         assert!(found.is_empty(), "{found:?}");
-        // A flood: the window keeps its bound.
+        // A flood from one address: that address keeps its bound.
         let flood = MAX_CAMERAS + 200;
         let found = probe(responder(flood, "127.0.0.1").await, Duration::from_secs(2))
             .await
             .unwrap();
-        assert_eq!(found.len(), MAX_CAMERAS);
+        assert_eq!(found.len(), MAX_PER_SOURCE);
+    }
+
+    /// One peer on the LAN answering with junk and 1,200 fresh uuids, then a camera at
+    /// another address: before the per-address bound the flood filled the window's 1,024
+    /// cameras and the camera was left out (issue 52).
+    #[tokio::test]
+    async fn a_flood_from_one_address_keeps_no_other_camera_out() {
+        let peer = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let target = peer.local_addr().unwrap();
+        let camera = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+        tokio::spawn(async move {
+            let mut buffer = vec![0u8; 64 * 1024];
+            let (length, from) = peer.recv_from(&mut buffer).await.unwrap();
+            let probe = String::from_utf8_lossy(&buffer[..length]).into_owned();
+            let id = xml::texts(&probe, &["Header", "MessageID"]).remove(0);
+            for i in 0..1700 {
+                let answer = match i {
+                    0..500 => format!("junk {i}"),
+                    _ => MATCHES
+                        .replace("uuid:PROBE", &id)
+                        .replace(
+                            "1B4E28BA-2FA1-11D2-883F-0016D3CCA427",
+                            &format!("{i:08}-0000-4000-8000-000000000000"),
+                        )
+                        .replace("10.0.0.11", "127.0.0.1"),
+                };
+                peer.send_to(answer.as_bytes(), from).await.unwrap();
+                if i % 16 == 15 {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            }
+            let answer = MATCHES
+                .replace("uuid:PROBE", &id)
+                .replace("10.0.0.11", "127.0.0.2");
+            camera.send_to(answer.as_bytes(), from).await.unwrap();
+        });
+        let found = probe(target, Duration::from_secs(3)).await.unwrap();
+        let real: Vec<_> = (found.iter())
+            .filter(|c| c.service_urls == ["http://127.0.0.2/onvif/device_service"])
+            .collect();
+        assert_eq!(real.len(), 1, "the camera after the flood is found");
+        // The peer's first 16 datagrams were junk: its budget, so none of its uuids.
+        assert_eq!(found.len(), 1, "{found:?}");
     }
 
     #[test]
