@@ -940,3 +940,64 @@ async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_name
         status.discovery_errors
     );
 }
+
+/// What `akri-migrate --rename` makes of a v0 Configuration: a DiscoveryConfiguration of
+/// another name, linked by `akri.sh/migrated-from`. It offered to DRA the capacity-1 device
+/// the v0 Configuration still served as a device plugin (issue 52: the hold-back went by
+/// name); it is held back as one of the same name is.
+#[tokio::test]
+async fn a_renamed_migration_is_held_back_while_its_v0_configuration_serves() {
+    let mut c = cluster(0, Duration::from_secs(600)).await;
+    c.nodes
+        .push(cluster::start_node_in(&c.cp, &c.client, &c.ns, Duration::from_secs(600)).await);
+    let a = &c.nodes[0];
+    let v0_name = ControlPlane::unique_name("cams");
+    let [cam] = c.configuration(&v0_name, &["cam0"], 1, true).await;
+    registered(a, &format!("akri.sh/{cam}"), 1).await;
+    let renamed = ControlPlane::unique_name("lobby");
+    let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
+    v1.create(
+        &PostParams::default(),
+        &serde_json::from_value(serde_json::json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": renamed, "annotations": {
+                akri_api::v1::MIGRATED_FROM_ANNOTATION: format!("{}/{v0_name}", c.ns),
+            } },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let held = eventually(
+        "the renamed configuration held back on the node",
+        async || {
+            let status = v1.get(&renamed).await.ok()?.status?;
+            (status.discovery_errors.into_iter())
+                .find(|e| e.node == a.name)
+                .map(|e| e.message)
+        },
+    )
+    .await;
+    assert!(
+        held.contains(&format!(
+            "the v0 Configuration {}/{v0_name} it was made of",
+            c.ns
+        )),
+        "{held}"
+    );
+    let dra = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns)
+        .list(
+            &ListParams::default().labels(&akri_api::v1::instance_source_selector(
+                akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+            )),
+        )
+        .await
+        .unwrap();
+    assert!(
+        dra.items
+            .iter()
+            .all(|i| i.spec.configuration_name != renamed),
+        "offered to DRA while the v0 Configuration serves it"
+    );
+}
