@@ -50,6 +50,15 @@ pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
     }
 }
 
+/// A cluster of one node whose DRA sink writes its Instances to [`SERVED`], beside the v0
+/// Configurations' (where a v1 configuration made of one would have them).
+pub async fn cluster_of_both_paths(reclaim_grace: Duration) -> Cluster {
+    let mut c = cluster(0, reclaim_grace).await;
+    let node = start_node_in(&c.cp, &c.client, &c.ns, reclaim_grace).await;
+    c.nodes.push(node);
+    c
+}
+
 pub async fn start_node(
     cp: &ControlPlane,
     client: &kube::Client,
@@ -122,6 +131,38 @@ impl Cluster {
     /// returns its two Instance names (sorted) once both exist with every slot.
     pub async fn cameras(&self, name: &str, unique: bool) -> [String; 2] {
         self.configuration(name, &["cam0", "cam1"], 2, unique).await
+    }
+
+    /// Creates a DiscoveryConfiguration `name` of the debugEcho device `cam0` (capacity 1),
+    /// made of the v0 Configuration `<namespace>/<name>` in `migrated_from` (its
+    /// `akri.sh/migrated-from`, as `akri-migrate` writes it) or of none.
+    pub async fn discovery_configuration(&self, name: &str, migrated_from: Option<String>) {
+        let annotations: BTreeMap<String, String> = migrated_from
+            .map(|from| (akri_api::v1::MIGRATED_FROM_ANNOTATION.to_string(), from))
+            .into_iter()
+            .collect();
+        let configuration: akri_api::v1::DiscoveryConfiguration = from_json(serde_json::json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name, "annotations": annotations },
+            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
+        }));
+        Api::<akri_api::v1::DiscoveryConfiguration>::all(self.client.clone())
+            .create(&PostParams::default(), &configuration)
+            .await
+            .unwrap();
+    }
+
+    /// The DRA path's Instances in the cluster's namespace ([`cluster_of_both_paths`]).
+    pub async fn dra_instances(&self) -> Vec<Instance> {
+        let selector = akri_api::v1::instance_source_selector(
+            akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+        );
+        (self
+            .instances()
+            .list(&kube::api::ListParams::default().labels(&selector)))
+        .await
+        .unwrap()
+        .items
     }
 
     /// Creates a v0 Configuration of debugEcho devices; returns the Instance names (sorted)

@@ -403,9 +403,7 @@ async fn slots_of_a_node_not_ready_past_the_grace_are_freed_by_the_others() {
 /// shared Instance's labels on every pass.
 #[tokio::test]
 async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
-    let mut c = cluster(0, Duration::from_secs(1)).await;
-    c.nodes
-        .push(cluster::start_node_in(&c.cp, &c.client, &c.ns, Duration::from_secs(1)).await);
+    let c = cluster::cluster_of_both_paths(Duration::from_secs(1)).await;
     let a = &c.nodes[0];
     let name = ControlPlane::unique_name("cams");
     let [cam] = c.configuration(&name, &["cam0"], 1, true).await;
@@ -415,29 +413,10 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
     a.peer.allocate(&c.ns, "holder", "broker").await.unwrap();
 
     let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
-    v1.create(
-        &PostParams::default(),
-        &serde_json::from_value(serde_json::json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": name, "annotations": {
-                akri_api::v1::MIGRATED_FROM_ANNOTATION: format!("{}/{name}", c.ns),
-            } },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    (c.discovery_configuration(&name, Some(format!("{}/{name}", c.ns)))).await;
     // Offered to DRA: a DRA Instance of the configuration, or a device in the node's pool.
     let offered = async || {
-        let dra = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns)
-            .list(
-                &ListParams::default().labels(&akri_api::v1::instance_source_selector(
-                    akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
-                )),
-            )
-            .await
-            .unwrap();
+        let dra = c.dra_instances().await;
         let slices = Api::<ResourceSlice>::all(c.client.clone())
             .list(&ListParams::default())
             .await
@@ -446,7 +425,7 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
             .items
             .iter()
             .flat_map(|s| s.spec.devices.clone().unwrap_or_default());
-        dra.items.iter().any(|i| i.spec.configuration_name == name)
+        dra.iter().any(|i| i.spec.configuration_name == name)
             || published.into_iter().any(|d| {
                 d.attributes
                     .unwrap_or_default()
@@ -870,23 +849,11 @@ async fn a_v0_configuration_reads_secrets_of_its_own_namespace_only() {
 #[tokio::test]
 async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_namespaces() {
     // Its DRA Instances in the served namespace, where the namesake's would be.
-    let mut c = cluster(0, Duration::from_secs(600)).await;
-    c.nodes
-        .push(cluster::start_node_in(&c.cp, &c.client, &c.ns, Duration::from_secs(600)).await);
+    let c = cluster::cluster_of_both_paths(Duration::from_secs(600)).await;
     let a = &c.nodes[0];
     let name = ControlPlane::unique_name("cams");
     let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
-    v1.create(
-        &PostParams::default(),
-        &serde_json::from_value(serde_json::json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": name },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    c.discovery_configuration(&name, None).await;
     let v0 = |name: &str| -> Configuration {
         akri_testing::from_json(akri_testing::discovery::v0_debug_echo(
             name,
@@ -918,13 +885,7 @@ async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_name
     }
     // Offered to DRA: its DRA Instance (a shared device: the driver-controller publishes it).
     let dra_instance = async || {
-        let selector = akri_api::v1::instance_source_selector(
-            akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
-        );
-        let list = (c.instances().list(&ListParams::default().labels(&selector)))
-            .await
-            .ok()?;
-        (list.items.iter())
+        (c.dra_instances().await.iter())
             .any(|i| i.spec.configuration_name == name && i.spec.nodes.contains(&a.name))
             .then_some(())
     };
@@ -947,28 +908,14 @@ async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_name
 /// name); it is held back as one of the same name is.
 #[tokio::test]
 async fn a_renamed_migration_is_held_back_while_its_v0_configuration_serves() {
-    let mut c = cluster(0, Duration::from_secs(600)).await;
-    c.nodes
-        .push(cluster::start_node_in(&c.cp, &c.client, &c.ns, Duration::from_secs(600)).await);
+    let c = cluster::cluster_of_both_paths(Duration::from_secs(600)).await;
     let a = &c.nodes[0];
     let v0_name = ControlPlane::unique_name("cams");
     let [cam] = c.configuration(&v0_name, &["cam0"], 1, true).await;
     registered(a, &format!("akri.sh/{cam}"), 1).await;
     let renamed = ControlPlane::unique_name("lobby");
     let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
-    v1.create(
-        &PostParams::default(),
-        &serde_json::from_value(serde_json::json!({
-            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
-            "metadata": { "name": renamed, "annotations": {
-                akri_api::v1::MIGRATED_FROM_ANNOTATION: format!("{}/{v0_name}", c.ns),
-            } },
-            "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam0]" }, "capacity": 1 },
-        }))
-        .unwrap(),
-    )
-    .await
-    .unwrap();
+    (c.discovery_configuration(&renamed, Some(format!("{}/{v0_name}", c.ns)))).await;
     let held = eventually(
         "the renamed configuration held back on the node",
         async || {
@@ -986,18 +933,9 @@ async fn a_renamed_migration_is_held_back_while_its_v0_configuration_serves() {
         )),
         "{held}"
     );
-    let dra = Api::<akri_api::v0::Instance>::namespaced(c.client.clone(), &c.ns)
-        .list(
-            &ListParams::default().labels(&akri_api::v1::instance_source_selector(
-                akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
-            )),
-        )
-        .await
-        .unwrap();
+    let dra = c.dra_instances().await;
     assert!(
-        dra.items
-            .iter()
-            .all(|i| i.spec.configuration_name != renamed),
+        dra.iter().all(|i| i.spec.configuration_name != renamed),
         "offered to DRA while the v0 Configuration serves it"
     );
 }
