@@ -86,10 +86,16 @@ async fn echo_configuration(client: &kube::Client, config: &str) {
 /// [`echo_configuration`] for a debugEcho registered as `handler`.
 async fn echo_configuration_of(client: &kube::Client, config: &str, handler: &str) {
     let driver = akri_devices::driver_name(handler);
+    let mut spec = json!({ "discoveryHandler": { "name": handler, "discoveryDetails": "descriptions: [foo0]" } });
+    if handler != akri_debug_echo::NAME {
+        // debugEcho under another name: its property is no known one of that kind, so the
+        // configuration names it, as a user does for a handler of their own.
+        spec["containerAccess"] = json!({ "environment": [akri_debug_echo::DESCRIPTION_PROPERTY] });
+    }
     let discovery: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
         "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
         "metadata": { "name": config },
-        "spec": { "discoveryHandler": { "name": handler, "discoveryDetails": "descriptions: [foo0]" } },
+        "spec": spec,
     }))
     .unwrap();
     Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())

@@ -544,8 +544,11 @@ async fn a_handler_slower_than_the_startup_wait_keeps_its_devices_through_a_rest
             &from_json(json!({
                 "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
                 "metadata": { "name": "slow" },
+                // debugEcho's property under another handler name: named, as for any
+                // handler of one's own.
                 "spec": { "discoveryHandler": { "name": "slowEcho",
-                    "discoveryDetails": "descriptions: [slow0, slow1]" } },
+                    "discoveryDetails": "descriptions: [slow0, slow1]" },
+                    "containerAccess": { "environment": ["DEBUG_ECHO_DESCRIPTION"] } },
             })),
         )
         .await
