@@ -64,6 +64,10 @@ pub struct AgentConfig {
     /// How long an Instance outlives its device's disappearance from this node (node-local
     /// and shared devices).
     pub instance_grace: Grace,
+    /// The most Instances this node keeps of one configuration (those within their grace
+    /// included): a handler reporting new ids on every scan is bounded, and the
+    /// configuration's status says so ([`crate::instance_plan::Step::Limited`]).
+    pub max_instances_per_configuration: usize,
     /// How long a device that vanished while a claim holds it stays `NoSchedule`-tainted
     /// before the taint turns `NoExecute` ([`dra_plugin::vanished`]).
     pub vanished_grace: Duration,
@@ -129,6 +133,7 @@ impl AgentConfig {
             embedded_handlers: Vec::new(),
             consumable_capacity: None,
             instance_grace: Grace::uniform(Duration::ZERO),
+            max_instances_per_configuration: crate::instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
             vanished_grace: Duration::from_secs(300),
             device_taints: None,
             startup_wait: Duration::from_secs(10),
@@ -341,7 +346,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
             .map(dra_plugin::registration::pod_tag);
         let (client, grace) = (client.clone(), config.instance_grace);
         let counters = metrics.legacy_counters();
-        let mut sink = LegacySink::start(client, &config.node_name, options, grace, tag, counters);
+        let mut sink = LegacySink::start(client, &config.node_name, options, grace, tag, counters)
+            .limit(config.max_instances_per_configuration);
         if leading.is_some() {
             sink.lead();
         }
@@ -492,6 +498,7 @@ async fn dra_sink(
         device_metadata: config.device_metadata,
         state_dir: config.state_dir.clone(),
         instance_grace: config.instance_grace,
+        max_instances_per_configuration: config.max_instances_per_configuration,
         vanished_grace: config.vanished_grace,
         device_taints,
         kubelet_registration_timeout: config.kubelet_registration_timeout,

@@ -29,6 +29,8 @@ pub struct DraOptions {
     pub device_metadata: bool,
     pub state_dir: PathBuf,
     pub instance_grace: crate::instance_plan::Grace,
+    /// The most Instances the node keeps of one configuration.
+    pub max_instances_per_configuration: usize,
     pub vanished_grace: Duration,
     /// Whether the API server keeps device taints.
     pub device_taints: bool,
@@ -92,7 +94,8 @@ impl DraSink {
             &options.instance_namespace,
             &options.node_name,
             options.instance_grace,
-        );
+        )
+        .limit(options.max_instances_per_configuration);
         let (claims_tx, claims_rx) = mpsc::unbounded_channel();
         DraSink {
             registration: KubeletRegistration::new(options.kubelet_registration_timeout),

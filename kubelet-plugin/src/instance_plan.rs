@@ -9,9 +9,10 @@ use kube::api::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
-/// The most Instances a node keeps of one configuration: far above a site's cameras or USB
-/// devices, far below what a handler fed fresh ids every scan piles up within the shared
-/// grace (20 a scan made 420 in 40 s, about 30,000 at 300 s).
+/// The most Instances a node keeps of one configuration by default
+/// (`--max-instances-per-configuration`): far above a site's cameras or USB devices, far
+/// below what a handler fed fresh ids every scan piles up within the shared grace (20 a scan
+/// made 420 in 40 s, about 30,000 at 300 s).
 pub const MAX_INSTANCES_PER_CONFIGURATION: usize = 1024;
 
 /// A device this node sees: its Instance's capacity and whether it is shared.

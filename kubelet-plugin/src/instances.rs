@@ -26,6 +26,8 @@ pub struct InstanceWriter {
     node: String,
     field_manager: String,
     grace: Grace,
+    /// The most Instances this node keeps of one configuration ([`Step::Limited`]).
+    max_per_configuration: usize,
     /// [`INSTANCE_SOURCE_LABEL`]'s value: which path the Instances belong to.
     source: &'static str,
     /// Whether the Instances have `deviceUsage` slots (the legacy path).
@@ -168,12 +170,20 @@ impl InstanceWriter {
             node: node.to_string(),
             field_manager: akri_devices::node_field_manager(node),
             grace,
+            max_per_configuration: instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
             source,
             slots: source == INSTANCE_SOURCE_CONFIGURATION,
             vanished: BTreeMap::new(),
             mine,
             watch,
         }
+    }
+
+    /// Keeps at most `max` Instances of one configuration on this node (default
+    /// [`instance_plan::MAX_INSTANCES_PER_CONFIGURATION`]).
+    pub fn limit(mut self, max: usize) -> Self {
+        self.max_per_configuration = max;
+        self
     }
 
     /// The stored Instances that name this node: from the watch, or (before its first list is
@@ -225,7 +235,7 @@ impl InstanceWriter {
             source: self.source,
             grace: self.grace,
             live,
-            max_per_configuration: instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
+            max_per_configuration: self.max_per_configuration,
         };
         let plan = {
             let mine = self.mine.lock().expect("not poisoned");

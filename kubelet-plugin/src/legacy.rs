@@ -51,6 +51,7 @@ pub struct LegacySink {
     client: kube::Client,
     node: String,
     instance_grace: Grace,
+    max_instances: usize,
     plugins: LegacyPlugins,
     writers: BTreeMap<String, InstanceWriter>,
     /// The `(uid, resourceVersion)` of each Configuration whose Akri finalizer this node tried
@@ -88,10 +89,17 @@ impl LegacySink {
             client,
             node: node.to_string(),
             instance_grace,
+            max_instances: crate::instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
             plugins,
             writers: BTreeMap::new(),
             released: BTreeSet::new(),
         }
+    }
+
+    /// Keeps at most `max` Instances of one configuration on this node.
+    pub fn limit(mut self, max: usize) -> Self {
+        self.max_instances = max;
+        self
     }
 
     /// Every legacy Instance, `(namespace, name)` per configuration name.
@@ -138,6 +146,7 @@ impl LegacySink {
             let writer = self.writers.entry(namespace.clone()).or_insert_with(|| {
                 let (client, grace) = (self.client.clone(), self.instance_grace);
                 InstanceWriter::legacy(client, &namespace, &self.node, grace)
+                    .limit(self.max_instances)
             });
             // A device renamed because another node's has its name is written under its new
             // name at once (a second round at most).

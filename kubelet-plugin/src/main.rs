@@ -122,6 +122,11 @@ struct Args {
     /// known properties).
     #[arg(long, value_parser = handler_access, default_value = "{}")]
     handler_container_access: HandlerAccess,
+    /// The most Instances this node keeps of one configuration, those within their grace
+    /// included: a handler reporting new device ids on every scan (a LAN peer answering
+    /// probes with fresh uuids) is bounded, and the configuration's status says so.
+    #[arg(long, default_value_t = akri_kubelet_plugin::instance_plan::MAX_INSTANCES_PER_CONFIGURATION)]
+    max_instances_per_configuration: usize,
     /// Where this process sees the host's /dev (the chart mounts it read-only): the device
     /// nodes handlers report are resolved there, symlinks and all, before they are checked.
     #[arg(long, default_value = "/dev")]
@@ -200,6 +205,7 @@ fn main() -> anyhow::Result<()> {
             .map(|names| names.into_iter().filter(|n| !n.is_empty()).collect()),
         handler_access: args.handler_container_access,
         host_dev: args.host_dev,
+        max_instances_per_configuration: args.max_instances_per_configuration,
         dra: args.dra.forced(),
         binding_conditions: args.binding_conditions.forced(),
         binding_check_timeout: Duration::from_secs(args.binding_check_timeout_seconds),

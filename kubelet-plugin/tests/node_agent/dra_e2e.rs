@@ -1461,3 +1461,54 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
     );
     cycle(3).await;
 }
+
+/// A handler that reports more devices than the node keeps Instances of for one
+/// configuration (a LAN peer answering probes with fresh uuids makes the ONVIF handler do so
+/// every scan): the node writes its limit's worth and no more, counted on the API server, and
+/// the configuration's status says why (issue 52; 20 new ids a scan had made 420 Instances
+/// in 40 s).
+#[tokio::test]
+async fn instances_past_the_limit_of_a_configuration_are_not_written_and_the_status_says_so() {
+    let cp = &ControlPlane::start(ControlPlaneOptions::full())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("akri").await.unwrap();
+    let node = start_node_with(cp, &client, &ns, |config| {
+        config.max_instances_per_configuration = 3;
+    })
+    .await;
+    let config = ControlPlane::unique_name("flood");
+    let flood: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": config },
+        "spec": { "discoveryHandler": { "name": "debugEcho",
+            "discoveryDetails": "descriptions: [f0, f1, f2, f3, f4]" } },
+    }))
+    .unwrap();
+    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
+    configs
+        .create(&PostParams::default(), &flood)
+        .await
+        .unwrap();
+    let said = eventually("the limit in the configuration's status", async || {
+        let status = configs.get(&config).await.ok()?.status?;
+        (status.discovery_errors.into_iter())
+            .find(|e| e.node == node.name)
+            .map(|e| e.message)
+    })
+    .await;
+    assert!(
+        said.contains("this node keeps 3 Instances of the configuration"),
+        "{said}"
+    );
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns)
+        .list(&Default::default())
+        .await
+        .unwrap();
+    let written = (instances.items.iter())
+        .filter(|i| i.spec.configuration_name == config)
+        .count();
+    assert_eq!(written, 3, "{:?}", instances.items);
+}

@@ -368,6 +368,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--log-json",
         "--instance-grace-seconds=60",
         "--shared-instance-grace-seconds=120",
+        "--max-instances-per-configuration=1024",
         "--node-lost-grace-seconds=120",
         "--device-taints=on",
         "--vanished-device-grace-seconds=120",
