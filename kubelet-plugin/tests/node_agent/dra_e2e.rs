@@ -1469,17 +1469,12 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
 /// in 40 s).
 #[tokio::test]
 async fn instances_past_the_limit_of_a_configuration_are_not_written_and_the_status_says_so() {
-    let cp = &ControlPlane::start(ControlPlaneOptions::full())
-        .await
-        .expect("control plane");
-    let client = cp.client().await.unwrap();
-    cp.install_crds(&akri_api::crds::all()).await.unwrap();
-    let ns = cp.create_namespace("akri").await.unwrap();
-    let node = start_node_with(cp, &client, &ns, |config| {
+    // Its own control plane: its devices are nobody else's.
+    let (cp, client, ns, config) = cluster().await;
+    let node = start_node_with(&cp, &client, &ns, |config| {
         config.max_instances_per_configuration = 3;
     })
     .await;
-    let config = ControlPlane::unique_name("flood");
     let flood: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
         "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
         "metadata": { "name": config },
