@@ -18,9 +18,11 @@ mod lost_nodes;
 mod shared;
 mod stores;
 
-use stores::{SliceView, slim_claim, slim_instance, slim_node};
+pub(crate) use stores::slim_node;
+use stores::{SliceView, slim_claim, slim_instance};
 
 use crate::device_class;
+use crate::legacy_slots::LegacySlotsConfig;
 use crate::metrics::Metrics;
 use akri_api::v1::{
     CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration,
@@ -96,6 +98,11 @@ pub struct ControllerConfig {
     pub node_lost_grace: Duration,
     /// Changes arriving within this window are reconciled together.
     pub debounce: Duration,
+    /// Whether the cluster serves DRA: without it (`--dra=off`, a legacy-only cluster) only
+    /// [`Self::legacy_slots`] runs.
+    pub dra: bool,
+    /// The legacy path's slots of gone nodes ([`crate::legacy_slots`]).
+    pub legacy_slots: LegacySlotsConfig,
 }
 
 impl ControllerConfig {
@@ -110,6 +117,8 @@ impl ControllerConfig {
             vanished_grace: Duration::from_secs(300),
             node_lost_grace: Duration::from_secs(300),
             debounce: Duration::from_millis(500),
+            dra: true,
+            legacy_slots: LegacySlotsConfig::default(),
         }
     }
 }

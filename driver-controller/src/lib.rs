@@ -7,12 +7,15 @@
 //!   reach them.
 //! - [`property_filter`]: filters compiled to CEL the scheduler evaluates.
 //! - [`controller`]: the reconciler tying them together, with status.
+//! - [`legacy_slots`]: the legacy device plugins' slots of deleted and lost nodes, freed
+//!   (the one part that also runs without DRA).
 //! - [`leader`]: one active replica, through a Lease (`akri_runtime`'s).
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 
 pub mod controller;
 pub mod device_class;
 pub mod http;
+pub mod legacy_slots;
 /// The one leader elector, `akri_runtime`'s.
 pub use akri_runtime::leader;
 pub mod metrics;
@@ -54,7 +57,18 @@ pub async fn run_as_leader(
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), Error> {
     let leading = metrics.clone();
-    let work = controller::run(client.clone(), config, metrics);
+    let slots = legacy_slots::run(client.clone(), config.legacy_slots.clone(), metrics.clone());
+    let working = client.clone();
+    let work = async move {
+        if !config.dra {
+            slots.await;
+            return Ok(());
+        }
+        tokio::select! {
+            result = controller::run(working, config, metrics) => result,
+            () = slots => Ok(()),
+        }
+    };
     match leader::lead(
         client,
         lease,

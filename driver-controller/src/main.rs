@@ -2,13 +2,14 @@
 //! [`akri_driver_controller::run_process`].
 
 use akri_driver_controller::controller::ControllerConfig;
+use akri_driver_controller::legacy_slots::LegacySlotsConfig;
 use akri_runtime::Switch;
 use akri_runtime::leader::LeaseArgs;
 use clap::Parser;
 use std::time::Duration;
 
 /// Cluster-wide DRA controller: DeviceClasses, shared-device ResourceSlices, PropertyFilter
-/// compilation.
+/// compilation; and the legacy slots of deleted and lost nodes.
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
@@ -36,6 +37,19 @@ struct Args {
     /// (its kubelet-plugin cannot take it out of their Instances; it counts again once Ready).
     #[arg(long, default_value_t = 300)]
     node_lost_grace_seconds: u64,
+    /// Whether the cluster serves DRA (resource.k8s.io/v1): `off` (a legacy-only cluster)
+    /// runs only the freeing of gone nodes' legacy slots.
+    #[arg(long, value_enum, default_value_t = Switch::On)]
+    dra: Switch,
+    /// The namespaces whose v0 Configurations the kubelet-plugins serve as device plugins
+    /// (comma separated; their --legacy-namespaces): the slots deleted and lost nodes hold
+    /// in those Instances are freed. None: no slot is.
+    #[arg(long, value_delimiter = ',')]
+    legacy_namespaces: Vec<String>,
+    /// Seconds a node stays not Ready (powered off, its Node object kept) before the legacy
+    /// slots it holds are freed.
+    #[arg(long, default_value_t = 300)]
+    legacy_node_lost_grace_seconds: u64,
     #[command(flatten)]
     process: akri_runtime::ProcessArgs,
 }
@@ -51,6 +65,15 @@ fn main() -> anyhow::Result<()> {
     config.binding_conditions = args.binding_conditions.forced();
     config.vanished_grace = args.vanished.grace();
     config.node_lost_grace = Duration::from_secs(args.node_lost_grace_seconds);
+    config.dra = args.dra != Switch::Off;
+    config.legacy_slots = LegacySlotsConfig {
+        namespaces: args
+            .legacy_namespaces
+            .into_iter()
+            .filter(|n| !n.is_empty())
+            .collect(),
+        node_lost_grace: Duration::from_secs(args.legacy_node_lost_grace_seconds),
+    };
     akri_driver_controller::run_process(config, lease, args.process.metrics_address)?;
     Ok(())
 }

@@ -36,8 +36,6 @@ pub struct LegacyOptions {
     pub reclaim_grace: Duration,
     /// How often held slots are checked.
     pub reclaim_interval: Duration,
-    /// How long a node stays NotReady before the slots it holds are freed by the others.
-    pub node_lost_grace: Duration,
     /// The namespaces whose v0 Configurations are served; those elsewhere are ignored
     /// ([`crate::same_name`]).
     pub namespaces: BTreeSet<String>,
@@ -79,7 +77,6 @@ impl LegacySink {
                 pod_resources_socket: options.pod_resources_socket.clone(),
                 reclaim_grace: options.reclaim_grace,
                 reclaim_interval: options.reclaim_interval,
-                node_lost_grace: options.node_lost_grace,
                 socket_tag,
             },
         );

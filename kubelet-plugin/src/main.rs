@@ -150,10 +150,6 @@ struct Args {
     /// Seconds a slot with no container behind it stays held before it is freed.
     #[arg(long, default_value_t = 300)]
     slot_reclaim_grace_seconds: u64,
-    /// Seconds a node stays NotReady (powered off, its Node object kept) before the slots it
-    /// holds are freed by the other nodes' plugins.
-    #[arg(long, default_value_t = 300)]
-    node_lost_grace_seconds: u64,
     /// The namespaces whose v0 Configurations the legacy device plugins serve (comma
     /// separated); not given: the Instances' namespace (--instance-namespace) only. A
     /// Configuration elsewhere is ignored, and the log says so.
@@ -214,7 +210,6 @@ fn main() -> anyhow::Result<()> {
             pod_resources_socket: Some(args.pod_resources_socket),
             reclaim_grace: Duration::from_secs(args.slot_reclaim_grace_seconds),
             reclaim_interval: Duration::from_secs(10),
-            node_lost_grace: Duration::from_secs(args.node_lost_grace_seconds),
             namespaces: match args.legacy_namespaces.is_empty() {
                 true => [args.instance_namespace].into(),
                 false => args.legacy_namespaces.into_iter().collect(),

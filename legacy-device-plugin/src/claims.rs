@@ -9,9 +9,8 @@
 //! not conflict at all.
 
 use crate::slots::SlotClaim;
-use akri_api::v0::{DeviceUsage, Instance};
+use akri_api::v0::{DeviceUsage, Instance, slot_patch};
 use kube::api::{Api, Patch, PatchParams};
-use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 /// Errors of writing claims.
@@ -85,15 +84,7 @@ async fn patch<'a>(
     instance: &str,
     changes: impl IntoIterator<Item = (&'a str, &'a DeviceUsage, &'a DeviceUsage)>,
 ) -> Result<Instance, ClaimError> {
-    let mut tests = Vec::new();
-    let mut replaces = Vec::new();
-    for (slot, from, to) in changes {
-        let path = format!("/spec/deviceUsage/{}", escape(slot));
-        tests.push(json!({"op": "test", "path": path, "value": from.to_string()}));
-        replaces.push(json!({"op": "replace", "path": path, "value": to.to_string()}));
-    }
-    tests.extend(replaces);
-    let patch: json_patch::Patch = serde_json::from_value(Value::Array(tests))
+    let patch: json_patch::Patch = serde_json::from_value(slot_patch(changes))
         .expect("test and replace operations are valid JSON patch");
     match api
         .patch(instance, &PatchParams::default(), &Patch::<()>::Json(patch))
@@ -111,9 +102,4 @@ async fn patch<'a>(
             cause,
         }),
     }
-}
-
-/// A JSON pointer segment (RFC 6901).
-fn escape(segment: &str) -> String {
-    segment.replace('~', "~0").replace('/', "~1")
 }

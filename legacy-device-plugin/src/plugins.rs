@@ -63,13 +63,11 @@ pub struct LegacyConfig {
     pub device_plugin_dir: PathBuf,
     /// The kubelet's pod-resources socket; `None`: slots are never reclaimed.
     pub pod_resources_socket: Option<PathBuf>,
-    /// How long a slot held with no container behind it (or by a node that is gone) stays
-    /// held: a container being re-created must not lose it. Akri waits 5 minutes.
+    /// How long a slot held with no container behind it stays held: a container being
+    /// re-created must not lose it. Akri waits 5 minutes.
     pub reclaim_grace: Duration,
     /// How often slots are checked.
     pub reclaim_interval: Duration,
-    /// How long a node stays NotReady before the slots it holds count as its pods' no more.
-    pub node_lost_grace: Duration,
     /// Added to every socket name (`akri.sh_<name>-<tag>.sock`): during a rolling update two
     /// processes of one node serve the same resources, each under sockets of its own.
     pub socket_tag: Option<String>,
@@ -655,9 +653,10 @@ async fn watch_instances(shared: Arc<Shared>) {
     }
 }
 
-/// Frees slots this node holds with no container behind them, and, on devices this node
-/// reaches, slots of nodes that are gone (deleted, or NotReady past the node-lost grace:
-/// [`akri_devices::node_lost`]), once they stayed so for the grace period.
+/// Frees slots this node holds with no container behind them, once they stayed so for the
+/// grace period. Only its own: the chart's admission policy refuses a node freeing another
+/// node's slot, and the slots of nodes that are gone (deleted, or NotReady past the
+/// node-lost grace) are the driver-controller's to free (`legacy_slots.rs` there).
 async fn reclaim(shared: Arc<Shared>) {
     let socket = shared
         .config
@@ -665,7 +664,6 @@ async fn reclaim(shared: Arc<Shared>) {
         .clone()
         .expect("reclaim runs with a pod-resources socket");
     let node = shared.config.node.clone();
-    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(shared.client.clone());
     // Slot (namespace, instance, slot) -> since when it looked unused.
     let mut unused: BTreeMap<(String, String, String), Instant> = BTreeMap::new();
     let mut failing = false;
@@ -694,7 +692,6 @@ async fn reclaim(shared: Arc<Shared>) {
             .values()
             .cloned()
             .collect();
-        let mut gone_nodes: BTreeMap<String, bool> = BTreeMap::new();
         let mut seen = BTreeSet::new();
         let now = Instant::now();
         for instance in snapshot {
@@ -703,35 +700,16 @@ async fn reclaim(shared: Arc<Shared>) {
             for (slot, usage) in instance.spec.slot_usages() {
                 let Ok(usage) = usage else { continue };
                 let Some(holder) = usage.node() else { continue };
-                let unused_now = if holder == node {
-                    let (resource, id) = match usage.vdev() {
-                        Some(vdev) => (&instance.spec.configuration_name, vdev),
-                        None => (&name, slot),
-                    };
-                    !in_use
-                        .get(&format!("{RESOURCE_PREFIX}{resource}"))
-                        .is_some_and(|ids| ids.contains(id))
-                } else {
-                    // Another node's slot, freed only on a device this node reaches: the
-                    // chart's admission policy refuses the rest (a node that does not reach a
-                    // device has no say in its slots).
-                    if !instance.spec.is_reachable_from(&node) {
-                        continue;
-                    }
-                    if !gone_nodes.contains_key(holder) {
-                        let gone = match nodes.get_opt(holder).await {
-                            Ok(None) => true,
-                            Ok(Some(node)) => akri_devices::node_lost(
-                                &node,
-                                shared.config.node_lost_grace,
-                                k8s_openapi::jiff::Timestamp::now(),
-                            ),
-                            Err(_) => false,
-                        };
-                        gone_nodes.insert(holder.to_string(), gone);
-                    }
-                    gone_nodes[holder]
+                if holder != node {
+                    continue;
+                }
+                let (resource, id) = match usage.vdev() {
+                    Some(vdev) => (&instance.spec.configuration_name, vdev),
+                    None => (&name, slot),
                 };
+                let unused_now = !in_use
+                    .get(&format!("{RESOURCE_PREFIX}{resource}"))
+                    .is_some_and(|ids| ids.contains(id));
                 let key = (namespace.clone(), name.clone(), slot.to_string());
                 let settling = {
                     let mut claimed = shared.claimed.lock().expect("claimed");

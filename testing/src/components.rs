@@ -148,6 +148,24 @@ pub fn spawn_driver_controller(client: &kube::Client, namespace: &str) -> JoinHa
     })
 }
 
+/// The driver-controller's freeing of the legacy slots deleted and lost (not Ready past
+/// `node_lost_grace`) nodes hold in the Instances of `namespaces`.
+pub fn spawn_legacy_slot_freer(
+    client: &kube::Client,
+    namespaces: &[&str],
+    node_lost_grace: Duration,
+) -> JoinHandle<()> {
+    let config = akri_driver_controller::legacy_slots::LegacySlotsConfig {
+        namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
+        node_lost_grace,
+    };
+    tokio::spawn(akri_driver_controller::legacy_slots::run(
+        client.clone(),
+        config,
+        Default::default(),
+    ))
+}
+
 /// The broker-controller for the Instances in `namespace`, and its metrics.
 pub fn spawn_broker_controller(
     client: &kube::Client,

@@ -179,6 +179,29 @@ impl DeviceUsage {
     }
 }
 
+/// The JSON patch (RFC 6902) that changes slots only from the values their writer saw: a
+/// `test` per slot, then a `replace` per slot (`changes`: slot, value now, value wanted). The
+/// API server re-applies it, tests included, when a concurrent write got there first, so two
+/// writers can never both take a slot; a failed test is a 422. The one place the slots'
+/// writers (the legacy device plugins, the driver-controller) build their writes.
+pub fn slot_patch<'a>(
+    changes: impl IntoIterator<Item = (&'a str, &'a DeviceUsage, &'a DeviceUsage)>,
+) -> serde_json::Value {
+    let mut tests = Vec::new();
+    let mut replaces = Vec::new();
+    for (slot, from, to) in changes {
+        // A JSON pointer segment (RFC 6901).
+        let path = format!(
+            "/spec/deviceUsage/{}",
+            slot.replace('~', "~0").replace('/', "~1")
+        );
+        tests.push(serde_json::json!({"op": "test", "path": path, "value": from.to_string()}));
+        replaces.push(serde_json::json!({"op": "replace", "path": path, "value": to.to_string()}));
+    }
+    tests.extend(replaces);
+    serde_json::Value::Array(tests)
+}
+
 impl fmt::Display for DeviceUsage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

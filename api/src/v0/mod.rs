@@ -59,7 +59,7 @@ pub use configuration::{
     BrokerSpec, Configuration, ConfigurationSpec, DEFAULT_CAPACITY, DEFAULT_KEY_SELECTOR_NAMESPACE,
     DiscoveryHandlerInfo, DiscoveryProperty, DiscoveryPropertySource, KeySelector,
 };
-pub use device_usage::{DeviceUsage, DeviceUsageError};
+pub use device_usage::{DeviceUsage, DeviceUsageError, slot_patch};
 pub use instance::{Instance, InstanceSpec};
 
 /// The API version of every kind in this module.

@@ -101,6 +101,12 @@ device plugins run). `helm template` answers `auto` from Helm's own list of APIs
 {{- end -}}
 {{- end -}}
 
+{{/* The namespaces whose v0 Configurations are served, comma separated (the release's when
+none are listed). */}}
+{{- define "akri.legacyNamespaces" -}}
+{{- .Values.legacyDevicePlugin.namespaces | default (list .Release.Namespace) | join "," -}}
+{{- end -}}
+
 {{/* The driver-controller's Lease name. */}}
 {{- define "akri.leaseName" -}}
 {{- default (include "akri.componentName" (list . "driver-controller")) .Values.driverController.leaseName -}}

@@ -181,7 +181,7 @@ pub(super) fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
 }
 
 /// What the controller reads of a Node: its name and Ready condition.
-pub(super) fn slim_node(node: Node) -> Node {
+pub(crate) fn slim_node(node: Node) -> Node {
     let ready = node
         .status
         .and_then(|s| s.conditions)

@@ -65,7 +65,6 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
                 // (kubelet_plugin::same_name): soon after Akri's brokers go.
                 reclaim_grace: Duration::from_secs(1),
                 reclaim_interval: Duration::from_secs(1),
-                node_lost_grace: Duration::from_secs(300),
                 // The operator lists the namespace of the v0 Configuration.
                 namespaces: [apps.clone()].into(),
             });

@@ -660,8 +660,8 @@ async fn a_zero_slot_reclaim_grace_stays_zero() {
 }
 
 /// `dra: off` (a cluster without DRA, rendered offline) renders the legacy device plugins
-/// alone: no DRA component, no DiscoveryConfiguration, no ResourceSlice policy, the plugin told
-/// `--dra=off`; without legacy mode it refuses, saying what to set. (On a real 1.33 API server
+/// and the driver-controller freeing gone nodes' slots: no other DRA component, no
+/// DiscoveryConfiguration, no ResourceSlice policy, both told `--dra=off`; without legacy mode it refuses, saying what to set. (On a real 1.33 API server
 /// `auto` does the same: `legacy_only`.)
 #[tokio::test]
 async fn dra_off_renders_only_the_legacy_device_plugins_and_refuses_without_them() {
@@ -678,13 +678,29 @@ async fn dra_off_renders_only_the_legacy_device_plugins_and_refuses_without_them
             ],
         )
         .await;
-    for kind in ["Deployment", "DiscoveryConfiguration"] {
-        assert!(
-            of_kind(&objects, kind).is_empty(),
-            "{kind}: {:?}",
-            names(&objects)
-        );
+    assert!(
+        of_kind(&objects, "DiscoveryConfiguration").is_empty(),
+        "{:?}",
+        names(&objects)
+    );
+    // One Deployment: the driver-controller, only to free deleted and lost nodes' slots.
+    let deployments = of_kind(&objects, "Deployment");
+    assert_eq!(deployments.len(), 1, "{:?}", names(&objects));
+    let controller = find(&objects, "Deployment", "akri-driver-controller");
+    let args = strings(&controller["spec"]["template"]["spec"]["containers"][0]["args"]);
+    for flag in [
+        "--dra=off",
+        "--legacy-namespaces=akri",
+        "--legacy-node-lost-grace-seconds=300",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
     }
+    let rules = find(&objects, "ClusterRole", "akri-driver-controller")["rules"].clone();
+    assert_eq!(
+        rules,
+        json!([{ "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"] }]),
+        "without DRA the driver-controller reads Nodes only, cluster-wide"
+    );
     let policies: Vec<&str> = of_kind(&objects, "ValidatingAdmissionPolicy")
         .iter()
         .filter_map(|p| p["metadata"]["name"].as_str())
@@ -1073,7 +1089,8 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
 
 /// What each component needs (read from its code and the README), and a selection of what
 /// it must not have, checked in the `edge` release (full values: propertyNamespaces listed,
-/// broker-controller on in the second of them only, Lease `akri-leader`). One row: component, verb,
+/// broker-controller on in the second of them only, which is also the one legacy namespace
+/// (the driver-controller frees gone nodes' slots there), Lease `akri-leader`). One row: component, verb,
 /// `group/resource[/subresource]` (`core` for the core group), where (`cluster`: cluster-scoped
 /// or every namespace; `release`: the release namespace; `property`: a listed
 /// propertyNamespace; `other`: any other namespace), object name or `-`, and `yes` or `no`.
@@ -1147,6 +1164,10 @@ driver-controller  create  akri.sh/instances                         release   -
 driver-controller  update  akri.sh/instances                         release   -             no
 driver-controller  list    akri.sh/instances                         other     -             no
 driver-controller  patch   akri.sh/instances                         other     -             no
+driver-controller  watch   akri.sh/instances                         property  -             yes
+driver-controller  patch   akri.sh/instances                         property  -             yes
+driver-controller  delete  akri.sh/instances                         property  -             no
+driver-controller  update  akri.sh/instances                         property  -             no
 driver-controller  create  resource.k8s.io/deviceclasses             cluster   -             yes
 driver-controller  patch   resource.k8s.io/deviceclasses             cluster   -             yes
 driver-controller  delete  resource.k8s.io/deviceclasses             cluster   -             yes
@@ -2347,8 +2368,8 @@ async fn the_admission_policy_lets_a_kubelet_plugin_write_only_its_devices_claim
 
 /// An Instance another node sees: a plugin joins it only if it is shared, never changes what
 /// names the device or selects its brokers, changes its properties only if it reaches the
-/// device, takes slots only for itself and frees only its own or, on a device it reaches,
-/// another node's (the reclaim of a gone node's slots).
+/// device, takes slots only for itself and frees only its own; the driver-controller frees
+/// another node's (a gone node's).
 #[tokio::test]
 async fn the_admission_policy_keeps_a_kubelet_plugin_off_what_other_nodes_devices_hold() {
     let installed = installed().await;
@@ -2472,14 +2493,41 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_off_what_other_nodes_device
             .await,
         &format!("refused: {} (C:3:{a} -> {b})", slot(1)),
     );
-    plugin
+    // Another node's slot, even of a device it reaches (issue 52: a node that joined freed
+    // the slot another node's container held): a gone node's slots are the controller's.
+    refused(
+        plugin
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &usage(slot(2), String::new()),
+            )
+            .await,
+        &format!("refused: {} (C:0:{b} -> )", slot(2)),
+    );
+    // The driver-controller's identity frees it (what it does once node-b is gone:
+    // driver-controller/src/legacy_slots.rs), by the JSON patch it writes.
+    let controller = instances(
+        &plugin_client_of("akri-driver-controller", cp, ns, None).await,
+        ns,
+    );
+    let held = akri_api::v0::DeviceUsage::configuration("0", b.as_str()).unwrap();
+    let free = akri_api::v0::DeviceUsage::Free;
+    controller
         .patch(
             &name,
             &PatchParams::default(),
-            &usage(slot(2), String::new()),
+            &Patch::<()>::Json(
+                serde_json::from_value(akri_api::v0::slot_patch([(
+                    slot(2).as_str(),
+                    &held,
+                    &free,
+                )]))
+                .unwrap(),
+            ),
         )
         .await
-        .expect("freeing another node's slot of a device it reaches (a gone node's reclaim)");
+        .expect("the driver-controller frees a gone node's slot");
     refused(
         merge(json!({ "spec": { "deviceUsage": { slot(1): null } } })).await,
         &format!("refused: {} (C:3:{a} -> none)", slot(1)),

@@ -63,9 +63,11 @@ async fn cluster() -> Cluster {
                 .await
                 .expect("control plane");
             let client = cp.client().await.unwrap();
-            let images = Images::built()
-                .unwrap()
-                .only(&["akri-kubelet-plugin", "akri-opcua-discovery-handler"]);
+            let images = Images::built().unwrap().only(&[
+                "akri-kubelet-plugin",
+                "akri-driver-controller",
+                "akri-opcua-discovery-handler",
+            ]);
             let mut nodes = Vec::new();
             for name in NODES {
                 nodes.push(images.on_new_node(&cp, name).await.expect("real node"));
@@ -73,6 +75,10 @@ async fn cluster() -> Cluster {
             // The commands docs/operations.md gives for clusters without DRA, as written,
             // plus the images' values and what the tests need (a short reclaim grace, the
             // embedded debugEcho handler's devices shared between the nodes).
+            // The namespace the documented install lists (legacyDevicePlugin.namespaces): a
+            // user's, there before the install (the chart grants the driver-controller its
+            // Instances there).
+            let ns = cp.create_namespace_named(USERS).await.unwrap();
             let [kubectl_line, helm_line] = documented_commands();
             let kubectl_args: Vec<&str> = kubectl_line.split_whitespace().skip(1).collect();
             kubectl(&cp, &kubectl_args).unwrap_or_else(|e| panic!("{kubectl_line}: {e}"));
@@ -111,8 +117,6 @@ async fn cluster() -> Cluster {
                 cp.serves_dra(),
                 started.elapsed()
             );
-            // The namespace the documented install lists (legacyDevicePlugin.namespaces).
-            let ns = cp.create_namespace_named(USERS).await.unwrap();
             Shared {
                 cp,
                 images,
@@ -380,10 +384,19 @@ async fn the_chart_runs_the_legacy_device_plugins_alone_and_says_dra_is_off() {
         );
         return;
     }
-    assert!(
-        names.is_empty(),
-        "no DRA controllers without DRA: {names:?}"
+    // Without DRA, the driver-controller only to free deleted and lost nodes' slots (a node
+    // frees only its own), running on 1.33.
+    assert_eq!(
+        names,
+        ["akri-driver-controller"],
+        "no other controller without DRA"
     );
+    let deployments = Api::<Deployment>::namespaced(c.client.clone(), NAMESPACE);
+    akri_testing::eventually_within("the driver-controller available", WAIT, async || {
+        let status = deployments.get(&names[0]).await.ok()?.status?;
+        (status.available_replicas? >= 1).then_some(())
+    })
+    .await;
     for pod in plugins {
         let name = pod.metadata.name.unwrap();
         let logs = pods.logs(&name, &LogParams::default()).await.unwrap();

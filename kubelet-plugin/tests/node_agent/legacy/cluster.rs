@@ -15,7 +15,7 @@ use std::time::Duration;
 
 pub use akri_testing::eventually;
 
-/// How long a node stays NotReady before the others free its slots.
+/// How long a node stays NotReady before the driver-controller frees its slots.
 pub const NODE_LOST_GRACE: Duration = Duration::from_secs(6);
 
 pub struct Cluster {
@@ -121,7 +121,6 @@ fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration)
         pod_resources_socket: Some(peer.pod_resources_socket()),
         reclaim_grace,
         reclaim_interval: Duration::from_millis(200),
-        node_lost_grace: NODE_LOST_GRACE,
         namespaces: [SERVED.to_string()].into(),
     });
 }
@@ -213,6 +212,12 @@ impl Cluster {
             .await
             .unwrap();
         (cam1, il)
+    }
+
+    /// The driver-controller's freeing of gone nodes' slots ([`SERVED`]'s, a lost node's
+    /// after [`NODE_LOST_GRACE`]): a node frees only its own.
+    pub fn slot_freer(&self) -> tokio::task::JoinHandle<()> {
+        akri_testing::components::spawn_legacy_slot_freer(&self.client, &[SERVED], NODE_LOST_GRACE)
     }
 
     pub fn instances(&self) -> Api<Instance> {

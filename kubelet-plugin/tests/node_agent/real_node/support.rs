@@ -82,7 +82,6 @@ impl Cluster {
             pod_resources_socket: Some(node.pod_resources_socket()),
             reclaim_grace: Duration::from_secs(5),
             reclaim_interval: Duration::from_secs(1),
-            node_lost_grace: Duration::from_secs(300),
             namespaces: [self.ns.clone()].into(),
         });
         // The fixture's mount (a directory under the temporary directory) and device node
