@@ -39,6 +39,10 @@ pub struct LegacyOptions {
     /// The namespaces whose v0 Configurations are served; those elsewhere are ignored
     /// ([`crate::same_name`]).
     pub namespaces: BTreeSet<String>,
+    /// The `brokerProperties` names handed to containers; the others are left out (and
+    /// logged). A Configuration's environment reaches the pods of every namespace that asks
+    /// for `akri.sh/<name>`, so its names are the administrator's to allow.
+    pub broker_property_names: BTreeSet<String>,
 }
 
 /// The legacy sink: the device plugins over the v0 Configurations' devices, and their
@@ -46,6 +50,11 @@ pub struct LegacyOptions {
 pub struct LegacySink {
     /// The namespaces whose v0 Configurations are served.
     pub namespaces: BTreeSet<String>,
+    /// The `brokerProperties` names handed to containers.
+    broker_property_names: BTreeSet<String>,
+    /// Per Configuration (`namespace/name`), the `brokerProperties` names left out, as
+    /// last logged.
+    refused_broker_properties: BTreeMap<String, Vec<String>>,
     client: kube::Client,
     node: String,
     instance_grace: Grace,
@@ -83,6 +92,8 @@ impl LegacySink {
         let _ = counters.set(plugins.counters());
         LegacySink {
             namespaces: options.namespaces.clone(),
+            broker_property_names: options.broker_property_names.clone(),
+            refused_broker_properties: BTreeMap::new(),
             client,
             node: node.to_string(),
             instance_grace,
@@ -125,15 +136,18 @@ impl LegacySink {
         let mut served = Vec::new();
         for namespace in namespaces {
             let known = known(devices, &namespace);
-            served.extend(served_devices(configs, devices, &namespace, &known));
+            let allowed = &self.broker_property_names;
+            served.extend(served_devices(
+                configs, devices, &namespace, &known, allowed,
+            ));
         }
+        self.log_unlisted_broker_properties(configs);
         self.plugins.sync(&served).await;
     }
 
     /// Writes the Instances of every namespace's devices, then serves the plugins over them
     /// ([`serve`](Self::serve), with the names as written).
     pub async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
-        self.release_akri_finalizers(configs).await;
         let namespaces: BTreeSet<String> = configs
             .iter()
             .filter_map(|c| c.metadata.namespace.clone())
@@ -178,14 +192,41 @@ impl LegacySink {
 }
 
 impl LegacySink {
+    /// Logs, when they change, each served Configuration's `brokerProperties` that
+    /// [`served_devices`] leaves out.
+    fn log_unlisted_broker_properties(&mut self, configs: &[Arc<Configuration>]) {
+        let refused: BTreeMap<String, Vec<String>> = (configs.iter())
+            .filter_map(|c| {
+                let names: Vec<String> = (c.spec.broker_properties.keys())
+                    .filter(|n| !self.broker_property_names.contains(*n))
+                    .cloned()
+                    .collect();
+                let key = format!(
+                    "{}/{}",
+                    c.metadata.namespace.as_ref()?,
+                    c.metadata.name.as_ref()?
+                );
+                (!names.is_empty()).then_some((key, names))
+            })
+            .collect();
+        for (config, names) in &refused {
+            if self.refused_broker_properties.get(config) != Some(names) {
+                tracing::warn!(configuration = %config, ?names, "brokerProperties not handed to containers: not in legacyDevicePlugin.brokerPropertyNames (--legacy-broker-property-names)");
+            }
+        }
+        self.refused_broker_properties = refused;
+    }
+
     /// Removes this node's name from each Configuration's finalizers: Akri's agent puts it
     /// there to clean up before a Configuration goes, and with that agent gone nothing else
     /// would remove it, so a deleted Configuration would stay Terminating (and a v1
     /// configuration of its name held back, [`crate::same_name`]) for ever. This agent needs
     /// no finalizer: it drops a deleted Configuration's device plugins when the watch says so,
     /// and its Instances go only once their slots are free. The chart's admission policy lets
-    /// a node remove its own name and change nothing else.
-    async fn release_akri_finalizers(&mut self, configs: &[Arc<Configuration>]) {
+    /// a node remove its own name and change nothing else. `configs` are all the v0
+    /// Configurations, served or not: one this node does not serve has nothing of it on the
+    /// node to clean up either.
+    pub async fn release_akri_finalizers(&mut self, configs: &[Arc<Configuration>]) {
         let api = |ns: &str| kube::Api::<Configuration>::namespaced(self.client.clone(), ns);
         for config in configs {
             let Some(patch) = finalizer_release(config, &self.node) else {
@@ -253,12 +294,13 @@ fn known(devices: &NodeDevices, namespace: &str) -> Vec<(KnownDevice, i32, bool)
 }
 
 /// What the device plugins serve for a namespace's configurations: each one's Instances and
-/// what a container allocated one gets.
+/// what a container allocated one gets, of the `brokerProperties` only the `allowed` names.
 fn served_devices(
     configs: &[Arc<Configuration>],
     devices: &NodeDevices,
     namespace: &str,
     known: &[(KnownDevice, i32, bool)],
+    allowed: &BTreeSet<String>,
 ) -> Vec<ConfigurationDevices> {
     let mut served = Vec::new();
     for config in devices.configurations(namespace) {
@@ -268,7 +310,11 @@ fn served_devices(
                 c.metadata.namespace.as_deref() == Some(namespace)
                     && c.metadata.name.as_deref() == Some(&config.configuration)
             })
-            .map(|c| c.spec.broker_properties.clone())
+            .map(|c| {
+                let mut properties = c.spec.broker_properties.clone();
+                properties.retain(|name, _| allowed.contains(name));
+                properties
+            })
             .unwrap_or_default();
         let instances = known
             .iter()

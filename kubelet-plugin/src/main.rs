@@ -155,6 +155,11 @@ struct Args {
     /// Configuration elsewhere is ignored, and the log says so.
     #[arg(long, value_delimiter = ',')]
     legacy_namespaces: Vec<String>,
+    /// The v0 Configurations' `brokerProperties` names handed to containers (comma
+    /// separated); the others are left out, and the log says so. A Configuration's
+    /// environment reaches every namespace's pods that ask for its resources.
+    #[arg(long, value_delimiter = ',')]
+    legacy_broker_property_names: Vec<String>,
     #[command(flatten)]
     process: akri_runtime::ProcessArgs,
 }
@@ -214,6 +219,9 @@ fn main() -> anyhow::Result<()> {
                 true => [args.instance_namespace].into(),
                 false => args.legacy_namespaces.into_iter().collect(),
             },
+            broker_property_names: (args.legacy_broker_property_names.into_iter())
+                .filter(|n| !n.is_empty())
+                .collect(),
         }),
     };
     agent::run_process(config, args.process.metrics_address)?;

@@ -238,6 +238,7 @@ impl NodeLoop {
                 } else {
                     let devices = self.discovery.devices(Sink::Legacy);
                     if leading {
+                        legacy.release_akri_finalizers(&v0.state()).await;
                         legacy.publish(&served_v0, &devices).await;
                     } else {
                         legacy.serve(&served_v0, &devices).await;

@@ -67,6 +67,7 @@ async fn a_migrated_configuration_deploys_the_same_brokers_with_the_same_environ
                 reclaim_interval: Duration::from_secs(1),
                 // The operator lists the namespace of the v0 Configuration.
                 namespaces: [apps.clone()].into(),
+                broker_property_names: ["RESOLUTION".to_string()].into(),
             });
         })
         .await

@@ -369,7 +369,8 @@ async fn template_renders_every_option_of_the_full_values() {
         "--instance-grace-seconds=60",
         "--shared-instance-grace-seconds=120",
         "--max-instances-per-configuration=1024",
-        "--node-lost-grace-seconds=120",
+        "--legacy-namespaces=cameras",
+        "--legacy-broker-property-names=RESOLUTION,FORMAT",
         "--device-taints=on",
         "--vanished-device-grace-seconds=120",
     ] {
@@ -416,7 +417,15 @@ async fn template_renders_every_option_of_the_full_values() {
             "0".repeat(64)
         )
     );
-    assert!(strings(&container["args"]).contains(&"--lease-name=akri-leader".to_string()));
+    let args = strings(&container["args"]);
+    for flag in [
+        "--lease-name=akri-leader",
+        // A node frees only its own slots: a gone node's are the driver-controller's.
+        "--legacy-namespaces=cameras",
+        "--legacy-node-lost-grace-seconds=120",
+    ] {
+        assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+    }
     // Shared devices follow the same model as the node-local ones.
     for flag in [
         "--consumable-capacity=on",
@@ -996,11 +1005,12 @@ async fn install_creates_every_object_of_both_releases() {
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 5 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
-    // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts, and
-    // legacy mode's Configuration admission policy and its binding.
+    // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts,
+    // legacy mode's Configuration admission policy and its binding, and the
+    // driver-controller's Role and RoleBinding in the legacy namespace (gone nodes' slots).
     for (release, ns, expected) in [
         ("akri", &installed.default_ns, 33),
-        ("edge", &installed.full_ns, 48),
+        ("edge", &installed.full_ns, 50),
     ] {
         let status: Value = serde_json::from_str(
             &helm

@@ -619,9 +619,9 @@ async fn two_nodes_racing_for_a_shared_slot_never_both_get_it() {
 }
 
 /// A node holding a slot goes for good (its kubelet stops, its Node object is deleted): the
-/// other nodes' plugins free its slots.
+/// driver-controller (the chart's, `--dra=off` on 1.33) frees its slots; no node may.
 #[tokio::test]
-async fn the_slots_of_a_node_that_went_are_freed_by_the_others() {
+async fn the_slots_of_a_node_that_went_are_freed_by_the_driver_controller() {
     let c = &cluster().await;
     let name = "legacy-gone";
     let node = c.images.on_new_node(&c.cp, name).await.expect("real node");

@@ -122,6 +122,7 @@ fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration)
         reclaim_grace,
         reclaim_interval: Duration::from_millis(200),
         namespaces: [SERVED.to_string()].into(),
+        broker_property_names: ["RESOLUTION".to_string()].into(),
     });
 }
 

@@ -875,8 +875,13 @@ async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_name
         .unwrap();
     let tenant = c.cp.create_namespace("tenant").await.unwrap();
     let usb = ControlPlane::unique_name("usb");
-    Api::<Configuration>::namespaced(c.client.clone(), &tenant)
-        .create(&PostParams::default(), &v0(&usb))
+    // With the finalizer Akri's agent left for the node: not served, and still not kept
+    // Terminating once deleted (nothing of it is on the node to clean up).
+    let mut unlisted = v0(&usb);
+    unlisted.metadata.finalizers = Some(vec![a.name.clone()]);
+    let tenants = Api::<Configuration>::namespaced(c.client.clone(), &tenant);
+    tenants
+        .create(&PostParams::default(), &unlisted)
         .await
         .unwrap();
     // Created after both: once it is served, the node has passed over them.
@@ -907,6 +912,15 @@ async fn a_namespace_users_configuration_takes_nothing_from_dra_or_unlisted_name
         "{:?}",
         status.discovery_errors
     );
+    tenants
+        .delete(&usb, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(
+        "the unlisted Configuration gone, its node's finalizer released",
+        async || tenants.get_opt(&usb).await.ok()?.is_none().then_some(()),
+    )
+    .await;
 }
 
 /// What `akri-migrate --rename` makes of a v0 Configuration: a DiscoveryConfiguration of
@@ -944,5 +958,40 @@ async fn a_renamed_migration_is_held_back_while_its_v0_configuration_serves() {
     assert!(
         dra.iter().all(|i| i.spec.configuration_name != renamed),
         "offered to DRA while the v0 Configuration serves it"
+    );
+}
+
+/// A v0 Configuration's `brokerProperties` reach every namespace's pods that ask for its
+/// resources: only the names the administrator lists (`--legacy-broker-property-names`,
+/// `RESOLUTION` here) are handed on (issue 52: `LD_PRELOAD` and `PYTHONWARNINGS` reached the
+/// container's environment). The device's own properties still do.
+#[tokio::test]
+async fn broker_properties_reach_containers_only_by_the_names_listed() {
+    let c = cluster(1, Duration::from_secs(600)).await;
+    let a = &c.nodes[0];
+    let name = ControlPlane::unique_name("cams");
+    let mut config = akri_testing::discovery::v0_debug_echo(&name, &["cam0"], 1, true);
+    config["spec"]["brokerProperties"] = serde_json::json!({
+        "RESOLUTION": "1080p", "LD_PRELOAD": "/tmp/evil.so", "PYTHONWARNINGS": "all",
+    });
+    Api::<Configuration>::namespaced(c.client.clone(), &c.ns)
+        .create(&PostParams::default(), &akri_testing::from_json(config))
+        .await
+        .unwrap();
+    let resource = format!("akri.sh/{name}");
+    registered(a, &resource, 1).await;
+    c.pod("holder", &[("broker", &resource, 1)]).await;
+    let options = a.peer.allocate(&c.ns, "holder", "broker").await.unwrap();
+    let envs = options["envs"].as_object().expect("envs");
+    assert_eq!(envs.get("RESOLUTION"), Some(&"1080p".into()), "{options}");
+    for refused in ["LD_PRELOAD", "PYTHONWARNINGS"] {
+        assert!(
+            !envs.contains_key(refused),
+            "{refused} handed on: {options}"
+        );
+    }
+    assert!(
+        envs.keys().any(|k| k.starts_with("DEBUG_ECHO_DESCRIPTION")),
+        "the device's own property: {options}"
     );
 }

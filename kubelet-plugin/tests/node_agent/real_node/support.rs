@@ -83,6 +83,7 @@ impl Cluster {
             reclaim_grace: Duration::from_secs(5),
             reclaim_interval: Duration::from_secs(1),
             namespaces: [self.ns.clone()].into(),
+            broker_property_names: ["RESOLUTION".to_string()].into(),
         });
         // The fixture's mount (a directory under the temporary directory) and device node
         // (the host's /dev/null), allowed as an operator allows a handler kind's.
