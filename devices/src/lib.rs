@@ -11,6 +11,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeMap;
 
+pub mod binding;
 mod nodes;
 pub use nodes::node_lost;
 

@@ -12,6 +12,7 @@
 //! listed yet for gone and unpublish their devices (or a configuration for gone and delete its
 //! filters' DeviceClasses).
 
+mod binding_routes;
 mod filters;
 mod gone_nodes;
 mod lost_nodes;
@@ -211,6 +212,8 @@ pub async fn run(
         });
     // So are the nodes that become lost or come back (lost_nodes.rs).
     let (lost_changed, lost_changes) = futures::channel::mpsc::channel(1);
+    // A claim's change may route a binding check to its node (binding_routes.rs).
+    let (routes_changed, routes_changes) = futures::channel::mpsc::channel(1);
 
     let controller = Controller::new(
         Api::<DiscoveryConfiguration>::all(client.clone()),
@@ -233,6 +236,10 @@ pub async fn run(
     // Aborted with this future too: a replica that lost leadership must not keep writing.
     let _orphans = AbortOnDrop(tokio::spawn(filters::orphan_filters(ctx.clone())));
     let _lost = AbortOnDrop(tokio::spawn(lost_nodes::watch(ctx.clone(), lost_changed)));
+    let _routes = AbortOnDrop(tokio::spawn(binding_routes::route(
+        ctx.clone(),
+        routes_changes,
+    )));
     let keeping_vanished = ctx.keeping_vanished.clone();
     controller
         .owns(
@@ -250,8 +257,10 @@ pub async fn run(
         .watches_stream(filter_stream, |filter: PropertyFilter| {
             Some(ObjectRef::new(&filter.spec.discovery_reference.name))
         })
-        // A released claim may let a vanished shared device go.
+        // A released claim may let a vanished shared device go; an allocated one may wait
+        // for its node's binding check (full: a routing is pending already).
         .watches_stream(claim_stream, move |_: ResourceClaim| {
+            let _ = routes_changed.clone().try_send(());
             let keeping = keeping_vanished.lock().expect("lock").clone();
             keeping.into_iter().map(|c| ObjectRef::new(&c))
         })

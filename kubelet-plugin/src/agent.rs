@@ -383,7 +383,11 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     );
     let binding_checks = binding_conditions.then(|| {
         let timeout = config.binding_check_timeout;
-        BindingChecks::new(client.clone(), &config.node_name, devices.clone(), timeout).spawn()
+        let at = (
+            config.node_name.as_str(),
+            config.instance_namespace.as_str(),
+        );
+        BindingChecks::new(client.clone(), at, devices.clone(), timeout).spawn()
     });
     let node_loop = NodeLoop {
         client: client.clone(),

@@ -19,18 +19,22 @@
 //! that a TCP connection to it opens within the timeout. Written under the field manager
 //! `<driver>/binding`, so prepare's own apply of the entry (under `<driver>`) keeps them.
 //!
-//! The cost: one watch of every ResourceClaim per node while the API server serves binding
-//! conditions (claims carry no label or field a node could select on); nothing is cached but
-//! the checks under way.
+//! How the node hears of a claim: claims carry no label or field a node could select on, so
+//! the driver-controller (which keeps every allocated claim in a store anyway) writes the
+//! claims waiting for this node into this node's ConfigMap ([`akri_devices::binding`]); the
+//! node watches that one object by name and reads each claim it names. So a node's cost is
+//! its own waiting claims, never the cluster's claims, and it may not list claims at all.
 
 use crate::node_devices::NodeDevices;
+use akri_devices::binding::{checks_config_map, waiting_results};
 use akri_devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION};
 use dra_plugin::device_status::{self, DeviceStatus};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,6 +57,8 @@ type CheckKey = (String, String, String, String);
 pub struct BindingChecks {
     client: kube::Client,
     node: Arc<str>,
+    /// Where the driver-controller routes this node's waiting claims (the Instances').
+    namespace: Arc<str>,
     devices: NodeDevices,
     timeout: Duration,
     /// Checked or being checked: each once.
@@ -60,12 +66,18 @@ pub struct BindingChecks {
 }
 
 impl BindingChecks {
-    /// The checks of node `node`, whose devices are `devices`; a connection that has not
-    /// opened after `timeout` fails the check.
-    pub fn new(client: kube::Client, node: &str, devices: NodeDevices, timeout: Duration) -> Self {
+    /// The checks of node `node`, whose devices are `devices`, routed to it in `namespace`;
+    /// a connection that has not opened after `timeout` fails the check.
+    pub fn new(
+        client: kube::Client,
+        (node, namespace): (&str, &str),
+        devices: NodeDevices,
+        timeout: Duration,
+    ) -> Self {
         BindingChecks {
             client,
             node: node.into(),
+            namespace: namespace.into(),
             devices,
             timeout,
             seen: Arc::default(),
@@ -78,32 +90,65 @@ impl BindingChecks {
     }
 
     async fn run(self) {
-        let claims = Api::<ResourceClaim>::all(self.client.clone());
+        let api = Api::<ConfigMap>::namespaced(self.client.clone(), &self.namespace);
+        let name = checks_config_map(&self.node);
+        let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
         // Not `default_backoff()`: it starts over at 0.8 s whenever the watcher begins a new
         // list, so a list refused (403) for good was retried about once a second (the outage
-        // test's log flood). Here the wait doubles up to a minute until a claim arrives.
-        let mut stream = watcher(claims, watcher::Config::default())
-            .applied_objects()
-            .boxed();
+        // test's log flood). Here the wait doubles up to a minute until an event arrives.
+        let mut stream = watcher(api, config).boxed();
         let mut backoff: Option<Duration> = None;
         while let Some(event) = stream.next().await {
-            match event {
-                Ok(claim) => {
-                    if backoff.take().is_some() {
-                        tracing::info!("watching ResourceClaims for binding checks again");
-                    }
-                    self.consider(&claim);
+            let routed = match event {
+                Ok(watcher::Event::Apply(cm) | watcher::Event::InitApply(cm)) => {
+                    cm.data.unwrap_or_default()
                 }
+                Ok(watcher::Event::Delete(_)) => BTreeMap::new(),
+                Ok(watcher::Event::Init | watcher::Event::InitDone) => continue,
                 Err(error) => {
                     let wait = match backoff {
                         None => {
-                            tracing::warn!(%error, "watching ResourceClaims for binding checks failed; retrying");
+                            tracing::warn!(%error, "watching this node's binding checks failed; retrying");
                             Duration::from_secs(1)
                         }
                         Some(wait) => (wait * 2).min(Duration::from_secs(60)),
                     };
                     backoff = Some(wait);
                     tokio::time::sleep(wait).await;
+                    continue;
+                }
+            };
+            if backoff.take().is_some() {
+                tracing::info!("watching this node's binding checks again");
+            }
+            self.routed(routed).await;
+        }
+    }
+
+    /// Reads each claim routed to this node that no check has taken yet, and considers it;
+    /// forgets the checks of claims no longer routed (a later allocation is checked again).
+    async fn routed(&self, routed: BTreeMap<String, String>) {
+        self.seen
+            .lock()
+            .expect("lock")
+            .retain(|seen| routed.contains_key(&seen.0));
+        for (uid, claim) in routed {
+            let taken = self.seen.lock().expect("lock").iter().any(|s| s.0 == uid);
+            let Some((namespace, name)) = claim.split_once('/') else {
+                continue;
+            };
+            if taken {
+                continue;
+            }
+            let api = Api::<ResourceClaim>::namespaced(self.client.clone(), namespace);
+            match api.get_opt(name).await {
+                Ok(Some(claim)) if claim.metadata.uid.as_deref() == Some(uid.as_str()) => {
+                    self.consider(&claim)
+                }
+                // Gone, or another claim of its name now: nothing waits.
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%namespace, claim = %name, %error, "reading a claim that waits for this node's binding check failed; retrying on the next routing")
                 }
             }
         }
@@ -238,7 +283,7 @@ impl BindingChecks {
 }
 
 /// The results of a claim that wait for this node's binding check: allocated to this node,
-/// of an Akri driver, with [`BINDING_CONDITION`], and no condition of ours set yet.
+/// waiting ([`waiting_results`]).
 fn waiting_here(claim: &ResourceClaim, node: &str) -> Vec<DeviceRequestAllocationResult> {
     let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
         return Vec::new();
@@ -250,39 +295,7 @@ fn waiting_here(claim: &ResourceClaim, node: &str) -> Vec<DeviceRequestAllocatio
     if !here {
         return Vec::new();
     }
-    let entries = claim.status.as_ref().and_then(|s| s.devices.as_ref());
-    let decided =
-        |result: &DeviceRequestAllocationResult| {
-            entries.into_iter().flatten().any(|entry| {
-                entry.driver == result.driver
-                    && entry.pool == result.pool
-                    && entry.device == result.device
-                    && entry.share_id == result.share_id
-                    && entry.conditions.iter().flatten().any(|c| {
-                        c.type_ == BINDING_CONDITION || c.type_ == BINDING_FAILURE_CONDITION
-                    })
-            })
-        };
-    let mut waiting: Vec<DeviceRequestAllocationResult> = allocation
-        .devices
-        .iter()
-        .flat_map(|d| d.results.iter().flatten())
-        .filter(|r| {
-            r.driver
-                .ends_with(&format!(".{}", akri_devices::DRIVER_DOMAIN))
-        })
-        .filter(|r| {
-            r.binding_conditions
-                .iter()
-                .flatten()
-                .any(|c| c == BINDING_CONDITION)
-        })
-        .filter(|r| !decided(r))
-        .cloned()
-        .collect();
-    // Two requests may share a device (consumable capacity): one check.
-    waiting.dedup_by(|a, b| (&a.pool, &a.device, &a.share_id) == (&b.pool, &b.device, &b.share_id));
-    waiting
+    waiting_results(claim)
 }
 
 /// The condition an outcome sets: [`BINDING_CONDITION`] when reachable, else
@@ -366,7 +379,12 @@ mod tests {
             );
             let config = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
             let client = kube::Client::try_from(config).unwrap();
-            BindingChecks::new(client, "node-a", devices.clone(), Duration::from_secs(1))
+            BindingChecks::new(
+                client,
+                ("node-a", "akri"),
+                devices.clone(),
+                Duration::from_secs(1),
+            )
         };
         let device = || devices.known("onvif.akri.sh")[0].instance.clone();
 

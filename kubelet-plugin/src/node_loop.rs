@@ -22,10 +22,10 @@ use akri_runtime::http::Readiness;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
-use kube::Resource;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Debug;
 use std::time::Duration;
@@ -82,18 +82,56 @@ where
     if !enabled {
         return (store, futures::stream::pending().boxed());
     }
-    // Every watch event, deletions included, triggers a pass over the store; the end of the
-    // first list tells the start-up gate that the store is complete.
+    // A change of what the node reads (spec: the generation; a deletion; labels and
+    // annotations, e.g. `akri.sh/migrated-from`) triggers a pass over the store; a
+    // status-only write (the driver-controller's counts, another node's discoveryErrors
+    // entry) does not, or every node would pass once per status write of every node. The end
+    // of a list tells the start-up gate that the store is complete (and catches what a watch
+    // gap missed).
+    let mut seen: BTreeMap<String, Read> = BTreeMap::new();
     let events = kube::runtime::reflector(
         writer,
         watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff(),
     )
-    .map(|event| match event {
-        Ok(watcher::Event::InitDone) => WatchEvent::Listed,
-        Ok(_) => WatchEvent::Changed,
-        Err(_) => WatchEvent::Failed,
+    .filter_map(move |event| {
+        let event = match event {
+            Ok(watcher::Event::InitDone) => Some(WatchEvent::Listed),
+            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
+                let read = Read::of(&o);
+                let uid = o.uid().unwrap_or_default();
+                (seen.insert(uid, read.clone()) != Some(read)).then_some(WatchEvent::Changed)
+            }
+            Ok(watcher::Event::Delete(o)) => {
+                seen.remove(&o.uid().unwrap_or_default());
+                Some(WatchEvent::Changed)
+            }
+            Ok(watcher::Event::Init) => None,
+            Err(_) => Some(WatchEvent::Failed),
+        };
+        std::future::ready(event)
     });
     (store, events.boxed())
+}
+
+/// What the loop reads of a configuration's metadata, beside its spec (its generation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Read {
+    generation: Option<i64>,
+    deleted: bool,
+    labels: BTreeMap<String, String>,
+    annotations: BTreeMap<String, String>,
+}
+
+impl Read {
+    fn of(object: &impl Resource) -> Read {
+        let meta = object.meta();
+        Read {
+            generation: meta.generation,
+            deleted: meta.deletion_timestamp.is_some(),
+            labels: meta.labels.clone().unwrap_or_default(),
+            annotations: meta.annotations.clone().unwrap_or_default(),
+        }
+    }
 }
 
 impl NodeLoop {

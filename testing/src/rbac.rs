@@ -1,7 +1,7 @@
 //! The RBAC docs/operations.md documents for each component, to run it under that and nothing more.
 
-use crate::Error;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use crate::{ControlPlane, Error};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PostParams};
 
 /// The kubelet-plugin's cluster-wide rules (docs/operations.md, "RBAC"); Secret and
@@ -19,7 +19,7 @@ pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
         { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations/status"], "verbs": ["patch"] },
         { "apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
-        { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"] },
+        { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "verbs": ["associated-node:patch", "arbitrary-node:patch"] },
         { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
@@ -63,4 +63,47 @@ pub async fn grant_kubelet_plugin(
         .create(&PostParams::default(), &role_binding)
         .await?;
     Ok(())
+}
+
+/// The kubelet-plugin's rules in the Instances' namespace where DRA is served (the chart's
+/// `<release>-kubelet-plugin-binding-checks` Role): its binding-check ConfigMap, watched by
+/// name.
+pub fn kubelet_plugin_namespace_rules() -> serde_json::Value {
+    serde_json::json!([
+        { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"] },
+    ])
+}
+
+/// A client of the ServiceAccount `kubelet-plugin` in `namespace` (impersonated), granted
+/// what the chart grants it where DRA is served: [`kubelet_plugin_rules`] cluster-wide and
+/// [`kubelet_plugin_namespace_rules`] in `namespace`. Call once per control plane and
+/// namespace.
+pub async fn kubelet_plugin_client(
+    cp: &ControlPlane,
+    namespace: &str,
+) -> Result<kube::Client, Error> {
+    let admin = cp.client().await?;
+    let user = format!("system:serviceaccount:{namespace}:kubelet-plugin");
+    let name = format!("{namespace}-kubelet-plugin");
+    grant_kubelet_plugin(&admin, &user, &name).await?;
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "rules": kubelet_plugin_namespace_rules(),
+    }))
+    .expect("static role");
+    Api::<Role>::namespaced(admin.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": name },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
+        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+    }))
+    .expect("static binding");
+    Api::<RoleBinding>::namespaced(admin, namespace)
+        .create(&PostParams::default(), &binding)
+        .await?;
+    let mut config = cp.client_config().await?;
+    config.auth_info.impersonate = Some(user);
+    Ok(kube::Client::try_from(config)?)
 }

@@ -12,8 +12,8 @@ use akri_api::v1::Instance;
 use dra_plugin::slices::{StoredSlice, carries_labels};
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeStatus};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceAllocationResult, ResourceClaim, ResourceClaimStatus,
-    ResourceSlice, ResourceSliceSpec,
+    AllocatedDeviceStatus, AllocationResult, Device, DeviceAllocationResult, ResourceClaim,
+    ResourceClaimStatus, ResourceSlice, ResourceSliceSpec,
 };
 use kube::api::ObjectMeta;
 use std::borrow::Cow;
@@ -157,13 +157,32 @@ pub(super) fn slim_instance(instance: Instance) -> Instance {
     }
 }
 
-/// What the controller reads of a ResourceClaim: the devices allocated to it.
+/// What the controller reads of a ResourceClaim: the devices allocated to it; and, while
+/// one of them waits for a binding check, the chosen node and the devices' status entries
+/// (their conditions only), to route the check to that node (`binding_routes.rs`).
 pub(super) fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
-    let results = claim
-        .status
-        .and_then(|s| s.allocation)
-        .and_then(|a| a.devices)
-        .and_then(|d| d.results);
+    let waiting = !akri_devices::binding::waiting_results(&claim).is_empty();
+    let Some(status) = claim.status else {
+        return ResourceClaim {
+            metadata: identity(claim.metadata),
+            ..Default::default()
+        };
+    };
+    let allocation = status.allocation;
+    let node_selector = allocation
+        .as_ref()
+        .and_then(|a| a.node_selector.clone())
+        .filter(|_| waiting);
+    let results = allocation.and_then(|a| a.devices).and_then(|d| d.results);
+    let devices = status.devices.filter(|_| waiting).map(|entries| {
+        (entries.into_iter())
+            .map(|entry| AllocatedDeviceStatus {
+                data: None,
+                network_data: None,
+                ..entry
+            })
+            .collect()
+    });
     ResourceClaim {
         metadata: identity(claim.metadata),
         spec: Default::default(),
@@ -173,8 +192,10 @@ pub(super) fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
                     results: Some(results),
                     ..Default::default()
                 }),
+                node_selector,
                 ..Default::default()
             }),
+            devices,
             ..Default::default()
         }),
     }

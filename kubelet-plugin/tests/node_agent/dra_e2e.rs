@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -1506,4 +1506,69 @@ async fn instances_past_the_limit_of_a_configuration_are_not_written_and_the_sta
         .filter(|i| i.spec.configuration_name == config)
         .count();
     assert_eq!(written, 3, "{:?}", instances.items);
+}
+
+/// Status-only writes to a DiscoveryConfiguration (the driver-controller's counts, each
+/// node's `discoveryErrors` entry: they grow with the fleet) set off no pass of a node's
+/// loop; a change of its spec does, and is acted on (issue 53: every status write cost every
+/// node a discovery sync, health vouching and publishing).
+#[tokio::test]
+async fn status_writes_to_a_configuration_set_off_no_pass_and_spec_changes_do() {
+    let (cp, client, ns, config) = cluster().await;
+    let node = start_node(&cp, &client, &ns).await;
+    echo_configuration(&client, &config).await;
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    let described = async |description: &str| {
+        (instances.list(&Default::default()).await.ok()?.items.iter())
+            .any(|i| {
+                i.spec
+                    .broker_properties
+                    .get("DEBUG_ECHO_DESCRIPTION")
+                    .map(String::as_str)
+                    == Some(description)
+            })
+            .then_some(())
+    };
+    eventually("the device's Instance", async || described("foo0").await).await;
+    let passes = || {
+        akri_testing::metric(
+            &node.agent.metrics().encode(),
+            "akri_kubelet_plugin_passes_total",
+        )
+        .expect("the passes counter")
+    };
+    let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
+    let before = passes();
+    for i in 0..10 {
+        let entry = json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": config },
+            "status": { "discoveryErrors": [{ "node": format!("other-node-{i}"), "message": "an error" }] },
+        });
+        configs
+            .patch_status(
+                &config,
+                &PatchParams::apply(&format!("akri-kubelet-plugin/other-node-{i}")),
+                &Patch::Apply(&entry),
+            )
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = passes();
+    // At most one: the 30 s resync.
+    assert!(
+        after - before <= 1.0,
+        "10 status writes set off {} passes",
+        after - before
+    );
+    configs
+        .patch(
+            &config,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "discoveryHandler": { "discoveryDetails": "descriptions: [foo1]" } } })),
+        )
+        .await
+        .unwrap();
+    eventually("the spec's new device", async || described("foo1").await).await;
 }

@@ -8,7 +8,7 @@ use akri_testing::ControlPlane;
 use k8s_openapi::api::authentication::v1::{SelfSubjectReview, TokenRequest};
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::api::rbac::v1::{ClusterRole, Role};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
@@ -1001,7 +1001,8 @@ async fn install_creates_every_object_of_both_releases() {
     let helm = Helm::new();
     let kubeconfig = cp.kubeconfig().display().to_string();
     // akri: 3 ServiceAccounts, 5 ClusterRoles and their bindings (the Secret reads by a
-    // RoleBinding in the release namespace), 2 Roles and their
+    // RoleBinding in the release namespace), 3 Roles (the kubelet-plugin's binding checks
+    // included) and their
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 5 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
@@ -1009,8 +1010,8 @@ async fn install_creates_every_object_of_both_releases() {
     // legacy mode's Configuration admission policy and its binding, and the
     // driver-controller's Role and RoleBinding in the legacy namespace (gone nodes' slots).
     for (release, ns, expected) in [
-        ("akri", &installed.default_ns, 33),
-        ("edge", &installed.full_ns, 50),
+        ("akri", &installed.default_ns, 35),
+        ("edge", &installed.full_ns, 52),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -1073,7 +1074,7 @@ async fn install_creates_every_object_of_both_releases() {
 
 #[tokio::test]
 async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
-    installed().await;
+    let installed = installed().await;
     let client = ControlPlane::shared_api_server()
         .await
         .unwrap()
@@ -1093,6 +1094,20 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
             serde_json::to_value(role.rules.unwrap()).unwrap(),
             akri_testing::rbac::kubelet_plugin_rules_with(legacy),
             "the chart and akri_testing::rbac (which the plugin's tests run under) must agree"
+        );
+    }
+    for (plugin, ns) in [
+        ("akri-kubelet-plugin", &installed.default_ns),
+        ("edge-akri-kubelet-plugin", &installed.full_ns),
+    ] {
+        let role = Api::<Role>::namespaced(client.clone(), ns)
+            .get(&format!("{plugin}-binding-checks"))
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::to_value(role.rules.unwrap()).unwrap(),
+            akri_testing::rbac::kubelet_plugin_namespace_rules(),
+            "the chart and akri_testing::rbac must agree on the release namespace's rules"
         );
     }
 }
@@ -1129,8 +1144,11 @@ kubelet-plugin     patch   resource.k8s.io/resourceslices            cluster   -
 kubelet-plugin     delete  resource.k8s.io/resourceslices            cluster   -             yes
 kubelet-plugin     watch   resource.k8s.io/resourceslices            cluster   -             yes
 kubelet-plugin     get     resource.k8s.io/resourceclaims            other     -             yes
-kubelet-plugin     list    resource.k8s.io/resourceclaims            other     -             yes
-kubelet-plugin     watch   resource.k8s.io/resourceclaims            other     -             yes
+kubelet-plugin     list    resource.k8s.io/resourceclaims            other     -             no
+kubelet-plugin     watch   resource.k8s.io/resourceclaims            other     -             no
+kubelet-plugin     list    resource.k8s.io/resourceclaims            cluster   -             no
+kubelet-plugin     watch   core/configmaps                           release   -             yes
+kubelet-plugin     patch   core/configmaps                           release   -             no
 kubelet-plugin     patch   resource.k8s.io/resourceclaims/status     other     -             yes
 kubelet-plugin     update  resource.k8s.io/resourceclaims/status     other     -             no
 kubelet-plugin     associated-node:patch resource.k8s.io/resourceclaims/driver other - yes
@@ -1187,6 +1205,10 @@ driver-controller  patch   resource.k8s.io/resourceslices            cluster   -
 driver-controller  delete  resource.k8s.io/resourceslices            cluster   -             yes
 driver-controller  list    resource.k8s.io/resourceslices            cluster   -             yes
 driver-controller  list    resource.k8s.io/resourceclaims            other     -             yes
+driver-controller  create  core/configmaps                           release   -             yes
+driver-controller  patch   core/configmaps                           release   -             yes
+driver-controller  delete  core/configmaps                           release   -             yes
+driver-controller  patch   core/configmaps                           other     -             no
 driver-controller  watch   resource.k8s.io/resourceclaims            other     -             yes
 driver-controller  get     resource.k8s.io/resourceclaims            other     -             no
 driver-controller  patch   resource.k8s.io/resourceclaims/status     other     -             no

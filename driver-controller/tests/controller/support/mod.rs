@@ -1,6 +1,6 @@
 //! A cluster for the driver-controller: a real control plane (scheduler and controller-manager
-//! included), simulated nodes each running the kubelet-plugin's agent with the embedded
-//! debugEcho handler, and the controller itself.
+//! included), simulated nodes each running the kubelet-plugin's agent (as the chart's
+//! kubelet-plugin identity) with the embedded debugEcho handler, and the controller itself.
 
 #![allow(dead_code, reason = "each test binary uses part of the support")]
 
@@ -89,6 +89,11 @@ impl Cluster {
     ) -> Cluster {
         let (cp, client, namespace) = control_plane().await;
         let support = ApiSupport::detect(&client).await.unwrap();
+        // The agents run as the chart's kubelet-plugin identity: no claim is listed or
+        // watched, a binding check comes routed by the controller.
+        let node_client = akri_testing::rbac::kubelet_plugin_client(&cp, &namespace)
+            .await
+            .unwrap();
         let mut agents = Vec::new();
         let mut dirs = Vec::new();
         let mut names = Vec::new();
@@ -103,7 +108,7 @@ impl Cluster {
             availability.push(echo.availability_file.clone());
             agent(&mut config);
             agents.push(
-                agent::start(client.clone(), config)
+                agent::start(node_client.clone(), config)
                     .await
                     .expect("agent starts"),
             );
