@@ -9,8 +9,6 @@
 //! else, whatever the size of the cluster.
 
 use crate::{BINDING_CONDITION, BINDING_FAILURE_CONDITION, DRIVER_DOMAIN};
-use blake2::Blake2bVar;
-use blake2::digest::{Update, VariableOutput};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 
 /// Label on the binding-check ConfigMaps (value: `"true"`).
@@ -24,14 +22,7 @@ pub const CHECKS_NODE_ANNOTATION: &str = "akri.sh/node";
 /// digest of the node name (node names may be 253 characters, too long with a prefix). Its
 /// data: claim UID -> `<namespace>/<name>`.
 pub fn checks_config_map(node: &str) -> String {
-    let mut hasher = Blake2bVar::new(8).expect("8 is a valid Blake2b output size");
-    hasher.update(node.as_bytes());
-    let mut digest = [0u8; 8];
-    hasher
-        .finalize_variable(&mut digest)
-        .expect("buffer of the requested size");
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("binding-checks-{hex}")
+    format!("binding-checks-{}", crate::node_digest(node))
 }
 
 /// The results of an allocated claim that wait for a binding check: of an Akri driver, with

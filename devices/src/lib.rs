@@ -104,6 +104,18 @@ pub fn driver_name(handler: &str) -> String {
     format!("{}.{DRIVER_DOMAIN}", handler.to_ascii_lowercase())
 }
 
+/// 16 hex digits of a Blake2b digest of a node name: what stands for it where the whole name
+/// (up to 253 characters) would not fit.
+fn node_digest(node: &str) -> String {
+    let mut hasher = Blake2bVar::new(8).expect("8 is a valid Blake2b output size");
+    hasher.update(node.as_bytes());
+    let mut digest = [0u8; 8];
+    hasher
+        .finalize_variable(&mut digest)
+        .expect("the buffer has the output size");
+    digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The server-side-apply field manager of a node's kubelet-plugin (slices, Instances, its
 /// `discoveryErrors` entry): `akri-kubelet-plugin/<node>`, one per node, so that each node
 /// owns its own entry of an Instance's `nodes` and of `status.discoveryErrors`. The
@@ -116,13 +128,7 @@ pub fn node_field_manager(node: &str) -> String {
     if full.len() <= MAX {
         return full;
     }
-    let mut hasher = Blake2bVar::new(8).expect("8 is a valid Blake2b output size");
-    hasher.update(node.as_bytes());
-    let mut digest = [0u8; 8];
-    hasher
-        .finalize_variable(&mut digest)
-        .expect("the buffer has the output size");
-    let digest: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    let digest = node_digest(node);
     // Node names are ASCII (DNS subdomains), so any byte is a character boundary.
     let keep = MAX - PREFIX.len() - 1 - digest.len();
     format!("{PREFIX}{}-{digest}", &node[..keep])

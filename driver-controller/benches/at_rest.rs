@@ -24,28 +24,12 @@ const DEVICES: usize = 100;
 const WINDOW: Duration = Duration::from_secs(70);
 const SETTLE: Duration = Duration::from_secs(5);
 
-/// The samples of the API server's metric `name`: each one's labels (a label's value, `""`
-/// when absent) and value.
+/// The samples of the API server's metric `name`: each one's labels and value.
 async fn samples(
     client: &kube::Client,
     name: &str,
 ) -> Result<Vec<(BTreeMap<String, String>, f64)>, Box<dyn std::error::Error>> {
-    let request = http::Request::get("/metrics").body(Vec::new())?;
-    let text = client.request_text(request).await?;
-    let prefix = format!("{name}{{");
-    let mut samples = Vec::new();
-    for line in text.lines() {
-        let Some((labels, value)) = (line.strip_prefix(&prefix)).and_then(|l| l.rsplit_once("} "))
-        else {
-            continue;
-        };
-        let labels = (labels.split(','))
-            .filter_map(|l| l.split_once("=\""))
-            .map(|(k, v)| (k.to_string(), v.trim_end_matches('"').to_string()))
-            .collect();
-        samples.push((labels, value.parse::<f64>()?));
-    }
-    Ok(samples)
+    Ok(akri_testing::apiserver_samples(client, name).await?)
 }
 
 /// A label's value, `""` when absent.
@@ -313,10 +297,7 @@ async fn scale(agents: usize, devices: usize) -> Result<(), Box<dyn std::error::
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let counts = std::env::var("AT_REST_SCALE").unwrap_or_else(|_| "20,50".to_string());
-    let counts: Vec<usize> = (counts.split(',').filter(|c| !c.trim().is_empty()))
-        .map(|c| c.trim().parse())
-        .collect::<Result<_, _>>()?;
+    let counts = akri_testing::sizes_from_env("AT_REST_SCALE", "20,50")?;
     if std::env::var_os("AT_REST_SCALE_ONLY").is_some() {
         for agents in counts {
             scale(agents, 50).await?;

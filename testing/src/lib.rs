@@ -333,6 +333,44 @@ pub fn metric(exposition: &str, series: &str) -> Option<f64> {
     })
 }
 
+/// The comma-separated numbers in environment variable `var` (`default` when unset; empty
+/// items skipped): a bench's sizes, e.g. `FLEET_NODES=10,50,200`.
+pub fn sizes_from_env(var: &str, default: &str) -> Result<Vec<usize>, Error> {
+    let value = std::env::var(var).unwrap_or_else(|_| default.to_string());
+    (value.split(',').filter(|s| !s.trim().is_empty()))
+        .map(|s| (s.trim().parse()).map_err(|e| Error::Other(format!("{var}: {s:?}: {e}"))))
+        .collect()
+}
+
+/// The samples of the API server's own metric `name` (its `/metrics`, read with `client`):
+/// each one's labels and value. The independent oracle of what components ask of it.
+pub async fn apiserver_samples(
+    client: &kube::Client,
+    name: &str,
+) -> Result<Vec<(std::collections::BTreeMap<String, String>, f64)>, Error> {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .map_err(|e| Error::Other(e.to_string()))?;
+    let text = client.request_text(request).await?;
+    let prefix = format!("{name}{{");
+    let mut samples = Vec::new();
+    for line in text.lines() {
+        let Some((labels, value)) = (line.strip_prefix(&prefix)).and_then(|l| l.rsplit_once("} "))
+        else {
+            continue;
+        };
+        let labels = (labels.split(','))
+            .filter_map(|l| l.split_once("=\""))
+            .map(|(k, v)| (k.to_string(), v.trim_end_matches('"').to_string()))
+            .collect();
+        let value = value
+            .parse::<f64>()
+            .map_err(|e| Error::Other(format!("{name}: {e}")))?;
+        samples.push((labels, value));
+    }
+    Ok(samples)
+}
+
 /// `GET <path>` on a component's plain-HTTP endpoint (`/metrics`, `/readyz`): the status code
 /// and the body.
 pub async fn http_get(

@@ -74,14 +74,13 @@ pub fn kubelet_plugin_namespace_rules() -> serde_json::Value {
     ])
 }
 
-/// A client of the ServiceAccount `kubelet-plugin` in `namespace` (impersonated), granted
-/// what the chart grants it where DRA is served: [`kubelet_plugin_rules`] cluster-wide and
-/// [`kubelet_plugin_namespace_rules`] in `namespace`. Call once per control plane and
-/// namespace.
-pub async fn kubelet_plugin_client(
+/// Grants the ServiceAccount `kubelet-plugin` of `namespace` what the chart grants it where
+/// DRA is served: [`kubelet_plugin_rules`] cluster-wide and [`kubelet_plugin_namespace_rules`]
+/// in `namespace`; returns its user name. Call once per control plane and namespace.
+pub async fn grant_kubelet_plugin_as_charted(
     cp: &ControlPlane,
     namespace: &str,
-) -> Result<kube::Client, Error> {
+) -> Result<String, Error> {
     let admin = cp.client().await?;
     let user = format!("system:serviceaccount:{namespace}:kubelet-plugin");
     let name = format!("{namespace}-kubelet-plugin");
@@ -103,6 +102,16 @@ pub async fn kubelet_plugin_client(
     Api::<RoleBinding>::namespaced(admin, namespace)
         .create(&PostParams::default(), &binding)
         .await?;
+    Ok(user)
+}
+
+/// A client of the ServiceAccount `kubelet-plugin` in `namespace` (impersonated), granted
+/// what the chart grants it ([`grant_kubelet_plugin_as_charted`]).
+pub async fn kubelet_plugin_client(
+    cp: &ControlPlane,
+    namespace: &str,
+) -> Result<kube::Client, Error> {
+    let user = grant_kubelet_plugin_as_charted(cp, namespace).await?;
     let mut config = cp.client_config().await?;
     config.auth_info.impersonate = Some(user);
     Ok(kube::Client::try_from(config)?)
