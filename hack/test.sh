@@ -46,6 +46,28 @@ wait_for() {
     exit "$status"
   fi
 }
+# Runs `cargo test ...` (the whole command line) and fails unless it ran every test the same
+# command lists (`--list`; ignored ones count as run) and at least one: a filter that
+# matches nothing after a rename, or a target that lost its tests, fails the step instead of
+# passing it empty.
+counted() {
+  local out listed ran
+  out=$(mktemp)
+  "$@" 2>&1 | tee "$out" || { rm -f "$out"; return 1; }
+  local list=("$@")
+  case " $* " in
+    *" -- "*) list+=(--list) ;;
+    *) list+=(-- --list) ;;
+  esac
+  listed=$("${list[@]}" 2>/dev/null | awk '/^[0-9]+ tests?, [0-9]+ benchmarks?$/ { n += $1 } END { print n + 0 }')
+  ran=$(awk '/^test result: / { n += $4 + $8 } END { print n + 0 }' "$out")
+  rm -f "$out"
+  if [ "$ran" -eq 0 ] || [ "$ran" -ne "$listed" ]; then
+    echo "counted: ran $ran of the $listed tests listed by: $*" >&2
+    return 1
+  fi
+  echo "counted: ran all $ran tests listed by: $*"
+}
 # Go's caches, cleared between builds in CI (see above).
 clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache -modcache; }
 (
@@ -115,14 +137,14 @@ wait_for helm "$go_builds"
 # wait on timers. Real nodes and control planes of two test processes keep apart (their own
 # directories, ports and network blocks); the suites with kube-proxy run one at a time below.
 step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade:: and reachability:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
-beside node_agent_suite cargo test --workspace --test node_agent
+beside node_agent_suite counted cargo test --workspace --test node_agent
 other_tests=()
 for target in $(cargo metadata --no-deps --format-version 1 |
   jq -r '.packages[].targets[] | select(.kind | index("test")) | .name' | sort -u); do
   [ "$target" = node_agent ] || other_tests+=(--test "$target")
 done
-cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability::
-cargo test --workspace --doc
+counted cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability::
+counted cargo test --workspace --doc
 joined node_agent_suite
 # Two lanes from here: the suites on 1.34 (no kube-proxy) beside the demo, the move off Akri,
 # the upgrade and the 1.33 suites, which run kube-proxy and so one after another.
@@ -134,12 +156,12 @@ k8s_1_34_steps() {
   step "Kubernetes 1.34 binaries (the oldest release with resource.k8s.io/v1)"
   wait_for k8s-1.34.4 "$go_builds"
   step "cargo test on Kubernetes 1.34: no consumable capacity, per-device node selection or extended resources, so the driver-controller's fallbacks"
-  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test controller || return
-  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test library slices_apiserver:: || return
+  AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test controller || return
+  AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test library slices_apiserver:: || return
   step "the real node (containerd + kubelet) on Kubernetes 1.34: devices reach containers through CDI and Allocate"
-  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test node_agent real_node:: || return
+  AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test node_agent real_node:: || return
   step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step)"
-  AKRI_K8S_VERSION=1.34.4 cargo test --workspace --test cluster chart:: || return
+  AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test cluster chart:: || return
 }
 step "the 1.34 lane starts (its output comes at the end)"
 beside k8s_1_34_lane k8s_1_34_steps
@@ -149,13 +171,13 @@ cat "$background/images.log"
 step "the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
 step "the move off Akri and an upgrade as docs/operations.md give them, and binding conditions on two nodes: the chart with our images on real nodes (one at a time: each runs kube-proxy)"
-cargo test --workspace --test cluster -- akri_move:: upgrade:: reachability:: --test-threads=1
+counted cargo test --workspace --test cluster -- akri_move:: upgrade:: reachability:: --test-threads=1
 step "Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
 wait_for k8s-1.33.13 "$go_builds"
 step "the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"
-AKRI_K8S_VERSION=1.33.13 cargo test --workspace --test cluster -- legacy_only:: startup::
+AKRI_K8S_VERSION=1.33.13 counted cargo test --workspace --test cluster -- legacy_only:: startup::
 step "an upgrade on Kubernetes 1.33: the legacy device plugins handed over on a kubelet before 1.37"
-AKRI_K8S_VERSION=1.33.13 cargo test --workspace --test cluster -- upgrade::
+AKRI_K8S_VERSION=1.33.13 counted cargo test --workspace --test cluster -- upgrade::
 step "the 1.34 lane"
 joined k8s_1_34_lane
 step "done"

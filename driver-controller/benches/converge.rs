@@ -1,7 +1,7 @@
 //! Prints how the driver-controller copes with 10,000 shared Instances over 1,000 simulated
-//! nodes (each Instance seen by 3 of them, 10 DiscoveryConfigurations of 1,000): time to
-//! converge from a cold start, API writes issued, resident memory; then the same after 1,000
-//! Instances vanish; then a restart (SIGTERM, a new process) and a takeover (a standby, the
+//! nodes (each Instance seen by 3 of them, 10 DiscoveryConfigurations of 1,000;
+//! `CONVERGE_SCALE=100000/5000` for 100,000 over 5,000): time to converge from a cold start,
+//! API writes issued, resident memory; then the same after a tenth of the Instances vanish; then a restart (SIGTERM, a new process) and a takeover (a standby, the
 //! leader SIGKILLed) with everything already published: how long until the new leader has
 //! reconciled every configuration, its API writes, how many ResourceSlices it rewrote and
 //! whether any pool generation went backwards (both should be 0). Measured on the real binary
@@ -22,18 +22,22 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 
 const CONFIGURATIONS: usize = 10;
-const INSTANCES_PER_CONFIGURATION: usize = 1_000;
-const NODES: usize = 1_000;
 const NODES_PER_INSTANCE: usize = 3;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let scale = std::env::var("CONVERGE_SCALE").unwrap_or_else(|_| "10000/1000".to_string());
+    let (instances, nodes) = scale
+        .split_once('/')
+        .ok_or("CONVERGE_SCALE is <instances>/<nodes>")?;
+    let instances_per_configuration = instances.parse::<usize>()? / CONFIGURATIONS;
+    let node_count = nodes.parse::<usize>()?;
     let cp = ControlPlane::start(ControlPlaneOptions::default()).await?;
     let client = cp.client().await?;
     cp.install_crds(&akri_api::crds::all()).await?;
     let ns = cp.create_namespace("bench").await?;
     let nodes = Api::<Node>::all(client.clone());
-    futures::stream::iter(0..NODES)
+    futures::stream::iter(0..node_count)
         .map(|n| {
             let nodes = nodes.clone();
             async move {
@@ -67,11 +71,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
     let mut names = Vec::new();
     for (c, config) in configs.iter().enumerate() {
-        for i in 0..INSTANCES_PER_CONFIGURATION {
+        for i in 0..instances_per_configuration {
             names.push((
                 config.clone(),
                 format!("{config}-{i:06x}"),
-                c * INSTANCES_PER_CONFIGURATION + i,
+                c * instances_per_configuration + i,
             ));
         }
     }
@@ -81,7 +85,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let instances = instances.clone();
             async move {
                 let nodes: Vec<String> = (0..NODES_PER_INSTANCE)
-                    .map(|k| format!("node-{:04}", (n + k * 337) % NODES))
+                    .map(|k| format!("node-{:04}", (n + k * 337) % node_count))
                     .collect();
                 let instance: akri_api::v0::Instance = serde_json::from_value(json!({
                     "apiVersion": "akri.sh/v0", "kind": "Instance",
@@ -114,7 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut controller = spawn(port)?;
     let pid = controller.id().expect("running");
 
-    let total = (CONFIGURATIONS * INSTANCES_PER_CONFIGURATION) as i32;
+    let total = (CONFIGURATIONS * instances_per_configuration) as i32;
     wait_published(&client, &configs, total).await?;
     let converged = started.elapsed();
     settle(port).await?;
@@ -126,16 +130,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .len();
     let (rss, peak) = akri_testing::memory_kb(pid)?;
     eprintln!(
-        "converge: {total} shared Instances over {NODES} nodes ({CONFIGURATIONS} configurations) published in {:.2}s as {slices} ResourceSlices",
+        "converge: {total} shared Instances over {node_count} nodes ({CONFIGURATIONS} configurations) published in {:.2}s as {slices} ResourceSlices",
         converged.as_secs_f64()
     );
     eprintln!("converge: {initial_writes} API writes (slices, DeviceClasses, status)");
     eprintln!("converge: controller memory {rss} kB resident, {peak} kB peak");
 
-    // 1,000 Instances vanish (100 per configuration).
+    // A tenth of the Instances vanish (1,000 of 10,000: 100 per configuration).
     let gone: Vec<&String> = names
         .iter()
-        .filter(|(_, _, n)| n % INSTANCES_PER_CONFIGURATION < INSTANCES_PER_CONFIGURATION / 10)
+        .filter(|(_, _, n)| n % instances_per_configuration < instances_per_configuration / 10)
         .map(|(_, name, _)| name)
         .collect();
     let started = Instant::now();
