@@ -419,6 +419,25 @@ impl ControlPlane {
         }
     }
 
+    /// What the API server keeps, by the feature gates this control plane runs with: the
+    /// oracle for tests that branch on a capability, independent of dra-plugin's probe (which
+    /// `slices_apiserver::api_support_is_read_back_from_the_server_and_nothing_is_stored`
+    /// checks against it), so that a probe gone wrong fails a test rather than steering it.
+    pub fn capabilities(&self) -> Capabilities {
+        let gate = |name: &str| self.gate_enabled(name);
+        // Alpha in 1.37 and unknown before (where `gate_enabled` would take it for GA).
+        let optional = "DRAOptionalNodeOperations";
+        Capabilities {
+            consumable_capacity: gate("DRAConsumableCapacity"),
+            per_device_node_selection: gate("DRAPartitionableDevices"),
+            extended_resource_name: gate("DRAExtendedResource"),
+            device_taints: gate("DRADeviceTaints"),
+            binding_conditions: gate("DRADeviceBindingConditions")
+                && gate("DRAResourceClaimDeviceStatus"),
+            optional_node_operations: self.gate_defaults.contains_key(optional) && gate(optional),
+        }
+    }
+
     /// How long start-up took, from nothing to every component ready.
     pub fn started_in(&self) -> Duration {
         self.started_in
@@ -887,4 +906,16 @@ mod tests {
             None
         );
     }
+}
+
+/// What a control plane's API server keeps of DRA, field for field as dra-plugin's
+/// `ApiSupport` names it ([`ControlPlane::capabilities`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    pub consumable_capacity: bool,
+    pub per_device_node_selection: bool,
+    pub extended_resource_name: bool,
+    pub device_taints: bool,
+    pub binding_conditions: bool,
+    pub optional_node_operations: bool,
 }

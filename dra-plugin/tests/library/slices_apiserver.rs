@@ -137,6 +137,21 @@ async fn api_support_is_read_back_from_the_server_and_nothing_is_stored() {
     // Alpha in 1.37, unknown before, so off on this server: the server drops the field. The
     // real-node suite turns it on and sees the slices keep it.
     assert!(!support.optional_node_operations, "{support:?}");
+    // The whole of it, as the other suites take it to branch on.
+    let expected = cp.capabilities();
+    assert_eq!(
+        akri_testing::Capabilities {
+            consumable_capacity: support.consumable_capacity,
+            per_device_node_selection: support.per_device_node_selection,
+            extended_resource_name: support.extended_resource_name,
+            device_taints: support.device_taints,
+            binding_conditions: support.binding_conditions,
+            optional_node_operations: support.optional_node_operations,
+        },
+        expected,
+        "the probe against the gates {}",
+        cp.feature_gates()
+    );
     let probes = Api::<ResourceSlice>::all(client.clone())
         .list(&ListParams::default())
         .await

@@ -49,11 +49,8 @@ pub(crate) fn controller_for(
 
 /// The shared devices an Instance of a uniqueDevices configuration with `capacity` becomes:
 /// one, or one per slot where the API server lacks consumable capacity (1.34).
-pub(crate) async fn devices_per_instance(client: &kube::Client, capacity: i32) -> i32 {
-    let support = dra_plugin::api_support::ApiSupport::detect(client)
-        .await
-        .unwrap();
-    if support.consumable_capacity {
+pub(crate) fn devices_per_instance(cp: &akri_testing::ControlPlane, capacity: i32) -> i32 {
+    if cp.capabilities().consumable_capacity {
         1
     } else {
         capacity

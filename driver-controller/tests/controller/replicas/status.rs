@@ -328,7 +328,7 @@ async fn a_filter_too_long_for_the_api_server_fails_alone() {
     let after = filter("room-b", &mine, json!([{ "key": "ROOM", "value": "b" }])).await;
     let elsewhere = filter("other-a", &other, json!([{ "key": "ROOM", "value": "a" }])).await;
     let controller = controller_for(client.clone(), &namespace, Metrics::default());
-    let published = 2 * devices_per_instance(&client, 2).await;
+    let published = 2 * devices_per_instance(&cp, 2);
 
     let condition = async |name: &str| {
         let status = filters.get(name).await.ok()?.status?;

@@ -81,7 +81,7 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
     };
     let configs = Api::<DiscoveryConfiguration>::all(client.clone());
     let classes = Api::<DeviceClass>::all(client.clone());
-    let published = INSTANCES as i32 * devices_per_instance(&client, 2).await;
+    let published = INSTANCES as i32 * devices_per_instance(&cp, 2);
     let first = run(client.clone(), Metrics::default());
     eventually(
         "every Instance published, the filter compiled",

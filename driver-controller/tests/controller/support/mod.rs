@@ -9,7 +9,6 @@ use akri_driver_controller::metrics::Metrics;
 use akri_driver_controller::shared_devices::selected_nodes;
 use akri_kubelet_plugin::agent::{self, AgentConfig};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
-use dra_plugin::api_support::ApiSupport;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -48,7 +47,8 @@ pub struct Cluster {
     pub cp: ControlPlane,
     pub client: kube::Client,
     pub namespace: String,
-    pub support: ApiSupport,
+    /// What this version's API server keeps (by its gates: [`ControlPlane::capabilities`]).
+    pub support: akri_testing::Capabilities,
     pub nodes: Vec<String>,
     pub metrics: Metrics,
     availability: Vec<std::path::PathBuf>,
@@ -88,7 +88,8 @@ impl Cluster {
         agent: impl Fn(&mut AgentConfig),
     ) -> Cluster {
         let (cp, client, namespace) = control_plane().await;
-        let support = ApiSupport::detect(&client).await.unwrap();
+        // What the API server must keep on this version (its gates), not what the probe says.
+        let support = cp.capabilities();
         // The agents run as the chart's kubelet-plugin identity: no claim is listed or
         // watched, a binding check comes routed by the controller.
         let node_client = akri_testing::rbac::kubelet_plugin_client(&cp, &namespace)

@@ -824,9 +824,9 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
         .get(&claim_name)
         .await
         .unwrap();
-    let served = dra_plugin::api_support::binding_conditions(&c.client)
-        .await
-        .unwrap();
+    // Whether this version's API server must keep binding conditions (its gates, not our
+    // probe).
+    let served = c.control_plane().capabilities().binding_conditions;
     let conditions: Vec<_> = (claim.status.and_then(|s| s.devices).unwrap_or_default())
         .into_iter()
         .flat_map(|d| d.conditions.unwrap_or_default())
