@@ -113,7 +113,19 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
             let mut generations = BTreeMap::<String, i64>::new();
             let mut events =
                 std::pin::pin!(watcher(api, watcher::Config::default().labels(&selector)));
-            while let Some(Ok(event)) = events.next().await {
+            // A watch that fails could miss what it is here to see: the test fails with it.
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        violations
+                            .lock()
+                            .unwrap()
+                            .push(format!("the slice watch failed: {error}"));
+                        ready.notify_one();
+                        break;
+                    }
+                };
                 match event {
                     watcher::Event::InitApply(slice) | watcher::Event::Apply(slice) => {
                         let pool = slice.spec.pool.name.clone();
@@ -140,7 +152,15 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
         let violations = violations.clone();
         async move {
             let mut events = std::pin::pin!(watcher(classes, watcher::Config::default()));
-            while let Some(Ok(event)) = events.next().await {
+            while let Some(event) = events.next().await {
+                let event = match event {
+                    Ok(event) => event,
+                    Err(error) => {
+                        let failed = format!("the DeviceClass watch failed: {error}");
+                        violations.lock().unwrap().push(failed);
+                        break;
+                    }
+                };
                 if let watcher::Event::Delete(class) = event {
                     violations.lock().unwrap().push(format!(
                         "DeviceClass {} deleted",
