@@ -104,7 +104,12 @@ pub struct AgentConfig {
     /// A device's network endpoint that has not accepted a connection after this fails its
     /// binding check.
     pub binding_check_timeout: Duration,
+    /// How often the node loop passes without a change (retrying what failed; [`RESYNC`]).
+    pub resync: Duration,
 }
+
+/// How often the node loop passes without a change, by default.
+pub const RESYNC: Duration = Duration::from_secs(30);
 
 impl AgentConfig {
     /// An agent of `node_name` that keeps everything under `dir` (kubelet directories, CDI
@@ -146,6 +151,7 @@ impl AgentConfig {
             kubelet_registration_timeout: Duration::from_secs(60),
             binding_conditions: None,
             binding_check_timeout: Duration::from_secs(5),
+            resync: RESYNC,
         }
     }
 
@@ -400,6 +406,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         metrics: metrics.clone(),
         readiness: readiness.clone(),
         refused_v0: Default::default(),
+        resync: config.resync,
     };
     // Standing by: the takeover holds the registry (not served yet) until the lock is free.
     let takeover = pending.zip(registry).map(|(unlocked, registry)| {

@@ -210,6 +210,7 @@ fn main() -> anyhow::Result<()> {
         dra: args.dra.forced(),
         binding_conditions: args.binding_conditions.forced(),
         binding_check_timeout: Duration::from_secs(args.binding_check_timeout_seconds),
+        resync: akri_kubelet_plugin::agent::RESYNC,
         legacy: args.legacy_device_plugins.then(|| LegacyOptions {
             device_plugin_dir: args.device_plugin_dir,
             pod_resources_socket: Some(args.pod_resources_socket),

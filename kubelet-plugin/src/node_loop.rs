@@ -1,8 +1,9 @@
 //! The node agent's one loop. In: the configurations (a watch of v1 DiscoveryConfigurations
 //! when the DRA sink runs, of v0 Configurations when the legacy sink does), the discovery
 //! handlers (un)registering, the streams' reports, changes of the Secrets and ConfigMaps that
-//! discovery properties name, the DRA sink's own wake-ups and a resync every 30 s (and every
-//! 10 s, without a pass, the DRA sink vouches for its devices' health). Out:
+//! discovery properties name, the DRA sink's own wake-ups and a resync (`AgentConfig::resync`,
+//! 30 s by default; and every 10 s, without a pass, the DRA sink vouches for its devices'
+//! health). Out:
 //! [`NodeDiscovery`] brought in line with the configurations, then each sink's writes, once
 //! its start-up gate is open. A pass reads nothing from the API server that the watches do
 //! not already keep (the library's slice publisher, the Instance writers and the property
@@ -47,6 +48,8 @@ pub(crate) struct NodeLoop {
     pub readiness: Readiness,
     /// Why v0 Configurations are not served, as last said in the log.
     pub refused_v0: BTreeMap<String, String>,
+    /// How often a pass runs without a change.
+    pub resync: Duration,
 }
 
 /// How a standby agent takes the lead once the one leading the node exits: waits for its lock,
@@ -147,7 +150,7 @@ impl NodeLoop {
             watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
         let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
         let property_changes = self.discovery.property_changes();
-        let mut resync = tokio::time::interval(Duration::from_secs(30));
+        let mut resync = tokio::time::interval(self.resync);
         // The DRA sink vouches for its devices' health this often, without a pass.
         let mut vouch = tokio::time::interval(dra_plugin::health::RESEND_INTERVAL);
         // Standing by, a pass every second notices the kubelet taking this pod's plugins.
