@@ -55,31 +55,45 @@ pub use slow_lists::SlowLists;
 /// A free TCP port on 127.0.0.1, for a component the harness starts (bound and released;
 /// tests run on one machine).
 ///
-/// Two things could take the port between this check and the component's own bind, and
-/// each has failed a CI run: the kernel handing it out as the local port of an outgoing
-/// connection (the ephemeral range), and a concurrent test of this process getting it from
-/// its own `bind(0)`. So ports come from below the ephemeral range, and none is handed out
-/// twice by one process.
+/// Three things could take the port between this check and the component's own bind, and
+/// the first two have failed CI runs: the kernel handing it out as the local port of an
+/// outgoing connection (the ephemeral range), a concurrent test of this process getting it
+/// from its own `bind(0)`, and another test process (the node agent's suite runs beside the
+/// others) picking the same one. So ports come from below the ephemeral range, none is handed
+/// out twice by one process, and each is reserved across processes by a lock on
+/// `$TMPDIR/akri-test-ports/<port>`, held until this process ends (the kernel drops it then,
+/// so a killed test leaves nothing reserved).
 pub fn free_port() -> Result<u16, Error> {
-    use std::collections::HashSet;
+    use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    static GIVEN: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    static GIVEN: OnceLock<Mutex<HashMap<u16, std::fs::File>>> = OnceLock::new();
     let mut given = GIVEN
         .get_or_init(Default::default)
         .lock()
         .expect("port lock");
+    let locks = std::env::temp_dir().join("akri-test-ports");
+    std::fs::create_dir_all(&locks).map_err(Error::io("create the port reservations"))?;
     let (low, high) = ports_below_ephemeral();
     let span = u32::from(high - low);
-    // Start each process somewhere else, so that test binaries run side by side by hand
-    // rarely meet either.
+    // Start each process somewhere else, so that test binaries run side by side rarely meet.
     let start = (std::process::id().wrapping_mul(7919) + given.len() as u32 * 13) % span;
     for offset in 0..span {
         let port = low + ((start + offset) % span) as u16;
-        if given.contains(&port) {
+        if given.contains_key(&port) {
+            continue;
+        }
+        let reservation = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(locks.join(port.to_string()))
+            .map_err(Error::io("open a port reservation"))?;
+        if reservation.try_lock().is_err() {
+            // Another test process holds it.
             continue;
         }
         if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
-            given.insert(port);
+            given.insert(port, reservation);
             return Ok(port);
         }
     }
