@@ -1493,10 +1493,7 @@ async fn instances_past_the_limit_of_a_configuration_are_not_written_and_the_sta
         .await
         .unwrap();
     let said = eventually("the limit in the configuration's status", async || {
-        let status = configs.get(&config).await.ok()?.status?;
-        (status.discovery_errors.into_iter())
-            .find(|e| e.node == node.name)
-            .map(|e| e.message)
+        akri_testing::discovery::discovery_error(&client, &config, &node.name).await
     })
     .await;
     assert!(

@@ -935,16 +935,10 @@ async fn a_renamed_migration_is_held_back_while_its_v0_configuration_serves() {
     let [cam] = c.configuration(&v0_name, &["cam0"], 1, true).await;
     registered(a, &format!("akri.sh/{cam}"), 1).await;
     let renamed = ControlPlane::unique_name("lobby");
-    let v1 = Api::<DiscoveryConfiguration>::all(c.client.clone());
     (c.discovery_configuration(&renamed, Some(format!("{}/{v0_name}", c.ns)))).await;
     let held = eventually(
         "the renamed configuration held back on the node",
-        async || {
-            let status = v1.get(&renamed).await.ok()?.status?;
-            (status.discovery_errors.into_iter())
-                .find(|e| e.node == a.name)
-                .map(|e| e.message)
-        },
+        async || akri_testing::discovery::discovery_error(&c.client, &renamed, &a.name).await,
     )
     .await;
     assert!(
