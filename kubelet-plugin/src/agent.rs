@@ -4,10 +4,11 @@
 
 use crate::binding_check::BindingChecks;
 use crate::discovery::Registry;
-use crate::discovery::debug_echo::{DebugEcho, DebugEchoConfig};
+use crate::discovery::debug_echo::DebugEchoConfig;
 use crate::dra_sink::{DraOptions, DraSink};
 use crate::embedded::Embedded;
 use crate::instance_plan::Grace;
+use crate::leader::{Takeover, lead};
 use crate::legacy::{LegacyOptions, LegacySink};
 use crate::metrics::Metrics;
 use crate::node_devices::NodeDevices;
@@ -173,14 +174,10 @@ impl AgentConfig {
 /// Errors that stop the agent from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("discovery registry: {0}")]
-    Registry(crate::discovery::registry::Error),
     #[error(transparent)]
     StateDir(#[from] crate::state_dir::Error),
-    #[error("embedded debugEcho: {0}")]
-    DebugEcho(crate::discovery::debug_echo::Error),
     #[error(transparent)]
-    Embedded(#[from] crate::embedded::Error),
+    Lead(#[from] crate::leader::Error),
     #[error("reading node {node}: {cause}")]
     Node { node: String, cause: kube::Error },
     #[error("asking the API server what it supports: {0}")]
@@ -190,10 +187,6 @@ pub enum Error {
          chart value legacyDevicePlugin.enabled)"
     )]
     NothingToServe(&'static str),
-    #[error("CDI directory: {0}")]
-    Cdi(dra_plugin::cdi::Error),
-    #[error("kubelet plugin: {0}")]
-    Plugin(dra_plugin::builder::Error),
     #[error("connecting to the API server: {0}")]
     Client(kube::Error),
     #[error("serving /metrics, /healthz and /readyz: {0}")]
@@ -307,23 +300,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         })?;
     let node_uid = node.metadata.uid.unwrap_or_default();
     let (metrics, readiness) = (Metrics::default(), Readiness::default());
-    let serve_dra = match config.dra {
-        Some(forced) => forced,
-        None => dra_plugin::api_support::serves_v1(&client)
-            .await
-            .map_err(Error::ApiSupport)?,
-    };
-    if !serve_dra {
-        let why = match config.dra {
-            Some(_) => "DRA is off (--dra=off)",
-            None => "DRA is off: the API server serves no resource.k8s.io/v1",
-        };
-        if config.legacy.is_none() {
-            return Err(Error::NothingToServe(why));
-        }
-        tracing::warn!("{why}; serving Akri v0 Configurations as device plugins only");
-        readiness.note(format!("{why}; legacy device plugins only"));
-    }
+    let serve_dra = serves_dra(&client, &config, &readiness).await?;
     let mut devices = BTreeMap::new();
     let dra = match serve_dra {
         true => {
@@ -333,7 +310,8 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         }
         false => None,
     };
-    if config.legacy.is_some() {
+    let legacy = legacy_sink(&client, &config, &metrics, leading.is_some());
+    if legacy.is_some() {
         let names = config.state_dir.join("legacy-instance-names.json");
         // No capacity model: a v0 Configuration's capacity is `deviceUsage` slots.
         devices.insert(
@@ -343,22 +321,6 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         );
     }
     let handlers = registry.subscribe();
-    // Served standing by too (under this pod's own sockets), so that the kubelet has a
-    // plugin to call for every resource all through a rolling update.
-    let legacy = config.legacy.as_ref().map(|options| {
-        let tag = config
-            .pod_uid
-            .as_deref()
-            .map(dra_plugin::registration::pod_tag);
-        let (client, grace) = (client.clone(), config.instance_grace);
-        let counters = metrics.legacy_counters();
-        let mut sink = LegacySink::start(client, &config.node_name, options, grace, tag, counters)
-            .limit(config.max_instances_per_configuration);
-        if leading.is_some() {
-            sink.lead();
-        }
-        sink
-    });
     let (leader, registry) = match leading {
         Some(state_dir) => (Some(lead(&config, registry, state_dir).await?), None),
         None => (None, Some(registry)),
@@ -376,25 +338,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     .host_dev(crate::discovery::HostDev::new(&config.host_dev))
     .property_secrets(config.property_secrets.clone());
     let devices = discovery.devices(Sink::Dra);
-    let binding_conditions = match (serve_dra, config.binding_conditions) {
-        (false, _) => false,
-        (true, Some(forced)) => forced,
-        (true, None) => dra_plugin::api_support::binding_conditions(&client)
-            .await
-            .map_err(Error::ApiSupport)?,
-    };
-    tracing::info!(
-        binding_conditions,
-        "shared devices checked from this node at binding"
-    );
-    let binding_checks = binding_conditions.then(|| {
-        let timeout = config.binding_check_timeout;
-        let at = (
-            config.node_name.as_str(),
-            config.instance_namespace.as_str(),
-        );
-        BindingChecks::new(client.clone(), at, devices.clone(), timeout).spawn()
-    });
+    let binding_checks = binding_checks(&client, &config, serve_dra, &devices).await?;
     let node_loop = NodeLoop {
         client: client.clone(),
         node_name: config.node_name.clone(),
@@ -410,7 +354,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     };
     // Standing by: the takeover holds the registry (not served yet) until the lock is free.
     let takeover = pending.zip(registry).map(|(unlocked, registry)| {
-        let takeover: crate::node_loop::Takeover = Box::pin(async move {
+        let takeover: Takeover = Box::pin(async move {
             let state_dir = unlocked.lock().await?;
             lead(&config, registry, state_dir).await
         });
@@ -428,45 +372,82 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     })
 }
 
-/// What only the leading agent of a node runs: the lock, the discovery-handler registration
-/// socket and the embedded handlers (whose socket paths are the node's, not the pod's).
-pub(crate) struct Leader {
-    _registry: Registry,
-    _debug_echo: Option<DebugEcho>,
-    _embedded: Vec<akri_discovery_handler::Served>,
-    /// Last (fields drop in order): the node's sockets are removed before a standby agent
-    /// may take the lock and bind them again.
-    _state_dir: StateDir,
+/// Whether this agent serves DRA: as configured, or as the API server serves
+/// `resource.k8s.io/v1`. Without it, the legacy sink alone (said in the readiness), or
+/// nothing to serve.
+async fn serves_dra(
+    client: &kube::Client,
+    config: &AgentConfig,
+    readiness: &Readiness,
+) -> Result<bool, Error> {
+    let serve_dra = match config.dra {
+        Some(forced) => forced,
+        None => dra_plugin::api_support::serves_v1(client)
+            .await
+            .map_err(Error::ApiSupport)?,
+    };
+    if !serve_dra {
+        let why = match config.dra {
+            Some(_) => "DRA is off (--dra=off)",
+            None => "DRA is off: the API server serves no resource.k8s.io/v1",
+        };
+        if config.legacy.is_none() {
+            return Err(Error::NothingToServe(why));
+        }
+        tracing::warn!("{why}; serving Akri v0 Configurations as device plugins only");
+        readiness.note(format!("{why}; legacy device plugins only"));
+    }
+    Ok(serve_dra)
 }
 
-/// Takes the lead: serves what [`Leader`] holds.
-async fn lead(
+/// The legacy sink, where configured. Served standing by too (under this pod's own
+/// sockets), so that the kubelet has a plugin to call for every resource all through a
+/// rolling update.
+fn legacy_sink(
+    client: &kube::Client,
     config: &AgentConfig,
-    mut registry: Registry,
-    state_dir: StateDir,
-) -> Result<Leader, Error> {
-    registry.serve_on().map_err(Error::Registry)?;
-    let debug_echo = match &config.debug_echo {
-        Some(echo) => {
-            let handler = DebugEcho::serve(echo.clone()).map_err(Error::DebugEcho)?;
-            handler
-                .register(registry.socket())
-                .await
-                .map_err(Error::DebugEcho)?;
-            Some(handler)
-        }
-        None => None,
-    };
-    let mut embedded = Vec::new();
-    for handler in &config.embedded_handlers {
-        embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
+    metrics: &Metrics,
+    leading: bool,
+) -> Option<LegacySink> {
+    let options = config.legacy.as_ref()?;
+    let tag = (config.pod_uid.as_deref()).map(dra_plugin::registration::pod_tag);
+    let (client, grace) = (client.clone(), config.instance_grace);
+    let counters = metrics.legacy_counters();
+    let mut sink = LegacySink::start(client, &config.node_name, options, grace, tag, counters)
+        .limit(config.max_instances_per_configuration);
+    if leading {
+        sink.lead();
     }
-    Ok(Leader {
-        _registry: registry,
-        _debug_echo: debug_echo,
-        _embedded: embedded,
-        _state_dir: state_dir,
-    })
+    Some(sink)
+}
+
+/// The binding checks of the shared devices allocated to this node, where the API server
+/// keeps binding conditions (or as configured).
+async fn binding_checks(
+    client: &kube::Client,
+    config: &AgentConfig,
+    serve_dra: bool,
+    devices: &NodeDevices,
+) -> Result<Option<tokio_util::task::AbortOnDropHandle<()>>, Error> {
+    let binding_conditions = match (serve_dra, config.binding_conditions) {
+        (false, _) => false,
+        (true, Some(forced)) => forced,
+        (true, None) => dra_plugin::api_support::binding_conditions(client)
+            .await
+            .map_err(Error::ApiSupport)?,
+    };
+    tracing::info!(
+        binding_conditions,
+        "shared devices checked from this node at binding"
+    );
+    Ok(binding_conditions.then(|| {
+        let timeout = config.binding_check_timeout;
+        let at = (
+            config.node_name.as_str(),
+            config.instance_namespace.as_str(),
+        );
+        BindingChecks::new(client.clone(), at, devices.clone(), timeout).spawn()
+    }))
 }
 
 /// The DRA sink: asks the API server what it supports (unless told), then serves nothing yet.

@@ -1,12 +1,15 @@
 //! The DRA sink of the node's discovery: per discovery handler one served DRA driver (the
 //! kubelet plugin), this node's pool of its devices, their health, and their Instances.
 
+use crate::device_health::{Health, vouch};
 use crate::discovery::Handlers;
 use crate::driver::AkriDriver;
 use crate::instances::InstanceWriter;
 use crate::kubelet_registration::KubeletRegistration;
 use crate::metrics::{Metrics, Timed};
 use crate::node_devices::NodeDevices;
+use crate::node_discovery::Sink;
+use crate::sink::{ApplyPlan, Pass, Standing};
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::metadata::Version;
 use dra_plugin::registration::RegistrationStatus;
@@ -16,6 +19,15 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+/// Why a discovery handler's DRA driver cannot be served (logged; the others are served).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("CDI directory: {0}")]
+    Cdi(dra_plugin::cdi::Error),
+    #[error("kubelet plugin: {0}")]
+    Plugin(dra_plugin::builder::Error),
+}
 
 /// What the sink is configured with (from [`crate::agent::AgentConfig`]).
 #[derive(Clone, Debug)]
@@ -133,7 +145,14 @@ impl DraSink {
         self.answering = answering;
         for (driver, served) in &self.drivers {
             let local = self.devices.local_dra_devices(driver);
-            vouch(served, &self.options.node_name, &local, &self.answering);
+            let health = served.plugin.health();
+            vouch(
+                health,
+                &served.health.gone,
+                &self.options.node_name,
+                &local,
+                &self.answering,
+            );
         }
     }
 
@@ -182,7 +201,7 @@ impl DraSink {
 
     /// Serves a kubelet plugin per registered handler (before the start-up gate opens too:
     /// the kubelet may prepare claims of the devices published before).
-    pub async fn serve(&mut self, handlers: &Handlers) {
+    async fn serve(&mut self, handlers: &Handlers) {
         for handler in handlers.values() {
             let driver = akri_devices::driver_name(&handler.name);
             if self.drivers.contains_key(&driver) {
@@ -204,7 +223,7 @@ impl DraSink {
     }
 
     /// Why the node is not ready, if a kubelet refused a driver or took none in time.
-    pub fn registration_problem(&mut self) -> Option<String> {
+    fn registration_problem(&mut self) -> Option<String> {
         let registration = self.registration.check(
             self.drivers.iter().map(|(driver, served)| {
                 let status = served.plugin.registration_status();
@@ -219,7 +238,7 @@ impl DraSink {
 
     /// Whether the kubelet took every served driver. If not, looks again within a second (a
     /// standby agent is ready only then: the pod it replaces may go once it is).
-    pub fn all_registered(&mut self) -> bool {
+    fn all_registered(&mut self) -> bool {
         let all = (self.drivers.values())
             .all(|served| served.plugin.registration_status() == RegistrationStatus::Registered);
         if !all {
@@ -231,7 +250,7 @@ impl DraSink {
     }
 
     /// Publishes the changed drivers' pools and health, and the Instances.
-    pub async fn publish(&mut self) {
+    async fn publish(&mut self) {
         // A device renamed because another node's has its name is published under its new
         // name at once (a second round at most: a new name is checked against the others').
         for _ in 0..2 {
@@ -248,14 +267,10 @@ impl DraSink {
         }
     }
 
-    async fn serve_driver(
-        &self,
-        handler: &str,
-        driver: &str,
-    ) -> Result<ServedDriver, crate::agent::Error> {
+    async fn serve_driver(&self, handler: &str, driver: &str) -> Result<ServedDriver, Error> {
         let options = &self.options;
-        let cdi = CdiRoot::new(&options.cdi_dir, akri_devices::DRIVER_DOMAIN)
-            .map_err(crate::agent::Error::Cdi)?;
+        let cdi =
+            CdiRoot::new(&options.cdi_dir, akri_devices::DRIVER_DOMAIN).map_err(Error::Cdi)?;
         let akri_driver = AkriDriver {
             driver: driver.to_string(),
             cdi_class: handler.to_ascii_lowercase(),
@@ -290,7 +305,7 @@ impl DraSink {
             // vanished device's taint moves on at its own time (`next_taint_change`).
             .start(self.client.clone(), timed)
             .await
-            .map_err(crate::agent::Error::Plugin)?;
+            .map_err(Error::Plugin)?;
         if let Some(set_aside) = plugin.service().set_aside() {
             let note = format!(
                 "The prepared-claims checkpoint of {driver} was unusable ({}); it was moved to {} and the plugin started without it. Claims are prepared again as the kubelet asks.",
@@ -386,24 +401,23 @@ impl DraSink {
         for name in served.health.update(now, &held) {
             served.plugin.health().remove(&pool, &name);
         }
-        vouch(served, &pool, &local, &self.answering);
+        vouch(
+            served.plugin.health(),
+            &served.health.gone,
+            &pool,
+            &local,
+            &self.answering,
+        );
     }
 
     /// Writes the Instances of every driver's devices on this node. A device whose name
     /// another node's unshared device has is renamed, and its driver published again.
     async fn sync_instances(&mut self) {
-        let mut known = Vec::new();
-        let mut drivers = Vec::new();
+        let (mut known, mut drivers) = (Vec::new(), Vec::new());
         for driver in self.drivers.keys() {
-            let configs = self.devices.configurations(driver);
-            for device in self.devices.known(driver) {
-                let config = configs
-                    .iter()
-                    .find(|c| c.configuration == device.configuration);
-                let (capacity, shared) = config.map_or((1, false), |c| (c.capacity, c.shared));
-                known.push((device, capacity, shared));
-                drivers.push(driver.clone());
-            }
+            let seen = self.devices.seen(driver);
+            drivers.extend(std::iter::repeat_n(driver.clone(), seen.len()));
+            known.extend(seen);
         }
         let synced = match self.instances.sync(&known, None).await {
             Ok(synced) => synced,
@@ -426,55 +440,29 @@ impl DraSink {
     }
 }
 
-/// A driver's devices' health: published devices are healthy; a device published before and
-/// gone now is unhealthy (pods that still hold it learn it from the kubelet) until it
-/// returns, and forgotten once nothing holds it (nobody asks about it any more).
-#[derive(Debug, Default)]
-struct Health {
-    ever_published: BTreeSet<String>,
-    /// Published before, gone now, still held.
-    gone: BTreeSet<String>,
-}
-
-impl Health {
-    /// `now`: the devices published now; `held`: those prepared claims hold. Returns the
-    /// devices to forget; [`Health::gone`] is then what is unhealthy.
-    fn update(&mut self, now: BTreeSet<String>, held: &BTreeSet<String>) -> BTreeSet<String> {
-        let forget: BTreeSet<String> = (self.ever_published.iter())
-            .filter(|name| !now.contains(*name) && !held.contains(*name))
-            .cloned()
-            .collect();
-        self.ever_published.retain(|name| !forget.contains(name));
-        self.gone = self.ever_published.difference(&now).cloned().collect();
-        self.ever_published.extend(now);
-        forget
-    }
-}
-
-/// Vouches for a driver's devices in `pool`: healthy those `local` has whose configuration
-/// is `answering`, unhealthy those gone that claims still hold.
-fn vouch(
-    served: &ServedDriver,
-    pool: &str,
-    local: &[(
-        k8s_openapi::api::resource::v1::Device,
-        crate::node_devices::KnownDevice,
-    )],
-    answering: &BTreeSet<String>,
-) {
-    let health = served.plugin.health();
-    for (device, known) in local {
-        if answering.contains(&known.configuration) {
-            health.set(pool, &device.name, true, "");
+impl ApplyPlan for DraSink {
+    /// Serves a driver per registered handler and vouches for its devices' health. Standing
+    /// by, that is all (the kubelet may call these drivers already; the leading agent writes
+    /// the rest). Leading, once discovery has answered, publishes what changed; until then
+    /// what the previous process published stays.
+    async fn apply(&mut self, pass: &mut Pass<'_>) -> Standing {
+        self.serve(pass.handlers).await;
+        self.vouch(pass.discovery.answering(Sink::Dra));
+        if !pass.leading {
+            let problem = self.registration_problem();
+            let registered = self.all_registered();
+            return match problem {
+                Some(problem) => Standing::Problem(problem),
+                None if !registered => Standing::WaitingForKubelet,
+                None => Standing::Serving,
+            };
         }
-    }
-    for name in &served.health.gone {
-        health.set(
-            pool,
-            name,
-            false,
-            "its discovery handler no longer reports it",
-        );
+        if !(pass.discovery).open(Sink::Dra, &pass.plan.wanted, pass.handlers) {
+            return Standing::Starting;
+        }
+        let problem = self.registration_problem();
+        self.publish().await;
+        problem.map_or(Standing::Serving, Standing::Problem)
     }
 }
 
@@ -496,42 +484,5 @@ async fn forward_claim_changes(
         if to.send(driver.clone()).is_err() {
             return;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn set(names: &[&str]) -> BTreeSet<String> {
-        names.iter().map(|n| n.to_string()).collect()
-    }
-
-    #[test]
-    fn a_gone_device_is_unhealthy_while_held_and_forgotten_once_released() {
-        let mut health = Health::default();
-        assert!(health.update(set(&["a", "b"]), &set(&[])).is_empty());
-        assert!(health.gone.is_empty());
-
-        // b goes while a claim holds it: unhealthy, and the claims now matter.
-        assert!(health.update(set(&["a"]), &set(&["b"])).is_empty());
-        assert_eq!(health.gone, set(&["b"]));
-
-        // Released: forgotten, nothing left to wait for.
-        assert_eq!(health.update(set(&["a"]), &set(&[])), set(&["b"]));
-        assert!(health.gone.is_empty());
-
-        // A device that comes back is healthy again, not gone.
-        health.update(set(&["a"]), &set(&["a"]));
-        assert!(health.update(set(&["a", "b"]), &set(&[])).is_empty());
-        assert!(health.gone.is_empty());
-    }
-
-    #[test]
-    fn a_device_gone_and_unheld_is_forgotten_at_once() {
-        let mut health = Health::default();
-        health.update(set(&["a", "b"]), &set(&[]));
-        assert_eq!(health.update(set(&["a"]), &set(&[])), set(&["b"]));
-        assert!(health.gone.is_empty());
     }
 }

@@ -225,8 +225,6 @@ impl InstanceWriter {
         known: &[Seen],
         live: Option<&BTreeSet<String>>,
     ) -> Result<Synced, kube::Error> {
-        let params = PatchParams::apply(&self.field_manager).force();
-        let unforced = PatchParams::apply(&self.field_manager);
         // What is stored: an Instance that already says what this node would apply is not
         // written again, so a node at rest makes no writes (it did one per Instance per pass).
         let stored = self.stored_mine().await?;
@@ -248,95 +246,107 @@ impl InstanceWriter {
             )
         };
         let mut synced = Synced::default();
-        let contested = &mut synced.contested;
-        let mut refused = Refusals(&mut synced.refused);
         for step in plan.steps {
-            let current = match step {
-                Step::Contested(name) => {
-                    contested.push(name);
-                    continue;
-                }
-                Step::Unchanged(current) => current,
-                Step::Limited {
-                    configuration,
-                    kept,
-                } => {
-                    let why = format!(
-                        "this node keeps {kept} Instances of the configuration, the most it keeps of one; devices new to it are left out until some go (a handler reporting new device ids on every scan?)"
-                    );
-                    if refused.0.insert(configuration.clone(), why).is_none() {
-                        tracing::warn!(%configuration, kept, "Instance limit reached; new devices left out");
-                    }
-                    continue;
-                }
-                Step::Apply {
-                    instance,
-                    unforced: first,
-                } => {
-                    let name = instance.metadata.name.clone().unwrap_or_default();
-                    let params = if first { &unforced } else { &params };
-                    let patch = Patch::Apply(&instance);
-                    match crate::api_call(self.api.patch(&name, params, &patch)).await {
-                        Ok(applied) => {
-                            self.wrote(&applied);
-                            applied
-                        }
-                        Err(kube::Error::Api(status)) if first && status.code == 409 => {
-                            contested.push(name);
-                            continue;
-                        }
-                        Err(error) => {
-                            refused.note(&instance, error)?;
-                            continue;
-                        }
-                    }
-                }
-            };
-            let name = current.metadata.name.clone().unwrap_or_default();
-            // Both wrote it before either saw the other's: the first in `nodes` keeps it.
-            if !current.spec.shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
-                match self.give_up(&name, &params).await {
-                    Ok(()) => contested.push(name),
-                    Err(error) => refused.note(&current, error)?,
-                }
-                continue;
-            }
-            if self.slots
-                && let Err(error) = self.complete(&current).await
-            {
-                refused.note(&current, error)?;
-            }
+            self.take_step(step, &mut synced).await?;
         }
         for departure in plan.departures {
-            let (name, result) = match departure {
-                Departure::Delete(name) => {
-                    let result = match crate::api_call(
-                        self.api.delete(&name, &DeleteParams::default()),
-                    )
-                    .await
-                    {
-                        Ok(_) => {
-                            tracing::info!(instance = %name, "deleted Instance: no node sees it");
-                            Ok(())
-                        }
-                        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-                        Err(e) => Err(e),
-                    };
-                    if result.is_ok() {
-                        self.mine.lock().expect("not poisoned").deleted(&name);
-                    }
-                    (name, result)
-                }
-                Departure::Leave(name) => {
-                    let result = self.give_up(&name, &params).await;
-                    (name, result)
-                }
-            };
+            let (name, result) = self.depart(departure).await;
             if let (Err(error), Some(instance)) = (result, stored.get(&name)) {
-                refused.note(instance, error)?;
+                Refusals(&mut synced.refused).note(instance, error)?;
             }
         }
         Ok(synced)
+    }
+
+    /// Takes one step of a plan, noting in `synced` what it found; an error that is not the
+    /// API server's answer is returned.
+    async fn take_step(&mut self, step: Step, synced: &mut Synced) -> Result<(), kube::Error> {
+        let params = PatchParams::apply(&self.field_manager).force();
+        let unforced = PatchParams::apply(&self.field_manager);
+        let contested = &mut synced.contested;
+        let mut refused = Refusals(&mut synced.refused);
+        let current = match step {
+            Step::Contested(name) => {
+                contested.push(name);
+                return Ok(());
+            }
+            Step::Unchanged(current) => current,
+            Step::Limited {
+                configuration,
+                kept,
+            } => {
+                let why = format!(
+                    "this node keeps {kept} Instances of the configuration, the most it keeps of one; devices new to it are left out until some go (a handler reporting new device ids on every scan?)"
+                );
+                if refused.0.insert(configuration.clone(), why).is_none() {
+                    tracing::warn!(%configuration, kept, "Instance limit reached; new devices left out");
+                }
+                return Ok(());
+            }
+            Step::Apply {
+                instance,
+                unforced: first,
+            } => {
+                let name = instance.metadata.name.clone().unwrap_or_default();
+                let params = if first { &unforced } else { &params };
+                let patch = Patch::Apply(&instance);
+                match crate::api_call(self.api.patch(&name, params, &patch)).await {
+                    Ok(applied) => {
+                        self.wrote(&applied);
+                        applied
+                    }
+                    Err(kube::Error::Api(status)) if first && status.code == 409 => {
+                        contested.push(name);
+                        return Ok(());
+                    }
+                    Err(error) => return refused.note(&instance, error),
+                }
+            }
+        };
+        let name = current.metadata.name.clone().unwrap_or_default();
+        // Both wrote it before either saw the other's: the first in `nodes` keeps it.
+        if !current.spec.shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
+            return match self.give_up(&name, &params).await {
+                Ok(()) => {
+                    contested.push(name);
+                    Ok(())
+                }
+                Err(error) => refused.note(&current, error),
+            };
+        }
+        if self.slots
+            && let Err(error) = self.complete(&current).await
+        {
+            refused.note(&current, error)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes an Instance no node sees any more, or takes this node out of one.
+    async fn depart(&mut self, departure: Departure) -> (String, Result<(), kube::Error>) {
+        match departure {
+            Departure::Delete(name) => {
+                let params = DeleteParams::default();
+                let deleted = self.api.delete(&name, &params);
+                let result = match crate::api_call(deleted).await {
+                    Ok(_) => {
+                        tracing::info!(instance = %name, "deleted Instance: no node sees it");
+                        Ok(())
+                    }
+                    Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+                    Err(e) => Err(e),
+                };
+                if result.is_ok() {
+                    self.mine.lock().expect("not poisoned").deleted(&name);
+                }
+                (name, result)
+            }
+            Departure::Leave(name) => {
+                let params = PatchParams::apply(&self.field_manager).force();
+                let result = self.give_up(&name, &params).await;
+                (name, result)
+            }
+        }
     }
 
     /// Gives up this node's entry of `nodes` (and its other fields) by applying nothing.

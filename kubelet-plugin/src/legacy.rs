@@ -15,6 +15,8 @@ use crate::discovery::DiscoveredDevice;
 use crate::instance_plan::Grace;
 use crate::instances::InstanceWriter;
 use crate::node_devices::{KnownDevice, NodeDevices};
+use crate::node_discovery::Sink;
+use crate::sink::{ApplyPlan, Pass, Standing};
 use akri_api::v0::Configuration;
 use akri_legacy_device_plugin::plugins::{
     ConfigurationDevices, Counters, DeviceEdits, LegacyConfig, LegacyPlugins,
@@ -122,20 +124,20 @@ impl LegacySink {
     }
 
     /// Whether the kubelet has taken every served plugin's registration.
-    pub fn all_registered(&self) -> bool {
+    fn all_registered(&self) -> bool {
         self.plugins.all_registered()
     }
 
     /// Serves the plugins over the Instances the leading process writes, writing nothing:
     /// what a process standing by does, so that the kubelet can call it before the leader
     /// exits. Its `Allocate` claims slots as any node's does.
-    pub async fn serve(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
+    async fn serve(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
         let namespaces: BTreeSet<String> = (configs.iter())
             .filter_map(|c| c.metadata.namespace.clone())
             .collect();
         let mut served = Vec::new();
         for namespace in namespaces {
-            let known = known(devices, &namespace);
+            let known = devices.seen(&namespace);
             let allowed = &self.broker_property_names;
             served.extend(served_devices(
                 configs, devices, &namespace, &known, allowed,
@@ -147,7 +149,7 @@ impl LegacySink {
 
     /// Writes the Instances of every namespace's devices, then serves the plugins over them
     /// ([`serve`](Self::serve), with the names as written).
-    pub async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
+    async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
         let namespaces: BTreeSet<String> = configs
             .iter()
             .filter_map(|c| c.metadata.namespace.clone())
@@ -165,7 +167,7 @@ impl LegacySink {
                 .filter(|c| c.metadata.namespace.as_deref() == Some(namespace.as_str()))
                 .filter_map(|c| c.metadata.name.clone())
                 .collect();
-            let mut known = known(devices, &namespace);
+            let mut known = devices.seen(&namespace);
             for _ in 0..2 {
                 // A refused Instance is logged by the writer (a v0 Configuration has no
                 // status); the others are written all the same.
@@ -184,7 +186,7 @@ impl LegacySink {
                     break;
                 }
                 tracing::warn!(%namespace, renamed, "another node's devices have these Instance names; renamed");
-                known = self::known(devices, &namespace);
+                known = devices.seen(&namespace);
             }
         }
         self.serve(configs, devices).await;
@@ -223,10 +225,11 @@ impl LegacySink {
     /// configuration of its name held back, [`crate::same_name`]) for ever. This agent needs
     /// no finalizer: it drops a deleted Configuration's device plugins when the watch says so,
     /// and its Instances go only once their slots are free. The chart's admission policy lets
-    /// a node remove its own name and change nothing else. `configs` are all the v0
-    /// Configurations, served or not: one this node does not serve has nothing of it on the
-    /// node to clean up either.
-    pub async fn release_akri_finalizers(&mut self, configs: &[Arc<Configuration>]) {
+    /// a node remove its own name and change nothing else. `configs` are the v0
+    /// Configurations carrying it, served or not
+    /// ([`crate::node_plan::NodePlan::akri_finalizers`]): one this node does not serve has
+    /// nothing of it on the node to clean up either.
+    async fn release_akri_finalizers(&mut self, configs: &[Arc<Configuration>]) {
         let api = |ns: &str| kube::Api::<Configuration>::namespaced(self.client.clone(), ns);
         for config in configs {
             let Some(patch) = finalizer_release(config, &self.node) else {
@@ -269,6 +272,28 @@ impl LegacySink {
     }
 }
 
+impl ApplyPlan for LegacySink {
+    /// Once discovery has answered: leading, releases Akri's finalizers and writes the
+    /// Instances, then serves the device plugins over them; standing by, only serves.
+    async fn apply(&mut self, pass: &mut Pass<'_>) -> Standing {
+        if !(pass.discovery).open(Sink::Legacy, &pass.plan.wanted, pass.handlers) {
+            return Standing::Starting;
+        }
+        let devices = pass.discovery.devices(Sink::Legacy);
+        let plan = pass.plan;
+        if pass.leading {
+            self.release_akri_finalizers(&plan.akri_finalizers).await;
+            self.publish(&plan.served_v0, &devices).await;
+            return Standing::Serving;
+        }
+        self.serve(&plan.served_v0, &devices).await;
+        match self.all_registered() {
+            true => Standing::Serving,
+            false => Standing::WaitingForKubelet,
+        }
+    }
+}
+
 /// The JSON patch that removes `node` from a Configuration's finalizers, testing the
 /// resourceVersion it was computed from; `None` when the node's name is not there.
 fn finalizer_release(config: &Configuration, node: &str) -> Option<json_patch::Patch> {
@@ -278,19 +303,6 @@ fn finalizer_release(config: &Configuration, node: &str) -> Option<json_patch::P
         removal,
     ]);
     Some(serde_json::from_value(patch).expect("valid JSON patch"))
-}
-
-/// A namespace's devices with their configuration's capacity and sharing.
-fn known(devices: &NodeDevices, namespace: &str) -> Vec<(KnownDevice, i32, bool)> {
-    let configs = devices.configurations(namespace);
-    (devices.known(namespace).into_iter())
-        .filter_map(|device| {
-            let config = configs
-                .iter()
-                .find(|c| c.configuration == device.configuration)?;
-            Some((device, config.capacity, config.shared))
-        })
-        .collect()
 }
 
 /// What the device plugins serve for a namespace's configurations: each one's Instances and

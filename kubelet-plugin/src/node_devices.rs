@@ -321,17 +321,29 @@ impl NodeDevices {
 
     /// Every device of a driver with its Instance name.
     pub fn known(&self, driver: &str) -> Vec<KnownDevice> {
+        self.seen(driver)
+            .into_iter()
+            .map(|(known, _, _)| known)
+            .collect()
+    }
+
+    /// Every device of a driver with its Instance name, and its configuration's capacity and
+    /// sharing: what its Instance is written from ([`crate::instance_plan::Seen`]).
+    pub fn seen(&self, driver: &str) -> Vec<crate::instance_plan::Seen> {
         let drivers = self.drivers.read().expect("lock");
         let Some(configs) = drivers.get(driver) else {
             return Vec::new();
         };
-        configs
-            .values()
+        (configs.values())
             .flat_map(|named| {
-                named.devices.devices.iter().map(|device| KnownDevice {
-                    instance: named.names[&device.id].clone(),
-                    configuration: named.devices.configuration.clone(),
-                    device: device.clone(),
+                let config = &named.devices;
+                config.devices.iter().map(|device| {
+                    let known = KnownDevice {
+                        instance: named.names[&device.id].clone(),
+                        configuration: config.configuration.clone(),
+                        device: device.clone(),
+                    };
+                    (known, config.capacity, config.shared)
                 })
             })
             .collect()

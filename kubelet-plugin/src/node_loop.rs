@@ -1,27 +1,35 @@
-//! The node agent's one loop. In: the configurations (a watch of v1 DiscoveryConfigurations
-//! when the DRA sink runs, of v0 Configurations when the legacy sink does), the discovery
-//! handlers (un)registering, the streams' reports, changes of the Secrets and ConfigMaps that
-//! discovery properties name, the DRA sink's own wake-ups and a resync (`AgentConfig::resync`,
-//! 30 s by default; and every 10 s, without a pass, the DRA sink vouches for its devices'
-//! health). Out:
-//! [`NodeDiscovery`] brought in line with the configurations, then each sink's writes, once
-//! its start-up gate is open. A pass reads nothing from the API server that the watches do
-//! not already keep (the library's slice publisher, the Instance writers and the property
-//! sources keep what is stored).
+//! The node agent's one loop: event -> state -> plan -> apply -> readiness.
+//!
+//! - Events: the configurations (a watch of v1 DiscoveryConfigurations when the DRA sink
+//!   runs, of v0 Configurations when the legacy sink does; status-only writes are not
+//!   events), the discovery handlers (un)registering, the streams' reports, changes of the
+//!   Secrets and ConfigMaps that discovery properties name, the DRA sink's own wake-ups and a
+//!   resync (`AgentConfig::resync`, 30 s by default; and every 10 s, without a pass, the DRA
+//!   sink vouches for its devices' health).
+//! - State: the stores those watches keep and the devices discovery reported
+//!   ([`NodeDiscovery`]).
+//! - Plan: [`NodePlan`], pure; discovery is brought in line with its configurations.
+//! - Apply: each sink its part ([`ApplyPlan`]), once its start-up gate is open; then this
+//!   node's `status.discoveryErrors` entries.
+//! - Readiness: from the sinks' standings ([`sink::readiness`]).
+//!
+//! A pass reads nothing from the API server that the watches do not already keep (the
+//! library's slice publisher, the Instance writers and the property sources keep what is
+//! stored).
 
-use crate::agent::Leader;
 use crate::discovery::Handlers;
 use crate::dra_sink::DraSink;
+use crate::leader::{Leader, Takeover};
 use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
-use crate::node_discovery::{NodeDiscovery, Sink, Wanted};
-use crate::same_name;
+use crate::node_discovery::{NodeDiscovery, Sink};
+use crate::node_plan::{Known, NodePlan};
+use crate::sink::{self, ApplyPlan, Pass};
 use crate::streams::StreamEvent;
 use akri_api::v0::Configuration;
 use akri_api::v1::DiscoveryConfiguration;
 use akri_runtime::http::Readiness;
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use kube::api::Api;
 use kube::runtime::reflector::Store;
@@ -51,10 +59,6 @@ pub(crate) struct NodeLoop {
     /// How often a pass runs without a change.
     pub resync: Duration,
 }
-
-/// How a standby agent takes the lead once the one leading the node exits: waits for its lock,
-/// then serves the registration socket and the rest of [`Leader`].
-pub(crate) type Takeover = BoxFuture<'static, Result<Leader, crate::agent::Error>>;
 
 /// How long a stopping agent keeps answering the kubelet's calls under way after it withdrew
 /// its registrations.
@@ -137,172 +141,235 @@ impl Read {
     }
 }
 
+/// What the loop waits on: the configuration stores and their watches, the handlers, the
+/// streams' reports, its timers, the takeover and the stop.
+pub(crate) struct Inputs {
+    v1: Store<DiscoveryConfiguration>,
+    v1_changes: BoxStream<'static, WatchEvent>,
+    v0: Store<Configuration>,
+    v0_changes: BoxStream<'static, WatchEvent>,
+    handlers: watch::Receiver<Handlers>,
+    events: mpsc::Receiver<StreamEvent>,
+    property_changes: std::sync::Arc<tokio::sync::Notify>,
+    resync: tokio::time::Interval,
+    /// The DRA sink vouches for its devices' health this often, without a pass.
+    vouch: tokio::time::Interval,
+    /// Standing by, a pass every second notices the kubelet taking this pod's plugins.
+    standing_by: tokio::time::Interval,
+    startup_deadline: std::pin::Pin<Box<tokio::time::Sleep>>,
+    /// A finished sleep is ready again at once: poll it only until it has fired.
+    waited: bool,
+    /// The sinks whose configuration watch fails now.
+    failing: BTreeSet<Sink>,
+    takeover: Takeover,
+    stop: tokio::sync::oneshot::Receiver<()>,
+}
+
+/// What a pass plans from: the stores and the handlers as they are now.
+struct State {
+    v1: Vec<std::sync::Arc<DiscoveryConfiguration>>,
+    v0: Vec<std::sync::Arc<Configuration>>,
+    handlers: Handlers,
+    /// Whether a configuration watch fails now.
+    watch_failing: bool,
+}
+
+impl Inputs {
+    fn state(&self) -> State {
+        State {
+            v1: self.v1.state(),
+            v0: self.v0.state(),
+            handlers: self.handlers.borrow().clone(),
+            watch_failing: !self.failing.is_empty(),
+        }
+    }
+}
+
+/// What woke the loop.
+enum Wake {
+    /// Something the plan or the sinks depend on changed (or the resync).
+    Pass,
+    /// Handled without a pass.
+    Quiet,
+    /// A clean stop (SIGTERM).
+    Stop,
+    /// At once: the lead could not be taken, or the handlers' registry is gone.
+    Exit,
+}
+
 impl NodeLoop {
+    /// The loop: event -> state -> plan -> apply -> readiness, until stopped.
     pub async fn run(
         mut self,
-        mut handlers: watch::Receiver<Handlers>,
-        mut events: mpsc::Receiver<StreamEvent>,
+        handlers: watch::Receiver<Handlers>,
+        events: mpsc::Receiver<StreamEvent>,
         takeover: Option<Takeover>,
-        mut stop: tokio::sync::oneshot::Receiver<()>,
+        stop: tokio::sync::oneshot::Receiver<()>,
     ) {
-        let mut takeover = takeover.unwrap_or_else(|| Box::pin(std::future::pending()));
-        let (v1, mut v1_changes) =
+        let (v1, v1_changes) =
             watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
-        let (v0, mut v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
-        let property_changes = self.discovery.property_changes();
-        let mut resync = tokio::time::interval(self.resync);
-        // The DRA sink vouches for its devices' health this often, without a pass.
-        let mut vouch = tokio::time::interval(dra_plugin::health::RESEND_INTERVAL);
-        // Standing by, a pass every second notices the kubelet taking this pod's plugins.
-        let mut standing_by = tokio::time::interval(Duration::from_secs(1));
-        let startup_deadline = tokio::time::sleep(self.startup_wait);
-        tokio::pin!(startup_deadline);
-        // A finished sleep is ready again at once: poll it only until it has fired.
-        let mut waited = false;
-        let mut failing = BTreeSet::new();
+        let (v0, v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
+        let mut inputs = Inputs {
+            v1,
+            v1_changes,
+            v0,
+            v0_changes,
+            handlers,
+            events,
+            property_changes: self.discovery.property_changes(),
+            resync: tokio::time::interval(self.resync),
+            vouch: tokio::time::interval(dra_plugin::health::RESEND_INTERVAL),
+            standing_by: tokio::time::interval(Duration::from_secs(1)),
+            startup_deadline: Box::pin(tokio::time::sleep(self.startup_wait)),
+            waited: false,
+            failing: BTreeSet::new(),
+            takeover: takeover.unwrap_or_else(|| Box::pin(std::future::pending())),
+            stop,
+        };
         loop {
-            tokio::select! {
-                // A failing watch retries by itself, with backoff; a pass now would only fail
-                // its writes too (the resync retries them), so the outage costs no work.
-                Some(event) = v1_changes.next() => if !self.on_watch(Sink::Dra, event, &mut failing) {
-                    continue;
-                },
-                Some(event) = v0_changes.next() => if !self.on_watch(Sink::Legacy, event, &mut failing) {
-                    continue;
-                },
-                _ = &mut startup_deadline, if !waited => waited = true,
-                () = property_changes.notified() => {}
-                changed = handlers.changed() => if changed.is_err() { return },
-                Some(event) = events.recv() => {
-                    self.on_stream_event(event);
-                    // Take every report already waiting before publishing.
-                    while let Ok(event) = events.try_recv() {
-                        self.on_stream_event(event);
-                    }
-                }
-                _ = resync.tick() => if let Some(dra) = &mut self.dra { dra.resync() },
-                _ = &mut stop => {
-                    // A clean stop: the kubelet is told first, and calls under way (it may
-                    // have sent one just before) are answered; then everything goes, the
-                    // node's lock last.
-                    if let Some(dra) = &mut self.dra {
-                        dra.deregister();
-                        tokio::time::sleep(STOP_DRAIN).await;
-                    }
-                    return;
-                }
-                led = &mut takeover, if self.leader.is_none() => match led {
-                    Ok(leader) => {
-                        tracing::info!("the kubelet-plugin that led this node exited; leading now");
-                        self.leader = Some(leader);
-                        if let Some(legacy) = &mut self.legacy {
-                            legacy.lead();
-                        }
-                    }
-                    Err(error) => {
-                        tracing::error!(%error, "taking the lead failed; exiting");
-                        return;
-                    }
-                },
-                _ = vouch.tick() => {
-                    if let Some(dra) = &mut self.dra {
-                        dra.vouch(self.discovery.answering(Sink::Dra));
-                    }
-                    continue;
-                }
-                _ = standing_by.tick(), if self.leader.is_none() => {}
-                needed = wake(self.dra.as_mut()) => if !needed {
-                    continue;
-                },
-            }
-            self.metrics.passed();
-            let mut wanted: Vec<Wanted> =
-                (v1.state().iter().filter_map(|c| Wanted::of_v1(c))).collect();
-            let leading = self.leader.is_some();
-            let (served_v0, held) = match &self.legacy {
-                Some(legacy) => {
-                    let served = same_name::served_v0(&v0.state(), &legacy.namespaces, &wanted);
-                    if served.refused != self.refused_v0 {
-                        for (config, why) in &served.refused {
-                            tracing::warn!(configuration = %config, %why, "v0 Configuration not served");
-                        }
-                        self.refused_v0 = served.refused;
-                    }
-                    let v0_names: Vec<(String, String)> = (served.configs.iter())
-                        .filter_map(|c| {
-                            Some((c.metadata.namespace.clone()?, c.metadata.name.clone()?))
-                        })
-                        .collect();
-                    let instances = legacy.instances_by_configuration();
-                    let held =
-                        same_name::held_back(&wanted, &v0_names, &legacy.namespaces, &instances);
-                    (served.configs, held)
-                }
-                None => Default::default(),
-            };
-            wanted.extend(served_v0.iter().filter_map(|c| Wanted::of_v0(c)));
-            wanted.retain(|w| w.sink != Sink::Dra || !held.contains_key(&w.name));
-            let registered = handlers.borrow().clone();
-            for (sink, group) in self.discovery.sync(&wanted, &registered).await {
-                self.changed(sink, group);
-            }
-            self.discovery.errors.held_back = held;
-            let mut starting = false;
-            let mut waiting_for_kubelet = false;
-            let mut problem = None;
-            if let Some(dra) = &mut self.dra {
-                dra.serve(&registered).await;
-                dra.vouch(self.discovery.answering(Sink::Dra));
-                if !leading {
-                    // Standing by: the kubelet may call these drivers already; the leading
-                    // agent writes everything else.
-                    problem = dra.registration_problem();
-                    waiting_for_kubelet = !dra.all_registered();
-                } else if self.discovery.open(Sink::Dra, &wanted, &registered) {
-                    // Keep what the previous process published until discovery has answered.
-                    problem = dra.registration_problem();
-                    dra.publish().await;
-                } else {
-                    starting = true;
-                }
-                if leading {
-                    // After the publish, so that an Instance it could not write shows now.
-                    let errors = &mut self.discovery.errors;
-                    errors.instances = dra.refused_instances().clone();
-                    errors.report(&self.client, &self.node_name).await;
-                    self.metrics.set_discovery_errors(errors.failing());
-                }
-            }
-            if let Some(legacy) = &mut self.legacy {
-                if !self.discovery.open(Sink::Legacy, &wanted, &registered) {
-                    starting = true;
-                } else {
-                    let devices = self.discovery.devices(Sink::Legacy);
-                    if leading {
-                        legacy.release_akri_finalizers(&v0.state()).await;
-                        legacy.publish(&served_v0, &devices).await;
-                    } else {
-                        legacy.serve(&served_v0, &devices).await;
-                        waiting_for_kubelet |= !legacy.all_registered();
-                    }
-                }
-            }
-            match problem {
-                _ if starting => self
-                    .readiness
-                    .not_ready("starting: waiting for the discovery handlers to report"),
-                None if waiting_for_kubelet => self
-                    .readiness
-                    .not_ready("standing by: waiting for the kubelet to take this pod's plugins"),
-                Some(problem) => self.readiness.not_ready(problem),
-                None if failing.is_empty() => self.readiness.ready(),
-                None => {}
+            match self.next(&mut inputs).await {
+                Wake::Pass => self.pass(inputs.state()).await,
+                Wake::Quiet => {}
+                Wake::Stop => return self.stop().await,
+                Wake::Exit => return,
             }
         }
     }
 
-    /// Takes a watch event of `sink`'s configurations; returns whether a pass should follow.
-    fn on_watch(&mut self, sink: Sink, event: WatchEvent, failing: &mut BTreeSet<Sink>) -> bool {
+    /// Waits for the next input and takes it into the state.
+    async fn next(&mut self, inputs: &mut Inputs) -> Wake {
+        tokio::select! {
+            // A failing watch retries by itself, with backoff; a pass now would only fail
+            // its writes too (the resync retries them), so the outage costs no work.
+            Some(event) = inputs.v1_changes.next() => self.on_watch(Sink::Dra, event, &mut inputs.failing),
+            Some(event) = inputs.v0_changes.next() => self.on_watch(Sink::Legacy, event, &mut inputs.failing),
+            _ = &mut inputs.startup_deadline, if !inputs.waited => {
+                inputs.waited = true;
+                Wake::Pass
+            }
+            () = inputs.property_changes.notified() => Wake::Pass,
+            changed = inputs.handlers.changed() => match changed {
+                Ok(()) => Wake::Pass,
+                Err(_) => Wake::Exit,
+            },
+            Some(event) = inputs.events.recv() => {
+                self.on_stream_event(event);
+                // Take every report already waiting before publishing.
+                while let Ok(event) = inputs.events.try_recv() {
+                    self.on_stream_event(event);
+                }
+                Wake::Pass
+            }
+            _ = inputs.resync.tick() => {
+                if let Some(dra) = &mut self.dra {
+                    dra.resync();
+                }
+                Wake::Pass
+            }
+            _ = &mut inputs.stop => Wake::Stop,
+            led = &mut inputs.takeover, if self.leader.is_none() => self.take_lead(led),
+            _ = inputs.vouch.tick() => {
+                if let Some(dra) = &mut self.dra {
+                    dra.vouch(self.discovery.answering(Sink::Dra));
+                }
+                Wake::Quiet
+            }
+            _ = inputs.standing_by.tick(), if self.leader.is_none() => Wake::Pass,
+            needed = wake(self.dra.as_mut()) => match needed {
+                true => Wake::Pass,
+                false => Wake::Quiet,
+            },
+        }
+    }
+
+    /// One pass: the plan from the stores, discovery brought in line with it, each sink's
+    /// part applied, this node's status entries written, readiness said.
+    async fn pass(&mut self, state: State) {
+        self.metrics.passed();
+        let plan = self.plan(&state);
+        let handlers = state.handlers;
+        for (sink, group) in self.discovery.sync(&plan.wanted, &handlers).await {
+            self.changed(sink, group);
+        }
+        self.discovery.errors.held_back = plan.held_back.clone();
+        let leading = self.leader.is_some();
+        let mut pass = Pass {
+            plan: &plan,
+            handlers: &handlers,
+            discovery: &mut self.discovery,
+            leading,
+        };
+        let mut standings = Vec::new();
+        if let Some(dra) = &mut self.dra {
+            standings.push(dra.apply(&mut pass).await);
+        }
+        if let Some(legacy) = &mut self.legacy {
+            standings.push(legacy.apply(&mut pass).await);
+        }
+        if let (true, Some(dra)) = (leading, &self.dra) {
+            // After the publish, so that an Instance it could not write shows now.
+            let errors = &mut self.discovery.errors;
+            errors.instances = dra.refused_instances().clone();
+            errors.report(&self.client, &self.node_name).await;
+            self.metrics.set_discovery_errors(errors.failing());
+        }
+        match sink::readiness(&standings, state.watch_failing) {
+            Some(Ok(())) => self.readiness.ready(),
+            Some(Err(why)) => self.readiness.not_ready(why),
+            None => {}
+        }
+    }
+
+    /// The plan from the stores; a change of which v0 Configurations are refused is logged.
+    fn plan(&mut self, state: &State) -> NodePlan {
+        let legacy_instances = (self.legacy.as_ref())
+            .map(LegacySink::instances_by_configuration)
+            .unwrap_or_default();
+        let plan = NodePlan::of(&Known {
+            node: &self.node_name,
+            v1: &state.v1,
+            v0: &state.v0,
+            legacy_namespaces: self.legacy.as_ref().map(|l| &l.namespaces),
+            legacy_instances: &legacy_instances,
+        });
+        if plan.refused_v0 != self.refused_v0 {
+            for (config, why) in &plan.refused_v0 {
+                tracing::warn!(configuration = %config, %why, "v0 Configuration not served");
+            }
+            self.refused_v0 = plan.refused_v0.clone();
+        }
+        plan
+    }
+
+    /// A clean stop: the kubelet is told first, and calls under way (it may have sent one just
+    /// before) are answered; then everything goes, the node's lock last.
+    async fn stop(mut self) {
+        if let Some(dra) = &mut self.dra {
+            dra.deregister();
+            tokio::time::sleep(STOP_DRAIN).await;
+        }
+    }
+
+    /// The takeover finished: this agent leads the node from now on, or exits.
+    fn take_lead(&mut self, led: Result<Leader, crate::leader::Error>) -> Wake {
+        match led {
+            Ok(leader) => {
+                tracing::info!("the kubelet-plugin that led this node exited; leading now");
+                self.leader = Some(leader);
+                if let Some(legacy) = &mut self.legacy {
+                    legacy.lead();
+                }
+                Wake::Pass
+            }
+            Err(error) => {
+                tracing::error!(%error, "taking the lead failed; exiting");
+                Wake::Exit
+            }
+        }
+    }
+
+    /// Takes a watch event of `sink`'s configurations.
+    fn on_watch(&mut self, sink: Sink, event: WatchEvent, failing: &mut BTreeSet<Sink>) -> Wake {
         match event {
             WatchEvent::Failed => {
                 failing.insert(sink);
@@ -310,13 +377,13 @@ impl NodeLoop {
                     Sink::Dra => "cannot watch DiscoveryConfigurations (the API server is unreachable or refuses)",
                     Sink::Legacy => "cannot watch Configurations (the API server is unreachable or refuses)",
                 });
-                return false;
+                return Wake::Quiet;
             }
             WatchEvent::Listed => self.discovery.listed(sink),
             WatchEvent::Changed => {}
         }
         failing.remove(&sink);
-        true
+        Wake::Pass
     }
 
     fn on_stream_event(&mut self, event: StreamEvent) {
