@@ -19,11 +19,10 @@ mod lost_nodes;
 mod shared;
 mod stores;
 
-pub(crate) use stores::slim_node;
 use stores::{SliceView, slim_claim, slim_instance};
 
 use crate::device_class;
-use crate::legacy_slots::LegacySlotsConfig;
+use crate::legacy_slots::{LegacySlotsConfig, slim_node};
 use crate::metrics::Metrics;
 use akri_api::v1::{
     CONDITION_DEGRADED, CONDITION_READY, DiscoveryConfiguration,

@@ -12,14 +12,14 @@
 //! patch that first tests the slot still holds what was seen ([`akri_api::v0::slot_patch`]),
 //! so a slot its node took again meanwhile is left alone.
 
-use crate::controller::slim_node;
 use crate::metrics::Metrics;
 use akri_api::v0::{DeviceUsage, Instance, slot_patch};
 use akri_api::v1::{INSTANCE_SOURCE_CONFIGURATION, instance_source_selector};
 use akri_devices::node_lost;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeStatus};
 use kube::ResourceExt;
+use kube::api::ObjectMeta;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
@@ -180,6 +180,31 @@ async fn check(
                 tracing::warn!(namespace = %slot.namespace, instance = %slot.instance, slot = %slot.slot, %error, "cannot free a gone node's slot")
             }
         }
+    }
+}
+
+/// What the driver-controller reads of a Node (here and in its node store): its name and
+/// Ready condition.
+pub(crate) fn slim_node(node: Node) -> Node {
+    let ready = node
+        .status
+        .and_then(|s| s.conditions)
+        .into_iter()
+        .flatten()
+        .filter(|c| c.type_ == "Ready")
+        .collect();
+    Node {
+        metadata: ObjectMeta {
+            name: node.metadata.name,
+            uid: node.metadata.uid,
+            resource_version: node.metadata.resource_version,
+            ..ObjectMeta::default()
+        },
+        spec: None,
+        status: Some(NodeStatus {
+            conditions: Some(ready),
+            ..NodeStatus::default()
+        }),
     }
 }
 

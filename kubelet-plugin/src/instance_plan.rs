@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 /// made 420 in 40 s, about 30,000 at 300 s).
 pub const MAX_INSTANCES_PER_CONFIGURATION: usize = 1024;
 
-/// A device this node sees: its Instance's capacity and whether it is shared.
-pub type Seen = (KnownDevice, i32, bool);
+pub use crate::node_devices::Seen;
 
 /// What to do for one device this node sees.
 #[derive(Debug, PartialEq)]

@@ -2,7 +2,7 @@
 //! registration socket and the embedded handlers; a rolling update's new agent stands by
 //! until the old one lets go of the lock ([`Takeover`]).
 
-use crate::agent::AgentConfig;
+use crate::config::AgentConfig;
 use crate::discovery::Registry;
 use crate::discovery::debug_echo::DebugEcho;
 use crate::state_dir::StateDir;

@@ -30,6 +30,9 @@ pub struct KnownDevice {
     pub device: DiscoveredDevice,
 }
 
+/// A device this node sees: its Instance's capacity and whether it is shared.
+pub type Seen = (KnownDevice, i32, bool);
+
 /// Shared, cheap to clone.
 #[derive(Clone, Default)]
 pub struct NodeDevices {
@@ -328,8 +331,8 @@ impl NodeDevices {
     }
 
     /// Every device of a driver with its Instance name, and its configuration's capacity and
-    /// sharing: what its Instance is written from ([`crate::instance_plan::Seen`]).
-    pub fn seen(&self, driver: &str) -> Vec<crate::instance_plan::Seen> {
+    /// sharing: what its Instance is written from ([`Seen`]).
+    pub fn seen(&self, driver: &str) -> Vec<Seen> {
         let drivers = self.drivers.read().expect("lock");
         let Some(configs) = drivers.get(driver) else {
             return Vec::new();

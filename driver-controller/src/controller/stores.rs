@@ -10,7 +10,7 @@
 use super::device_configuration;
 use akri_api::v1::Instance;
 use dra_plugin::slices::{StoredSlice, carries_labels};
-use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeStatus};
+use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{
     AllocatedDeviceStatus, AllocationResult, Device, DeviceAllocationResult, ResourceClaim,
     ResourceClaimStatus, ResourceSlice, ResourceSliceSpec,
@@ -197,25 +197,6 @@ pub(super) fn slim_claim(claim: ResourceClaim) -> ResourceClaim {
             }),
             devices,
             ..Default::default()
-        }),
-    }
-}
-
-/// What the controller reads of a Node: its name and Ready condition.
-pub(crate) fn slim_node(node: Node) -> Node {
-    let ready = node
-        .status
-        .and_then(|s| s.conditions)
-        .into_iter()
-        .flatten()
-        .filter(|c| c.type_ == "Ready")
-        .collect();
-    Node {
-        metadata: identity(node.metadata),
-        spec: None,
-        status: Some(NodeStatus {
-            conditions: Some(ready),
-            ..NodeStatus::default()
         }),
     }
 }
