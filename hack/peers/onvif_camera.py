@@ -4,13 +4,15 @@ PyPI), with a device-service endpoint, for the ONVIF discovery handler's tests.
     onvif_camera.py --port 18080 --uuid <uuid> --scope onvif://www.onvif.org/name/cam1 ...
                     --ip 10.0.0.11 --mac 00:11:22:33:44:01 [--username u --password p]
 
-WS-Discovery answers Probes for dn:NetworkVideoTransmitter on 239.255.255.250:3702 (IPv4)
-with the camera's endpoint (urn:uuid:<uuid>), scopes and XAddrs
+WS-Discovery answers Probes for dn:NetworkVideoTransmitter on 239.255.255.250:3702 (IPv4),
+as lenient as cameras are (a type whose prefix the probe does not declare, as Akri's ONVIF
+handler sends `netwsdl:NetworkVideoTransmitter`, matches by its local name), with the camera's endpoint (urn:uuid:<uuid>), scopes and XAddrs
 http://<host>:<port>/onvif/device_service, where <host> is the address this host sends to the
 group from: the one the answer comes from, and the only one at which the handler asks a device
 service (a camera's credential goes nowhere else). The device service (SOAP 1.2 over HTTP)
 answers GetNetworkInterfaces (the --ip and --mac), GetCapabilities (the media service),
-GetProfiles and GetStreamUri (rtsp://<ip>:554/<uuid>/main). With --username/--password every
+GetProfiles, GetStreamUri (rtsp://<ip>:554/<uuid>/main) and GetSystemDateAndTime (the time
+now, in UTC: what clients ask first, to compute digests). With --username/--password every
 call but GetSystemDateAndTime needs a WS-Security UsernameToken with the password digest
 (base64(sha1(nonce + created + password))), as ONVIF cameras do; a wrong or missing one gets
 a SOAP fault `NotAuthorized` with HTTP 400. Each request's action and whether it was
@@ -28,7 +30,11 @@ import socket
 import sys
 import threading
 
+import datetime
+
+import wsdiscovery.publishing
 import wsdiscovery.threaded
+import wsdiscovery.util
 from wsdiscovery import QName, Scope
 from wsdiscovery.publishing import ThreadedWSPublishing
 
@@ -38,6 +44,28 @@ class _NoIPv6:
         raise OSError("IPv6 off for the test peer")
 
 wsdiscovery.threaded.NetworkingThreadIPv6 = _NoIPv6
+
+def _lenient_filter(services, types, scopes):
+    """The library's filter, but a probed type whose prefix the probe does not declare (it
+    resolves to no namespace) matches a published type of the same local name, as cameras
+    match it."""
+
+    def resolved(probed, service):
+        if probed.getNamespace():
+            return probed
+        same = [t for t in service.getTypes() if t.getLocalname() == probed.getLocalname()]
+        return same[0] if same else probed
+
+    return [
+        service
+        for service in services
+        if wsdiscovery.util.matchesFilter(
+            service, None if types is None else [resolved(t, service) for t in types], scopes
+        )
+    ]
+
+
+wsdiscovery.publishing.filterServices = _lenient_filter
 
 NVT = QName("http://www.onvif.org/ver10/network/wsdl", "NetworkVideoTransmitter", "dn")
 
@@ -134,6 +162,16 @@ def main() -> None:
                     "<trt:GetProfilesResponse><trt:Profiles token=\"main\" fixed=\"true\">"
                     "<tt:Name>main</tt:Name></trt:Profiles><trt:Profiles token=\"sub\">"
                     "<tt:Name>sub</tt:Name></trt:Profiles></trt:GetProfilesResponse>"
+                ), 200
+            elif name == "GetSystemDateAndTime":
+                now = datetime.datetime.now(datetime.timezone.utc)
+                body, status = envelope(
+                    "<tds:GetSystemDateAndTimeResponse><tds:SystemDateAndTime>"
+                    "<tt:DateTimeType>NTP</tt:DateTimeType><tt:DaylightSavings>false</tt:DaylightSavings>"
+                    f"<tt:UTCDateTime><tt:Time><tt:Hour>{now.hour}</tt:Hour><tt:Minute>{now.minute}"
+                    f"</tt:Minute><tt:Second>{now.second}</tt:Second></tt:Time><tt:Date><tt:Year>"
+                    f"{now.year}</tt:Year><tt:Month>{now.month}</tt:Month><tt:Day>{now.day}</tt:Day>"
+                    "</tt:Date></tt:UTCDateTime></tds:SystemDateAndTime></tds:GetSystemDateAndTimeResponse>"
                 ), 200
             elif name == "GetStreamUri":
                 token = text_of(xml, "ProfileToken") or "main"

@@ -308,3 +308,78 @@ async fn bad_details_and_a_killed_handler_show_in_the_status_and_clear() {
     )
     .await;
 }
+
+/// The test camera is no stricter than real ones, or a handler that works with cameras could
+/// find nothing against it: it answers a probe whose type's prefix is not declared (Akri's
+/// ONVIF handler sends `netwsdl:NetworkVideoTransmitter` so, and cameras match it by its local
+/// name), and `GetSystemDateAndTime` without credentials (what clients ask first, to compute
+/// their digests against the camera's clock).
+#[tokio::test]
+async fn the_test_camera_answers_what_real_cameras_answer() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let camera = camera("lenient", "yard", "10.0.0.13", "00:11:22:33:44:03", true);
+
+    let probe = format!(
+        r#"<?xml version="1.0" encoding="utf-8"?><s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope" xmlns:w="http://schemas.xmlsoap.org/ws/2004/08/addressing" xmlns:d="http://schemas.xmlsoap.org/ws/2005/04/discovery"><s:Header><w:MessageID>uuid:{}</w:MessageID><w:To>urn:schemas-xmlsoap-org:ws:2005:04:discovery</w:To><w:Action>http://schemas.xmlsoap.org/ws/2005/04/discovery/Probe</w:Action></s:Header><s:Body><d:Probe><d:Types>netwsdl:NetworkVideoTransmitter</d:Types></d:Probe></s:Body></s:Envelope>"#,
+        uuid::Uuid::new_v4()
+    );
+    let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.unwrap();
+    let answered = async {
+        let mut buffer = vec![0; 65536];
+        loop {
+            socket
+                .send_to(probe.as_bytes(), "239.255.255.250:3702")
+                .await
+                .unwrap();
+            let deadline = tokio::time::sleep(Duration::from_secs(1));
+            tokio::pin!(deadline);
+            loop {
+                tokio::select! {
+                    received = socket.recv_from(&mut buffer) => {
+                        let (n, _) = received.unwrap();
+                        let answer = String::from_utf8_lossy(&buffer[..n]).to_string();
+                        if answer.contains(&camera.uuid) {
+                            return answer;
+                        }
+                    }
+                    _ = &mut deadline => break,
+                }
+            }
+        }
+    };
+    let answer = tokio::time::timeout(Duration::from_secs(20), answered)
+        .await
+        .expect("the camera answers a probe with an undeclared type prefix within 20 s");
+    assert!(answer.contains("ProbeMatch"), "{answer}");
+
+    let request = r#"<?xml version="1.0" encoding="UTF-8"?><s:Envelope xmlns:s="http://www.w3.org/2003/05/soap-envelope" xmlns:tds="http://www.onvif.org/ver10/device/wsdl"><s:Body><tds:GetSystemDateAndTime/></s:Body></s:Envelope>"#;
+    let host = akri_testing::peers::multicast_source();
+    let mut stream = tokio::net::TcpStream::connect((host, camera.port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /onvif/device_service HTTP/1.1\r\nHost: {host}:{}\r\nContent-Type: application/soap+xml; charset=utf-8\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        camera.port,
+        request.len()
+    );
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        stream.read_to_string(&mut response),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .unwrap();
+    assert!(
+        response.starts_with("HTTP/1.0 200") || response.starts_with("HTTP/1.1 200"),
+        "{response}"
+    );
+    assert!(
+        response.contains("GetSystemDateAndTimeResponse"),
+        "{response}"
+    );
+    assert!(response.contains("<tt:Year>"), "{response}");
+}
