@@ -172,6 +172,9 @@ async fn control_plane() -> Result<(ControlPlane, kube::Client, String), Box<dyn
     let client = cp.client().await?;
     cp.install_crds(&akri_api::crds::all()).await?;
     let ns = cp.create_namespace("bench").await?;
+    // The driver-controller's mirrors of the configurations, which the agents read (the
+    // binary, started later beside them, keeps them too).
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     Ok((cp, client, ns))
 }
 

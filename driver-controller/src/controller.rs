@@ -239,6 +239,12 @@ pub async fn run(
         ctx.clone(),
         routes_changes,
     )));
+    let _mirror = AbortOnDrop(tokio::spawn(crate::spec_mirror::run(
+        client.clone(),
+        config.instance_namespace.clone(),
+        config.field_manager.clone(),
+        ctx.metrics.clone(),
+    )));
     let keeping_vanished = ctx.keeping_vanished.clone();
     controller
         .owns(

@@ -9,6 +9,8 @@
 //! - [`controller`]: the reconciler tying them together, with status.
 //! - [`legacy_slots`]: the legacy device plugins' slots of deleted and lost nodes, freed
 //!   (the one part that also runs without DRA).
+//! - [`spec_mirror`]: the DiscoveryConfigurations' specs mirrored for the nodes, which so
+//!   hear of no status write.
 //! - [`leader`]: one active replica, through a Lease (`akri_runtime`'s).
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 
@@ -21,6 +23,7 @@ pub use akri_runtime::leader;
 pub mod metrics;
 pub mod property_filter;
 pub mod shared_devices;
+pub mod spec_mirror;
 
 use controller::ControllerConfig;
 use http::Readiness;

@@ -20,6 +20,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let client = cp.client().await?;
     cp.install_crds(&akri_api::crds::all()).await?;
     let ns = cp.create_namespace("bench").await?;
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     let node = "bench-node";
     cp.create_node(node).await?;
     let dir = tempfile::tempdir()?;

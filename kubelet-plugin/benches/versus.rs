@@ -25,6 +25,7 @@ const DRIVER: &str = "debugecho.akri.sh";
 async fn agent(cp: &ControlPlane, node: &str) -> Result<Contender, Box<dyn std::error::Error>> {
     let client = cp.client().await?;
     let ns = cp.create_namespace("versus").await?;
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     let dir = tempfile::Builder::new().prefix("versus-").tempdir()?.keep();
     let kubelet = [dir.join("registry"), dir.join("plugins"), dir.join("cdi")];
     let bin = match std::env::var_os("BENCH_AGENT_BIN") {

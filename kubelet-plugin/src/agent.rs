@@ -202,6 +202,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         readiness: readiness.clone(),
         refused_v0: Default::default(),
         resync: config.resync,
+        mirror_namespace: config.instance_namespace.clone(),
     };
     // Standing by: the takeover holds the registry (not served yet) until the lock is free.
     let takeover = pending.zip(registry).map(|(unlocked, registry)| {

@@ -5,6 +5,7 @@ pub mod discovery;
 pub mod agent;
 pub mod binding_check;
 mod config;
+mod config_watch;
 mod device_health;
 pub mod discovery_errors;
 pub mod dra_sink;

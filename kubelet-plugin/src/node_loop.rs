@@ -17,6 +17,7 @@
 //! library's slice publisher, the Instance writers and the property sources keep what is
 //! stored).
 
+use crate::config_watch::{WatchEvent, watch_all, watch_mirrors};
 use crate::discovery::Handlers;
 use crate::dra_sink::DraSink;
 use crate::leader::{Leader, Takeover};
@@ -27,16 +28,14 @@ use crate::node_plan::{Known, NodePlan};
 use crate::sink::{self, ApplyPlan, Pass};
 use crate::streams::StreamEvent;
 use akri_api::v0::Configuration;
-use akri_api::v1::DiscoveryConfiguration;
+use akri_api::v1::{DiscoveryConfiguration, spec_mirror};
 use akri_runtime::http::Readiness;
 use futures::StreamExt;
 use futures::stream::BoxStream;
-use kube::api::Api;
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::reflector::Store;
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Resource, ResourceExt};
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Debug;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
@@ -58,93 +57,19 @@ pub(crate) struct NodeLoop {
     pub refused_v0: BTreeMap<String, String>,
     /// How often a pass runs without a change.
     pub resync: Duration,
+    /// Where the driver-controller mirrors the DiscoveryConfigurations (the Instances').
+    pub mirror_namespace: String,
 }
 
 /// How long a stopping agent keeps answering the kubelet's calls under way after it withdrew
 /// its registrations.
 const STOP_DRAIN: Duration = Duration::from_secs(1);
 
-/// What a configuration watch said, as far as the loop cares.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum WatchEvent {
-    Changed,
-    /// The first list is complete.
-    Listed,
-    Failed,
-}
-
-/// A store of every `K` kept by a watch, and the watch's events; with `enabled` false, an
-/// empty store and no events.
-fn watch_all<K>(client: &kube::Client, enabled: bool) -> (Store<K>, BoxStream<'static, WatchEvent>)
-where
-    K: Resource<DynamicType = ()>
-        + Clone
-        + Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (store, writer) = kube::runtime::reflector::store();
-    if !enabled {
-        return (store, futures::stream::pending().boxed());
-    }
-    // A change of what the node reads (spec: the generation; a deletion; labels and
-    // annotations, e.g. `akri.sh/migrated-from`) triggers a pass over the store; a
-    // status-only write (the driver-controller's counts, another node's discoveryErrors
-    // entry) does not, or every node would pass once per status write of every node. The end
-    // of a list tells the start-up gate that the store is complete (and catches what a watch
-    // gap missed).
-    let mut seen: BTreeMap<String, Read> = BTreeMap::new();
-    let events = kube::runtime::reflector(
-        writer,
-        watcher(Api::<K>::all(client.clone()), watcher::Config::default()).default_backoff(),
-    )
-    .filter_map(move |event| {
-        let event = match event {
-            Ok(watcher::Event::InitDone) => Some(WatchEvent::Listed),
-            Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => {
-                let read = Read::of(&o);
-                let uid = o.uid().unwrap_or_default();
-                (seen.insert(uid, read.clone()) != Some(read)).then_some(WatchEvent::Changed)
-            }
-            Ok(watcher::Event::Delete(o)) => {
-                seen.remove(&o.uid().unwrap_or_default());
-                Some(WatchEvent::Changed)
-            }
-            Ok(watcher::Event::Init) => None,
-            Err(_) => Some(WatchEvent::Failed),
-        };
-        std::future::ready(event)
-    });
-    (store, events.boxed())
-}
-
-/// What the loop reads of a configuration's metadata, beside its spec (its generation).
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Read {
-    generation: Option<i64>,
-    deleted: bool,
-    labels: BTreeMap<String, String>,
-    annotations: BTreeMap<String, String>,
-}
-
-impl Read {
-    fn of(object: &impl Resource) -> Read {
-        let meta = object.meta();
-        Read {
-            generation: meta.generation,
-            deleted: meta.deletion_timestamp.is_some(),
-            labels: meta.labels.clone().unwrap_or_default(),
-            annotations: meta.annotations.clone().unwrap_or_default(),
-        }
-    }
-}
-
 /// What the loop waits on: the configuration stores and their watches, the handlers, the
 /// streams' reports, its timers, the takeover and the stop.
 pub(crate) struct Inputs {
-    v1: Store<DiscoveryConfiguration>,
+    /// The DiscoveryConfigurations' mirrors.
+    v1: Store<ConfigMap>,
     v1_changes: BoxStream<'static, WatchEvent>,
     v0: Store<Configuration>,
     v0_changes: BoxStream<'static, WatchEvent>,
@@ -174,10 +99,24 @@ struct State {
     watch_failing: bool,
 }
 
+/// The DiscoveryConfigurations the mirrors in `store` hold; none before the marker (the start-up
+/// gate is closed then). A mirror that does not decode is logged and left out.
+fn mirrored(store: &Store<ConfigMap>) -> Vec<std::sync::Arc<DiscoveryConfiguration>> {
+    let mirrors = store.state();
+    let Some((configs, broken)) = spec_mirror::configurations(mirrors.iter().map(|m| m.as_ref()))
+    else {
+        return Vec::new();
+    };
+    for why in broken {
+        tracing::warn!(%why, "a DiscoveryConfiguration's mirror does not decode; left out");
+    }
+    configs.into_iter().map(std::sync::Arc::new).collect()
+}
+
 impl Inputs {
     fn state(&self) -> State {
         State {
-            v1: self.v1.state(),
+            v1: mirrored(&self.v1),
             v0: self.v0.state(),
             handlers: self.handlers.borrow().clone(),
             watch_failing: !self.failing.is_empty(),
@@ -207,7 +146,7 @@ impl NodeLoop {
         stop: tokio::sync::oneshot::Receiver<()>,
     ) {
         let (v1, v1_changes) =
-            watch_all::<DiscoveryConfiguration>(&self.client, self.dra.is_some());
+            watch_mirrors(&self.client, &self.mirror_namespace, self.dra.is_some());
         let (v0, v0_changes) = watch_all::<Configuration>(&self.client, self.legacy.is_some());
         let mut inputs = Inputs {
             v1,

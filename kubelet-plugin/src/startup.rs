@@ -81,7 +81,7 @@ impl StartupGate {
             // the wait for them has no end.
             if self.remaining().is_zero() && !self.said_unlisted {
                 tracing::warn!(
-                    "the DiscoveryConfigurations are not listed yet; the node's devices stay as published until they are"
+                    "the configurations are not listed yet (DiscoveryConfigurations: not mirrored by the driver-controller yet); the node's devices stay as published until they are"
                 );
                 self.said_unlisted = true;
             }

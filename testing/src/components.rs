@@ -148,6 +148,19 @@ pub fn spawn_driver_controller(client: &kube::Client, namespace: &str) -> JoinHa
     })
 }
 
+/// The driver-controller's mirrors of the DiscoveryConfigurations' specs in `namespace`, which
+/// node agents read them from ([`akri_api::v1::spec_mirror`]): for the tests that run node
+/// agents without the driver-controller ([`spawn_driver_controller`] runs them too).
+pub fn spawn_spec_mirror(client: &kube::Client, namespace: &str) -> JoinHandle<()> {
+    let config = akri_driver_controller::controller::ControllerConfig::new(namespace);
+    tokio::spawn(akri_driver_controller::spec_mirror::run(
+        client.clone(),
+        namespace.to_string(),
+        config.field_manager,
+        Default::default(),
+    ))
+}
+
 /// The driver-controller's freeing of the legacy slots deleted and lost (not Ready past
 /// `node_lost_grace`) nodes hold in the Instances of `namespaces`.
 pub fn spawn_legacy_slot_freer(

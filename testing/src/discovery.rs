@@ -2,14 +2,19 @@
 //! run a discovery handler beside the kubelet-plugin's agent. Read as JSON (`DynamicObject`),
 //! so this crate needs no Akri types.
 
+#[cfg(feature = "components")]
 use crate::{ControlPlane, ControlPlaneOptions, Error};
+#[cfg(feature = "components")]
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use std::collections::BTreeMap;
+#[cfg(feature = "components")]
 use std::time::Duration;
 
 /// Where a handler's test runs the kubelet-plugin's agent: a control plane of its own with
-/// Akri's CRDs, a namespace for Instances and a Node.
+/// Akri's CRDs, a namespace for Instances (where the driver-controller's mirrors of the
+/// configurations are kept, hence the feature) and a Node.
+#[cfg(feature = "components")]
 pub struct AgentCluster {
     pub cp: ControlPlane,
     pub client: kube::Client,
@@ -19,6 +24,7 @@ pub struct AgentCluster {
     pub node: String,
 }
 
+#[cfg(feature = "components")]
 impl AgentCluster {
     /// Starts the control plane and installs `crds` (Akri's: `akri_api::crds::all()`).
     pub async fn start(crds: &[CustomResourceDefinition]) -> Result<AgentCluster, Error> {
@@ -26,6 +32,8 @@ impl AgentCluster {
         cp.install_crds(crds).await?;
         let client = cp.client().await?;
         let namespace = cp.create_namespace("akri").await?;
+        // Where the driver-controller mirrors the configurations the agent reads.
+        crate::components::spawn_spec_mirror(&client, &namespace);
         let node = ControlPlane::unique_name("node");
         cp.create_node(&node).await?;
         Ok(AgentCluster {

@@ -15,7 +15,6 @@ pub fn kubelet_plugin_rules() -> serde_json::Value {
 pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
     let mut rules = serde_json::json!([
         { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get"] },
-        { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations"], "verbs": ["get", "list", "watch"] },
         { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations/status"], "verbs": ["patch"] },
         { "apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
@@ -38,13 +37,18 @@ pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
     rules
 }
 
-/// Grants `user` the kubelet-plugin's cluster-wide rules through a ClusterRole and a
-/// ClusterRoleBinding both named `binding`; delete the binding to take them away.
+/// Grants `user` what the chart grants the kubelet-plugin where DRA is served: its
+/// cluster-wide rules ([`kubelet_plugin_rules`]) through a ClusterRole and a
+/// ClusterRoleBinding, and [`kubelet_plugin_namespace_rules`] in `namespace` (the Instances',
+/// where the driver-controller writes what it hands the nodes) through a Role and a
+/// RoleBinding, all named `binding`; [`revoke_kubelet_plugin`] takes them away.
 pub async fn grant_kubelet_plugin(
     client: &kube::Client,
     user: &str,
     binding: &str,
+    namespace: &str,
 ) -> Result<(), Error> {
+    let subjects = serde_json::json!([{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }]);
     let role: ClusterRole = serde_json::from_value(serde_json::json!({
         "metadata": { "name": binding },
         "rules": kubelet_plugin_rules(),
@@ -56,18 +60,52 @@ pub async fn grant_kubelet_plugin(
     let role_binding: ClusterRoleBinding = serde_json::from_value(serde_json::json!({
         "metadata": { "name": binding },
         "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": binding },
-        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
+        "subjects": subjects,
     }))
     .expect("static binding");
     Api::<ClusterRoleBinding>::all(client.clone())
         .create(&PostParams::default(), &role_binding)
         .await?;
+    let role: Role = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": binding },
+        "rules": kubelet_plugin_namespace_rules(),
+    }))
+    .expect("static role");
+    Api::<Role>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &role)
+        .await?;
+    let role_binding: RoleBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": binding },
+        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": binding },
+        "subjects": subjects,
+    }))
+    .expect("static binding");
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &role_binding)
+        .await?;
+    Ok(())
+}
+
+/// Takes away what [`grant_kubelet_plugin`] granted as `binding` (its bindings; the roles
+/// stay, bound to no one).
+pub async fn revoke_kubelet_plugin(
+    client: &kube::Client,
+    binding: &str,
+    namespace: &str,
+) -> Result<(), Error> {
+    let params = kube::api::DeleteParams::default();
+    Api::<ClusterRoleBinding>::all(client.clone())
+        .delete(binding, &params)
+        .await?;
+    Api::<RoleBinding>::namespaced(client.clone(), namespace)
+        .delete(binding, &params)
+        .await?;
     Ok(())
 }
 
 /// The kubelet-plugin's rules in the Instances' namespace where DRA is served (the chart's
-/// `<release>-kubelet-plugin-binding-checks` Role): its binding-check ConfigMap, watched by
-/// name.
+/// `<release>-kubelet-plugin-from-driver-controller` Role): its binding-check ConfigMap,
+/// watched by name, and the DiscoveryConfigurations' mirrors.
 pub fn kubelet_plugin_namespace_rules() -> serde_json::Value {
     serde_json::json!([
         { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"] },
@@ -84,24 +122,7 @@ pub async fn grant_kubelet_plugin_as_charted(
     let admin = cp.client().await?;
     let user = format!("system:serviceaccount:{namespace}:kubelet-plugin");
     let name = format!("{namespace}-kubelet-plugin");
-    grant_kubelet_plugin(&admin, &user, &name).await?;
-    let role: Role = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": name },
-        "rules": kubelet_plugin_namespace_rules(),
-    }))
-    .expect("static role");
-    Api::<Role>::namespaced(admin.clone(), namespace)
-        .create(&PostParams::default(), &role)
-        .await?;
-    let binding: RoleBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": name },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name },
-        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
-    }))
-    .expect("static binding");
-    Api::<RoleBinding>::namespaced(admin, namespace)
-        .create(&PostParams::default(), &binding)
-        .await?;
+    grant_kubelet_plugin(&admin, &user, &name, namespace).await?;
     Ok(user)
 }
 

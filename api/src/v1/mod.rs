@@ -25,6 +25,7 @@ mod broker_template;
 mod conditions;
 mod discovery_configuration;
 mod property_filter;
+pub mod spec_mirror;
 
 pub use crate::v0::Instance;
 pub use broker_template::*;

@@ -5,4 +5,5 @@
 mod allocation;
 mod binding;
 mod replicas;
+mod spec_mirror;
 mod support;

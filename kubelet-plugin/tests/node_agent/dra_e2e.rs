@@ -74,6 +74,7 @@ async fn cluster() -> (ControlPlane, kube::Client, String, String) {
     let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     (cp, client, ns, ControlPlane::unique_name("echo"))
 }
 
@@ -404,6 +405,7 @@ async fn discovery_errors_show_in_the_configurations_status() {
     let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     let node = start_node(cp, &client, &ns).await;
     node.peer
         .wait_for_driver(DRIVER, Duration::from_secs(30))
@@ -553,9 +555,10 @@ async fn an_unreadable_secret_keeps_discovery_running_and_passes_do_not_read_it(
     let admin = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&admin, &ns);
     let user = "system:serviceaccount:akri:kubelet-plugin";
 
-    akri_testing::rbac::grant_kubelet_plugin(&admin, user, "akri-kubelet-plugin")
+    akri_testing::rbac::grant_kubelet_plugin(&admin, user, "akri-kubelet-plugin", &ns)
         .await
         .unwrap();
     // Secrets: only in the namespace that holds discovery credentials (here: the same one).

@@ -383,6 +383,7 @@ async fn two_agents_whose_device_names_collide_keep_an_instance_each() {
     let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("collide").await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     let a = SimNode::start(&cp, &client, &ns, |_, _| {}).await;
     let b = SimNode::start(&cp, &client, &ns, |_, _| {}).await;
     let names_a: std::collections::BTreeMap<String, String> = (0..20000)

@@ -1101,7 +1101,7 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
         ("edge-akri-kubelet-plugin", &installed.full_ns),
     ] {
         let role = Api::<Role>::namespaced(client.clone(), ns)
-            .get(&format!("{plugin}-binding-checks"))
+            .get(&format!("{plugin}-from-driver-controller"))
             .await
             .unwrap();
         assert_eq!(
@@ -1123,8 +1123,8 @@ const RBAC: &str = "
 kubelet-plugin     get     core/nodes                                cluster   -             yes
 kubelet-plugin     list    core/nodes                                cluster   -             no
 kubelet-plugin     update  core/nodes                                cluster   -             no
-kubelet-plugin     list    akri.sh/discoveryconfigurations           cluster   -             yes
-kubelet-plugin     watch   akri.sh/discoveryconfigurations           cluster   -             yes
+kubelet-plugin     list    akri.sh/discoveryconfigurations           cluster   -             no
+kubelet-plugin     watch   akri.sh/discoveryconfigurations           cluster   -             no
 kubelet-plugin     patch   akri.sh/discoveryconfigurations/status    cluster   -             yes
 kubelet-plugin     patch   akri.sh/discoveryconfigurations           cluster   -             no
 kubelet-plugin     delete  akri.sh/discoveryconfigurations           cluster   -             no
@@ -1205,6 +1205,7 @@ driver-controller  patch   resource.k8s.io/resourceslices            cluster   -
 driver-controller  delete  resource.k8s.io/resourceslices            cluster   -             yes
 driver-controller  list    resource.k8s.io/resourceslices            cluster   -             yes
 driver-controller  list    resource.k8s.io/resourceclaims            other     -             yes
+driver-controller  watch   core/configmaps                           release   -             yes
 driver-controller  create  core/configmaps                           release   -             yes
 driver-controller  patch   core/configmaps                           release   -             yes
 driver-controller  delete  core/configmaps                           release   -             yes

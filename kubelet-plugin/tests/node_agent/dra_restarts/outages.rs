@@ -25,7 +25,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
     let (proxy, down_kubeconfig) = through_proxy(cp, down_dir.path(), None).await;
     let user = format!("system:serviceaccount:akri:{denied_node}");
     let binding = ControlPlane::unique_name("akri-kubelet-plugin");
-    akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &binding)
+    akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &binding, &ns)
         .await
         .unwrap();
     // Open watches are not authorised again: its connections are closed when its rights go,
@@ -80,8 +80,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
         log_lines(denied_dir.path()),
     );
     proxy.go_down();
-    kube::Api::<k8s_openapi::api::rbac::v1::ClusterRoleBinding>::all(admin.clone())
-        .delete(&binding, &Default::default())
+    akri_testing::rbac::revoke_kubelet_plugin(&admin, &binding, &ns)
         .await
         .unwrap();
     denied_proxy.close_open_connections();
@@ -119,7 +118,7 @@ async fn an_api_server_outage_or_403s_cost_nothing_and_do_not_spin() {
         "the 403s cost no device"
     );
     proxy.resume();
-    akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &format!("{binding}-again"))
+    akri_testing::rbac::grant_kubelet_plugin(&admin, &user, &format!("{binding}-again"), &ns)
         .await
         .unwrap();
     // A change after the outage reaches both nodes' pools.

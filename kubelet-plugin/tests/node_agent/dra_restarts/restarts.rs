@@ -190,6 +190,7 @@ async fn colliding_devices_keep_their_names_across_a_restart() {
     let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("collide").await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
     let node = "node-a";
     cp.create_node(node).await.unwrap();
     let peer = akri_testing::KubeletPeer::start(cp, node).await.unwrap();
@@ -325,6 +326,82 @@ async fn restart_changes_nothing(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     plugin
+}
+
+/// A node reads DiscoveryConfigurations from the driver-controller's mirrors. A node agent
+/// upgraded before the driver-controller (whose older version wrote no mirror) must not take
+/// "not mirrored yet" for "no configuration": it keeps what it published, past its start-up
+/// wait, until the mirrors and their marker are there, and then finds nothing to change.
+#[tokio::test]
+async fn a_node_started_before_the_configurations_are_mirrored_keeps_what_it_published() {
+    let cp = &ControlPlane::start(akri_testing::ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("mirror").await.unwrap();
+    let mirror = akri_testing::components::spawn_spec_mirror(&client, &ns);
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let peer = akri_testing::KubeletPeer::start(cp, &node).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let extra = ["--startup-wait-seconds", "2"];
+    let mut plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    peer.wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    echo_config(&client, "echo", "m0, m1").await;
+    let before = eventually("two devices and two Instances published", async || {
+        let now = publication(&client, &node, &ns).await;
+        let devices: usize = now.0.iter().map(|s| s.3).sum();
+        (devices == 2 && now.1.len() == 2).then_some(now)
+    })
+    .await;
+
+    // The node agent stops; the mirrors go, as on a cluster whose driver-controller is older.
+    plugin.kill().await.unwrap();
+    mirror.abort();
+    let _ = mirror.await;
+    let config_maps = Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), &ns);
+    let labelled = ListParams::default().labels(akri_api::v1::spec_mirror::SPEC_MIRROR_LABEL);
+    config_maps
+        .delete_collection(&Default::default(), &labelled)
+        .await
+        .unwrap();
+
+    // The new agent: past its start-up wait, it says it waits for the mirrors, and has
+    // changed nothing.
+    let log = dir.path().join("plugin.log");
+    let offset = std::fs::metadata(&log).unwrap().len() as usize;
+    let logged = |what: &str| std::fs::read_to_string(&log).unwrap()[offset..].contains(what);
+    let plugin = spawn_plugin_with(cp, &peer, &node, &ns, dir.path(), &extra);
+    let started = std::time::Instant::now();
+    while !logged("not mirrored by the driver-controller yet") {
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the agent never said it waits for the mirrors"
+        );
+        assert_eq!(
+            publication(&client, &node, &ns).await,
+            before,
+            "nothing mirrored yet: slices or Instances changed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(publication(&client, &node, &ns).await, before);
+
+    // The driver-controller mirrors them: the agent publishes (past its start-up wait, what its
+    // handler last reported, carried over), and nothing changes.
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
+    while !logged("; publishing") {
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "the agent never published once the configurations were mirrored"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(publication(&client, &node, &ns).await, before);
+    drop(plugin);
 }
 
 /// A corrupt checkpoint is set aside (kept for inspection), the plugin serves anyway, and the

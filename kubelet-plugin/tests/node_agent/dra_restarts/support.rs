@@ -159,6 +159,7 @@ pub(crate) async fn node_on(
 ) -> (String, String, KubeletPeer, tempfile::TempDir) {
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace(prefix).await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&cp.client().await.unwrap(), &ns);
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();
     let peer = KubeletPeer::start(cp, &node).await.unwrap();

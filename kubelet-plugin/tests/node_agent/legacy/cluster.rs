@@ -29,6 +29,10 @@ pub struct Cluster {
 /// control plane of each cluster's own.
 pub const SERVED: &str = "legacy";
 
+/// The DRA sinks' namespace where they write nothing (their configurations are mirrored
+/// there, as the driver-controller does in the release namespace).
+const UNUSED: &str = "unused-by-the-legacy-path";
+
 /// A control plane of its own (every agent serves the v0 Configurations of [`SERVED`]) with
 /// `nodes` simulated nodes; slots with no container are freed after `reclaim_grace`.
 pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
@@ -38,6 +42,8 @@ pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
     let client = cp.client().await.unwrap();
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace_named(SERVED).await.unwrap();
+    // The DRA sinks' configurations, where the driver-controller mirrors them.
+    akri_testing::components::spawn_spec_mirror(&client, UNUSED);
     let mut started = Vec::new();
     for _ in 0..nodes {
         started.push(start_node(&cp, &client, reclaim_grace).await);
@@ -54,6 +60,7 @@ pub async fn cluster(nodes: usize, reclaim_grace: Duration) -> Cluster {
 /// Configurations' (where a v1 configuration made of one would have them).
 pub async fn cluster_of_both_paths(reclaim_grace: Duration) -> Cluster {
     let mut c = cluster(0, reclaim_grace).await;
+    akri_testing::components::spawn_spec_mirror(&c.client, &c.ns);
     let node = start_node_in(&c.cp, &c.client, &c.ns, reclaim_grace).await;
     c.nodes.push(node);
     c
@@ -64,7 +71,7 @@ pub async fn start_node(
     client: &kube::Client,
     reclaim_grace: Duration,
 ) -> SimNode {
-    start_node_in(cp, client, "unused-by-the-legacy-path", reclaim_grace).await
+    start_node_in(cp, client, UNUSED, reclaim_grace).await
 }
 
 /// [`start_node`] with the Node name given (one that Instances already name).
@@ -74,13 +81,9 @@ pub async fn start_named(
     name: &str,
     reclaim_grace: Duration,
 ) -> SimNode {
-    SimNode::start_named(
-        cp,
-        client,
-        name,
-        "unused-by-the-legacy-path",
-        |config, peer| legacy(config, peer, reclaim_grace),
-    )
+    SimNode::start_named(cp, client, name, UNUSED, |config, peer| {
+        legacy(config, peer, reclaim_grace)
+    })
     .await
 }
 
@@ -104,7 +107,7 @@ pub async fn start_pod(
     reclaim_grace: Duration,
     pod_uid: &str,
 ) -> SimNode {
-    SimNode::start(cp, client, "unused-by-the-legacy-path", |config, peer| {
+    SimNode::start(cp, client, UNUSED, |config, peer| {
         legacy(config, peer, reclaim_grace);
         config.pod_uid = Some(pod_uid.to_string());
     })

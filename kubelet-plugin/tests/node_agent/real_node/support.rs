@@ -55,6 +55,9 @@ impl Cluster {
         cp.install_crds(&akri_api::crds::all()).await.unwrap();
         let client = cp.client().await.unwrap();
         let ns = cp.create_namespace("real").await.unwrap();
+        // Where the driver-controller mirrors the configurations; the tests that run it run
+        // it beside this (both write the same).
+        akri_testing::components::spawn_spec_mirror(&client, &ns);
         let name = ControlPlane::unique_name("real");
         let node = RealNode::start(&cp, &name).await.expect("real node");
         let dir = tempfile::tempdir().unwrap();

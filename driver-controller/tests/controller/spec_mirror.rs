@@ -1,0 +1,91 @@
+//! The DiscoveryConfigurations' specs mirrored for the nodes (`spec_mirror.rs`), judged by the
+//! API server's own record: the watch events of a mirror.
+
+use crate::support::{Cluster, eventually};
+use akri_api::v1::DiscoveryConfiguration;
+use akri_api::v1::spec_mirror::{MIRRORED_MARKER, config_map_name};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
+use serde_json::json;
+
+/// A node (running as the chart's kubelet-plugin, which may not read DiscoveryConfigurations)
+/// discovers through the mirror; status writes, however many, never touch it; a spec change
+/// does, once; a deleted configuration's mirror goes.
+#[tokio::test]
+async fn a_mirror_changes_with_the_spec_and_never_with_status_writes() {
+    let c = Cluster::start(1, false).await;
+    let name = c.discovery("mirror", &["m0"], 1, true).await;
+    c.wait_published(&name, 1).await;
+    let mirrors = Api::<ConfigMap>::namespaced(c.client.clone(), &c.namespace);
+    let cm = config_map_name(&name);
+    let mirror = mirrors.get(&cm).await.expect("the mirror exists");
+    assert!(mirrors.get_opt(MIRRORED_MARKER).await.unwrap().is_some());
+    let version = mirror.metadata.resource_version.clone().unwrap();
+
+    // The API server's events of the mirror from now on, until it shows the spec change.
+    let watched = mirrors.clone();
+    let events = tokio::spawn(async move {
+        let params = WatchParams::default().fields(&format!("metadata.name={cm}"));
+        let stream = watched.watch(&params, &version).await.unwrap();
+        futures::pin_mut!(stream);
+        let mut modified = Vec::new();
+        while let Some(event) = stream.next().await {
+            if let WatchEvent::Modified(cm) = event.unwrap() {
+                let data = cm.data.clone().unwrap_or_default();
+                modified.push(data);
+                if modified.last().unwrap().values().any(|v| v.contains("m1")) {
+                    return modified;
+                }
+            }
+        }
+        modified
+    });
+
+    // Status writes as nodes make them (each its own entry), ten of them.
+    let configs = Api::<DiscoveryConfiguration>::all(c.client.clone());
+    for i in 0..10 {
+        let patch = json!({
+            "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+            "metadata": { "name": name },
+            "status": { "discoveryErrors": [{ "node": format!("node-{i}"), "message": "down" }] },
+        });
+        let params = PatchParams::apply(&format!("akri-kubelet-plugin/node-{i}")).force();
+        configs
+            .patch_status(&name, &params, &Patch::Apply(&patch))
+            .await
+            .unwrap();
+    }
+    // Then the spec: the watch ends at its mirror, after every status write above.
+    let spec = json!({ "spec": { "discoveryHandler": {
+        "name": "debugEcho", "discoveryDetails": "descriptions: [m0, m1]" } } });
+    configs
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&spec))
+        .await
+        .unwrap();
+    let modified = tokio::time::timeout(std::time::Duration::from_secs(60), events)
+        .await
+        .expect("the mirror shows the spec change within 60 s")
+        .unwrap();
+    assert_eq!(
+        modified.len(),
+        1,
+        "one write of the mirror, the spec's; none for the 10 status writes (the last: {:?})",
+        modified.last()
+    );
+    c.wait_published(&name, 2).await;
+
+    configs
+        .delete(&name, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the deleted configuration's mirror to go", async || {
+        mirrors
+            .get_opt(&config_map_name(&name))
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
