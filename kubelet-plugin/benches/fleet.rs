@@ -12,7 +12,8 @@
 //! devices come and go). Printed per node per minute: LIST, WATCH and GET requests, writes,
 //! and watch events sent (`apiserver_watch_events_total`, by kind), after taking off what the
 //! same window costs with the driver-controller alone (its own watch of claims). Target:
-//! flat in the fleet size, and no claim event at all on a node.
+//! flat in the fleet size, and no event of a claim or a DiscoveryConfiguration at all on a
+//! node.
 
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};

@@ -89,6 +89,7 @@ impl LegacySink {
                 reclaim_grace: options.reclaim_grace,
                 reclaim_interval: options.reclaim_interval,
                 socket_tag,
+                namespaces: options.namespaces.clone(),
             },
         );
         let _ = counters.set(plugins.counters());

@@ -71,6 +71,9 @@ pub struct LegacyConfig {
     /// Added to every socket name (`akri.sh_<name>-<tag>.sock`): during a rolling update two
     /// processes of one node serve the same resources, each under sockets of its own.
     pub socket_tag: Option<String>,
+    /// The namespaces whose v0 Configurations are served: their legacy Instances are watched,
+    /// each namespace's by a watch of its own, and no other namespace's.
+    pub namespaces: BTreeSet<String>,
 }
 
 /// Allocation counters, for `/metrics` and the benchmark.
@@ -107,7 +110,8 @@ impl Drop for LegacyPlugins {
 struct Shared {
     client: kube::Client,
     config: LegacyConfig,
-    /// Every legacy Instance, by namespace and name, as last seen (watch or own write).
+    /// Every legacy Instance of the served namespaces, by namespace and name, as last seen
+    /// (watch or own write).
     instances: Mutex<BTreeMap<(String, String), Instance>>,
     /// Bumped on every change of `instances`.
     changed: watch::Sender<u64>,
@@ -144,10 +148,13 @@ impl LegacyPlugins {
             allocating: tokio::sync::Mutex::new(()),
             counters: Arc::default(),
         });
-        let tasks = vec![
-            tokio::spawn(watch_instances(shared.clone())),
-            tokio::spawn(advertise(shared.clone())),
-        ];
+        let mut tasks = vec![tokio::spawn(advertise(shared.clone()))];
+        for namespace in &shared.config.namespaces {
+            tasks.push(tokio::spawn(watch_instances(
+                shared.clone(),
+                namespace.clone(),
+            )));
+        }
         LegacyPlugins {
             shared,
             served: BTreeMap::new(),
@@ -618,9 +625,9 @@ impl Shared {
     }
 }
 
-/// Keeps [`Shared::instances`] in step with the API server.
-async fn watch_instances(shared: Arc<Shared>) {
-    let api = Api::<Instance>::all(shared.client.clone());
+/// Keeps `namespace`'s part of [`Shared::instances`] in step with the API server.
+async fn watch_instances(shared: Arc<Shared>, namespace: String) {
+    let api = Api::<Instance>::namespaced(shared.client.clone(), &namespace);
     let selector = instance_source_selector(INSTANCE_SOURCE_CONFIGURATION);
     let mut events =
         Box::pin(watcher(api, watcher::Config::default().labels(&selector)).default_backoff());
@@ -644,11 +651,16 @@ async fn watch_instances(shared: Arc<Shared>) {
             }
             Ok(watcher::Event::InitDone) => {
                 if let Some(list) = relisting.take() {
-                    *shared.instances.lock().expect("instances") = list;
+                    let mut instances = shared.instances.lock().expect("instances");
+                    instances.retain(|(ns, _), _| *ns != namespace);
+                    instances.extend(list);
+                    drop(instances);
                     shared.bump();
                 }
             }
-            Err(error) => tracing::warn!(%error, "watching legacy Instances failed; retrying"),
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "watching legacy Instances failed; retrying")
+            }
         }
     }
 }

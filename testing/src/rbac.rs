@@ -4,8 +4,8 @@ use crate::{ControlPlane, Error};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PostParams};
 
-/// The kubelet-plugin's cluster-wide rules (docs/operations.md, "RBAC"); Secret and
-/// ConfigMap reads are granted per namespace, separately.
+/// The kubelet-plugin's cluster-wide rules (docs/operations.md, "RBAC"); Instances, Secret
+/// and ConfigMap reads are granted per namespace, separately.
 pub fn kubelet_plugin_rules() -> serde_json::Value {
     kubelet_plugin_rules_with(false)
 }
@@ -16,7 +16,6 @@ pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
     let mut rules = serde_json::json!([
         { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get"] },
         { "apiGroups": ["akri.sh"], "resources": ["discoveryconfigurations/status"], "verbs": ["patch"] },
-        { "apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"] },
         { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"] },
@@ -26,7 +25,7 @@ pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
     if legacy {
         let at = rules.as_array().map_or(0, |r| {
             r.iter()
-                .position(|r| r["resources"][0] == "instances")
+                .position(|r| r["resources"][0] == "discoveryconfigurations/status")
                 .map_or(0, |i| i + 1)
         });
         rules.as_array_mut().expect("an array").insert(
@@ -39,9 +38,10 @@ pub fn kubelet_plugin_rules_with(legacy: bool) -> serde_json::Value {
 
 /// Grants `user` what the chart grants the kubelet-plugin where DRA is served: its
 /// cluster-wide rules ([`kubelet_plugin_rules`]) through a ClusterRole and a
-/// ClusterRoleBinding, and [`kubelet_plugin_namespace_rules`] in `namespace` (the Instances',
-/// where the driver-controller writes what it hands the nodes) through a Role and a
-/// RoleBinding, all named `binding`; [`revoke_kubelet_plugin`] takes them away.
+/// ClusterRoleBinding, and [`kubelet_plugin_namespace_rules`] and
+/// [`kubelet_plugin_instance_rules`] in `namespace` (the Instances', where the
+/// driver-controller writes what it hands the nodes) through a Role and a RoleBinding, all
+/// named `binding`; [`revoke_kubelet_plugin`] takes them away.
 pub async fn grant_kubelet_plugin(
     client: &kube::Client,
     user: &str,
@@ -66,9 +66,16 @@ pub async fn grant_kubelet_plugin(
     Api::<ClusterRoleBinding>::all(client.clone())
         .create(&PostParams::default(), &role_binding)
         .await?;
+    let mut rules = kubelet_plugin_namespace_rules();
+    (rules.as_array_mut().expect("an array")).extend(
+        kubelet_plugin_instance_rules()
+            .as_array()
+            .cloned()
+            .unwrap_or_default(),
+    );
     let role: Role = serde_json::from_value(serde_json::json!({
         "metadata": { "name": binding },
-        "rules": kubelet_plugin_namespace_rules(),
+        "rules": rules,
     }))
     .expect("static role");
     Api::<Role>::namespaced(client.clone(), namespace)
@@ -101,6 +108,15 @@ pub async fn revoke_kubelet_plugin(
         .delete(binding, &params)
         .await?;
     Ok(())
+}
+
+/// The kubelet-plugin's rules on Instances, granted in the namespaces it writes them to only
+/// (the chart's `<release>-kubelet-plugin-instances`, bound in the release namespace and the
+/// legacy namespaces).
+pub fn kubelet_plugin_instance_rules() -> serde_json::Value {
+    serde_json::json!([
+        { "apiGroups": ["akri.sh"], "resources": ["instances"], "verbs": ["get", "list", "watch", "create", "patch", "delete"] },
+    ])
 }
 
 /// The kubelet-plugin's rules in the Instances' namespace where DRA is served (the chart's

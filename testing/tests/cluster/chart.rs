@@ -272,11 +272,17 @@ async fn template_renders_the_components_with_default_values() {
         .map(|b| b["metadata"]["namespace"].as_str().unwrap().to_string())
         .collect();
     assert_eq!(bindings, ["akri-system"]);
-    assert!(
-        of_kind(&objects, "ClusterRoleBinding")
-            .iter()
-            .all(|b| b["metadata"]["name"] != "akri-kubelet-plugin-properties")
-    );
+    // Instances, too, only where the node writes them (legacy off: the release namespace).
+    let bindings: Vec<_> = of_kind(&objects, "RoleBinding")
+        .into_iter()
+        .filter(|b| b["metadata"]["name"] == "akri-kubelet-plugin-instances")
+        .map(|b| b["metadata"]["namespace"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(bindings, ["akri-system"]);
+    assert!(of_kind(&objects, "ClusterRoleBinding").iter().all(|b| {
+        let name = &b["metadata"]["name"];
+        name != "akri-kubelet-plugin-properties" && name != "akri-kubelet-plugin-instances"
+    }));
     let args = strings(&daemon_set["spec"]["template"]["spec"]["containers"][0]["args"]);
     assert!(
         args.iter()
@@ -1000,18 +1006,19 @@ async fn install_creates_every_object_of_both_releases() {
     let client = cp.client().await.unwrap();
     let helm = Helm::new();
     let kubeconfig = cp.kubeconfig().display().to_string();
-    // akri: 3 ServiceAccounts, 5 ClusterRoles and their bindings (the Secret reads by a
-    // RoleBinding in the release namespace), 3 Roles (the kubelet-plugin's binding checks
-    // included) and their
+    // akri: 3 ServiceAccounts, 6 ClusterRoles and their bindings (the Secret reads and the
+    // kubelet-plugin's Instances by a RoleBinding in the release namespace), 3 Roles (the
+    // kubelet-plugin's, of what the driver-controller hands the nodes, included) and their
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 5 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
     // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts,
-    // legacy mode's Configuration admission policy and its binding, and the
-    // driver-controller's Role and RoleBinding in the legacy namespace (gone nodes' slots).
+    // legacy mode's Configuration admission policy and its binding, the driver-controller's
+    // Role and RoleBinding in the legacy namespace (gone nodes' slots), and the
+    // kubelet-plugin's Instances bound there too.
     for (release, ns, expected) in [
-        ("akri", &installed.default_ns, 35),
-        ("edge", &installed.full_ns, 52),
+        ("akri", &installed.default_ns, 37),
+        ("edge", &installed.full_ns, 55),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -1095,6 +1102,15 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
             akri_testing::rbac::kubelet_plugin_rules_with(legacy),
             "the chart and akri_testing::rbac (which the plugin's tests run under) must agree"
         );
+        let instances = Api::<ClusterRole>::all(client.clone())
+            .get(&format!("{}-instances", role.metadata.name.unwrap()))
+            .await
+            .unwrap();
+        assert_eq!(
+            serde_json::to_value(instances.rules.unwrap()).unwrap(),
+            akri_testing::rbac::kubelet_plugin_instance_rules(),
+            "the chart and akri_testing::rbac must agree on the Instances' rules"
+        );
     }
     for (plugin, ns) in [
         ("akri-kubelet-plugin", &installed.default_ns),
@@ -1138,6 +1154,11 @@ kubelet-plugin     patch   akri.sh/instances                         release   -
 kubelet-plugin     delete  akri.sh/instances                         release   -             yes
 kubelet-plugin     list    akri.sh/instances                         release   -             yes
 kubelet-plugin     update  akri.sh/instances                         release   -             no
+kubelet-plugin     watch   akri.sh/instances                         property  -             yes
+kubelet-plugin     patch   akri.sh/instances                         property  -             yes
+kubelet-plugin     list    akri.sh/instances                         other     -             no
+kubelet-plugin     watch   akri.sh/instances                         other     -             no
+kubelet-plugin     patch   akri.sh/instances                         other     -             no
 kubelet-plugin     list    akri.sh/propertyfilters                   cluster   -             no
 kubelet-plugin     create  resource.k8s.io/resourceslices            cluster   -             yes
 kubelet-plugin     patch   resource.k8s.io/resourceslices            cluster   -             yes
