@@ -1,6 +1,8 @@
 //! The node agent: discovery in ([`crate::node_discovery`]), DRA ([`crate::dra_sink`]) and,
 //! where asked for, legacy device plugins ([`crate::legacy`]) out, all from one loop
-//! ([`crate::node_loop`]). This module is what it is configured with and how it starts.
+//! ([`crate::node_loop`]). This module is how it starts; what it is configured with is
+//! [`AgentConfig`] (`config.rs`), what only the node's leading agent runs is
+//! `leader.rs`.
 
 use crate::binding_check::BindingChecks;
 pub use crate::config::{AgentConfig, RESYNC};
