@@ -153,7 +153,7 @@ impl Collector for LegacyCollector {
             ),
             (
                 "legacy_slots_reclaimed",
-                "Slots freed because no container held them (or their node left)",
+                "Slots of this node freed because no container held them",
                 &counters.reclaimed,
             ),
         ] {
