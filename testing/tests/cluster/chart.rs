@@ -258,11 +258,12 @@ async fn template_renders_the_components_with_default_values() {
     ] {
         find(&objects, "Service", service);
     }
-    // Slices, claim status, Instances, discovery errors; BrokerTemplates.
-    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 5);
+    // Slices, claim status, Instances, discovery errors, the ConfigMaps nodes read;
+    // BrokerTemplates.
+    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 6);
     assert_eq!(
         of_kind(&objects, "ValidatingAdmissionPolicyBinding").len(),
-        5
+        6
     );
     // Secret and ConfigMap reads only in the release namespace when no propertyNamespaces are
     // listed, and references elsewhere refused on the node.
@@ -1009,7 +1010,7 @@ async fn install_creates_every_object_of_both_releases() {
     // akri: 3 ServiceAccounts, 6 ClusterRoles and their bindings (the Secret reads and the
     // kubelet-plugin's Instances by a RoleBinding in the release namespace), 3 Roles (the
     // kubelet-plugin's, of what the driver-controller hands the nodes, included) and their
-    // bindings, 3 Services, the DaemonSet, 2 Deployments, 5 admission policies and their
+    // bindings, 3 Services, the DaemonSet, 2 Deployments, 6 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
     // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts,
@@ -1017,8 +1018,8 @@ async fn install_creates_every_object_of_both_releases() {
     // Role and RoleBinding in the legacy namespace (gone nodes' slots), and the
     // kubelet-plugin's Instances bound there too.
     for (release, ns, expected) in [
-        ("akri", &installed.default_ns, 37),
-        ("edge", &installed.full_ns, 55),
+        ("akri", &installed.default_ns, 39),
+        ("edge", &installed.full_ns, 57),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -2755,4 +2756,101 @@ async fn a_broker_template_is_admitted_only_from_a_user_who_may_create_what_it_m
         .ok()
     })
     .await;
+}
+
+/// Every node trusts the ConfigMaps it reads in the release namespace: the configurations'
+/// mirrors, their marker, and its binding checks. RBAC cannot narrow `create` to names, and the
+/// broker-controller may write ConfigMaps in every namespace (brokerController.namespaces
+/// empty, the default): the policy leaves those ConfigMaps to the driver-controller, so a
+/// broker-controller that is taken over cannot feed every node a forged configuration, or take
+/// one away.
+#[tokio::test]
+async fn only_the_driver_controller_writes_the_config_maps_nodes_read() {
+    use akri_api::v1::spec_mirror::{MIRRORED_MARKER, SPEC_MIRROR_LABEL, config_map_name};
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let installed = installed().await;
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let ns = &installed.default_ns;
+    let brokers: Api<ConfigMap> = Api::namespaced(
+        plugin_client_of("akri-broker-controller", &cp, ns, None).await,
+        ns,
+    );
+    let controller: Api<ConfigMap> = Api::namespaced(
+        plugin_client_of("akri-driver-controller", &cp, ns, None).await,
+        ns,
+    );
+    let config_map = |name: &str, mirror_label: bool| -> ConfigMap {
+        let mut meta = json!({ "name": name });
+        if mirror_label {
+            meta["labels"] = json!({ SPEC_MIRROR_LABEL: "true" });
+        }
+        from_json(json!({ "metadata": meta, "data": { "configuration.json": "{}" } }))
+    };
+    let post = PostParams::default();
+    let not_controller = "is not the driver-controller";
+    // A write let through before the policy took effect is undone.
+    policy_active("node-inputs", async || {
+        let probe = "binding-checks-probe";
+        let created = brokers.create(&post, &config_map(probe, false)).await;
+        if created.is_ok() {
+            brokers.delete(probe, &DeleteParams::default()).await?;
+        }
+        created
+    })
+    .await;
+
+    let mirror = config_map_name("cameras");
+    let checks = akri_devices::binding::checks_config_map("node-a");
+    for (name, labelled) in [
+        (MIRRORED_MARKER, false),
+        (mirror.as_str(), false),
+        (checks.as_str(), false),
+        ("looks-harmless", true),
+    ] {
+        refused(
+            brokers.create(&post, &config_map(name, labelled)).await,
+            not_controller,
+        );
+    }
+    // Its own ConfigMaps are the broker-controller's to write, but not to turn into a mirror.
+    brokers
+        .create(&post, &config_map("broker-settings", false))
+        .await
+        .expect("the broker-controller writes ConfigMaps nodes do not read");
+    let label = Patch::Merge(json!({ "metadata": { "labels": { SPEC_MIRROR_LABEL: "true" } } }));
+    refused(
+        brokers
+            .patch("broker-settings", &PatchParams::default(), &label)
+            .await,
+        not_controller,
+    );
+    brokers
+        .delete("broker-settings", &DeleteParams::default())
+        .await
+        .unwrap();
+
+    // What the driver-controller wrote, the broker-controller can neither change nor delete.
+    for name in [&mirror, &checks] {
+        controller
+            .create(&post, &config_map(name, name == &mirror))
+            .await
+            .expect("the driver-controller writes what nodes read");
+        let forged = Patch::Merge(json!({ "data": { "configuration.json": "forged" } }));
+        refused(
+            brokers.patch(name, &PatchParams::default(), &forged).await,
+            not_controller,
+        );
+        refused(
+            brokers.delete(name, &DeleteParams::default()).await,
+            not_controller,
+        );
+        controller
+            .patch(name, &PatchParams::default(), &forged)
+            .await
+            .expect("the driver-controller rewrites it");
+        controller
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("the driver-controller deletes it");
+    }
 }
