@@ -1,10 +1,12 @@
 //! What a pass of the [`InstanceWriter`](crate::instances::InstanceWriter) writes, decided
-//! apart from the API server as `slices::plan` is: from the devices this node sees, the
-//! Instances stored that name it, and the names of other nodes' unshared Instances.
+//! apart from the API server as `slices::plan` is: from the devices this node sees and the
+//! Instances stored that name it. Another node's unshared Instance of the same name is not
+//! known here (a node reads only its own): the write finds it
+//! ([`InstanceWriter`](crate::instances::InstanceWriter) then renames the device).
 
 use crate::node_devices::KnownDevice;
 use akri_api::v0::{Instance, InstanceSpec};
-use akri_api::v1::INSTANCE_SOURCE_LABEL;
+use akri_api::v1::{INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_LABEL, instance_node_label};
 use kube::api::ObjectMeta;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -20,9 +22,6 @@ pub use crate::node_devices::Seen;
 /// What to do for one device this node sees.
 #[derive(Debug, PartialEq)]
 pub enum Step {
-    /// An unshared device whose name another node's Instance has: that device's, not ours
-    /// (Akri's 6 hex digits collide across nodes too). The caller renames it.
-    Contested(String),
     /// The stored Instance says everything this node would apply: no write.
     Unchanged(Instance),
     /// Apply `instance`. `unforced` for an unshared Instance new to this node: a field
@@ -101,7 +100,6 @@ impl Writer<'_> {
         &self,
         seen: &[Seen],
         stored: &BTreeMap<String, Instance>,
-        others: &BTreeSet<String>,
         vanished: &mut BTreeMap<String, Instant>,
         now: Instant,
     ) -> Plan {
@@ -127,10 +125,6 @@ impl Writer<'_> {
             }
         }
         for (device, capacity, shared) in seen {
-            if !*shared && others.contains(&device.instance) {
-                plan.steps.push(Step::Contested(device.instance.clone()));
-                continue;
-            }
             let current = stored.get(&device.instance);
             if current.is_none() {
                 let kept = kept.entry(device.configuration.as_str()).or_default();
@@ -193,6 +187,16 @@ impl Writer<'_> {
         }
     }
 
+    /// The labels this node applies: the path, its node label, and that it labels.
+    fn labels(&self) -> BTreeMap<String, String> {
+        let mut labels = BTreeMap::from([
+            (INSTANCE_SOURCE_LABEL.to_string(), self.source.to_string()),
+            (INSTANCE_NODES_LABELLED.to_string(), "true".to_string()),
+        ]);
+        labels.extend(instance_node_label(self.node).map(|l| (l, "true".to_string())));
+        labels
+    }
+
     /// The Instance this node applies for `device`.
     pub fn instance(&self, device: &KnownDevice, capacity: i32, shared: bool) -> Instance {
         let (_, left_out) = akri_devices::property_attributes(&device.device.properties);
@@ -205,10 +209,7 @@ impl Writer<'_> {
         Instance {
             metadata: ObjectMeta {
                 name: Some(device.instance.clone()),
-                labels: Some(BTreeMap::from([(
-                    INSTANCE_SOURCE_LABEL.to_string(),
-                    self.source.to_string(),
-                )])),
+                labels: Some(self.labels()),
                 annotations,
                 ..ObjectMeta::default()
             },
@@ -260,14 +261,25 @@ pub(crate) mod tests {
     use crate::discovery::DiscoveredDevice;
     use akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION;
 
+    /// An Instance as `nodes` wrote it: each node's label on it.
     pub(crate) fn instance(nodes: &[&str], annotation: Option<&str>) -> Instance {
+        let mut labels = BTreeMap::from([
+            (
+                INSTANCE_SOURCE_LABEL.to_string(),
+                INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
+            ),
+            (INSTANCE_NODES_LABELLED.to_string(), "true".to_string()),
+        ]);
+        labels.extend(
+            nodes
+                .iter()
+                .flat_map(|n| instance_node_label(n))
+                .map(|l| (l, "true".into())),
+        );
         Instance {
             metadata: ObjectMeta {
                 name: Some("cam-abcdef".into()),
-                labels: Some(BTreeMap::from([(
-                    INSTANCE_SOURCE_LABEL.to_string(),
-                    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
-                )])),
+                labels: Some(labels),
                 annotations: annotation.map(|a| {
                     BTreeMap::from([(akri_devices::UNPUBLISHED_PROPERTIES.to_string(), a.into())])
                 }),
@@ -313,19 +325,21 @@ pub(crate) mod tests {
     fn what_is_stored_as_wanted_is_not_written_and_new_unshared_ones_go_unforced() {
         let mut stored = BTreeMap::new();
         stored.insert("cam-abcdef".to_string(), instance(&["b", "a"], None));
+        // Written before nodes labelled their Instances: applied again, with the labels.
+        let mut unlabelled = instance(&["a"], None);
+        unlabelled.metadata.labels = Some(BTreeMap::from([(
+            INSTANCE_SOURCE_LABEL.to_string(),
+            INSTANCE_SOURCE_DISCOVERY_CONFIGURATION.to_string(),
+        )]));
+        stored.insert("cam-010101".to_string(), unlabelled);
         let seen = [
             seen("cam-abcdef", true),
             seen("cam-123456", true),
             seen("cam-777777", false),
+            seen("cam-010101", true),
         ];
         let mut vanished = BTreeMap::new();
-        let plan = WRITER.plan(
-            &seen,
-            &stored,
-            &BTreeSet::new(),
-            &mut vanished,
-            Instant::now(),
-        );
+        let plan = WRITER.plan(&seen, &stored, &mut vanished, Instant::now());
         assert!(matches!(&plan.steps[0], Step::Unchanged(i) if i.spec.nodes == ["b", "a"]));
         assert!(
             matches!(&plan.steps[1], Step::Apply { instance, unforced: false } if instance.spec.nodes == ["a"]),
@@ -334,6 +348,11 @@ pub(crate) mod tests {
         assert!(
             matches!(&plan.steps[2], Step::Apply { unforced: true, .. }),
             "an unshared Instance new to this node is applied unforced"
+        );
+        assert!(
+            matches!(&plan.steps[3], Step::Apply { instance, unforced: false }
+                if instance.metadata.labels.as_ref().unwrap().contains_key("a.nodes.akri.sh/instance")),
+            "an Instance without this node's label gets it"
         );
         assert!(plan.departures.is_empty());
     }
@@ -359,7 +378,6 @@ pub(crate) mod tests {
         let plan = writer.plan(
             &[seen("cam-2", true), seen("cam-3", true), other],
             &stored,
-            &BTreeSet::new(),
             &mut vanished,
             start,
         );
@@ -387,7 +405,6 @@ pub(crate) mod tests {
                 seen("cam-4", true),
             ],
             &stored,
-            &BTreeSet::new(),
             &mut vanished,
             later,
         );
@@ -400,22 +417,34 @@ pub(crate) mod tests {
         assert!(matches!(&plan.steps[2], Step::Limited { kept: 2, .. }));
     }
 
+    /// A node watches its Instances by its label, and the admission policy tells its label
+    /// from other nodes' by the name in the key: the longest names fit no key, and go without.
     #[test]
-    fn an_unshared_name_another_node_has_is_contested_not_written() {
-        let others = BTreeSet::from(["cam-777777".to_string(), "cam-abcdef".to_string()]);
-        let seen = [seen("cam-777777", false), seen("cam-abcdef", true)];
-        let plan = WRITER.plan(
-            &seen,
-            &BTreeMap::new(),
-            &others,
-            &mut BTreeMap::new(),
-            Instant::now(),
-        );
-        assert_eq!(plan.steps[0], Step::Contested("cam-777777".into()));
-        assert!(
-            matches!(&plan.steps[1], Step::Apply { .. }),
-            "a shared device joins the Instance of its name"
-        );
+    fn an_instance_carries_its_nodes_label_where_the_name_fits_one() {
+        let (device, capacity, shared) = seen("cam-abcdef", true);
+        let labels = |node: &str| {
+            let writer = Writer { node, ..WRITER };
+            let instance = writer.instance(&device, capacity, shared);
+            instance.metadata.labels.unwrap_or_default()
+        };
+        let fits = format!("{}.{}", "n".repeat(63), "m".repeat(175));
+        let too_long = format!("{fits}m");
+        assert_eq!(fits.len(), 239);
+        for (node, node_label) in [
+            ("a", Some("a.nodes.akri.sh/instance".to_string())),
+            (&fits, Some(format!("{fits}.nodes.akri.sh/instance"))),
+            (&too_long, None),
+        ] {
+            let mut expected = BTreeMap::from([
+                (
+                    INSTANCE_SOURCE_LABEL.to_string(),
+                    "DiscoveryConfiguration".to_string(),
+                ),
+                (INSTANCE_NODES_LABELLED.to_string(), "true".to_string()),
+            ]);
+            expected.extend(node_label.map(|l| (l, "true".to_string())));
+            assert_eq!(labels(node), expected, "node of {} characters", node.len());
+        }
     }
 
     #[test]
@@ -427,7 +456,7 @@ pub(crate) mod tests {
         ]);
         let mut vanished = BTreeMap::new();
         let start = Instant::now();
-        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        let plan = WRITER.plan(&[], &stored, &mut vanished, start);
         assert!(
             plan.departures.is_empty(),
             "within the grace nothing departs"
@@ -435,13 +464,7 @@ pub(crate) mod tests {
         assert_eq!(vanished.len(), 3);
         // "back" is seen again before the grace ends: it is no longer vanished.
         let later = start + Duration::from_secs(31);
-        let plan = WRITER.plan(
-            &[seen("back", false)],
-            &stored,
-            &BTreeSet::new(),
-            &mut vanished,
-            later,
-        );
+        let plan = WRITER.plan(&[seen("back", false)], &stored, &mut vanished, later);
         assert_eq!(
             plan.departures,
             [
@@ -465,17 +488,11 @@ pub(crate) mod tests {
         ]);
         let mut vanished = BTreeMap::new();
         let start = Instant::now();
-        WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        WRITER.plan(&[], &stored, &mut vanished, start);
         let rebooted = start + Duration::from_secs(120);
-        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, rebooted);
+        let plan = WRITER.plan(&[], &stored, &mut vanished, rebooted);
         assert_eq!(plan.departures, [Departure::Delete("usb".into())]);
-        let back = WRITER.plan(
-            &[seen("camera", true)],
-            &stored,
-            &BTreeSet::new(),
-            &mut vanished,
-            rebooted,
-        );
+        let back = WRITER.plan(&[seen("camera", true)], &stored, &mut vanished, rebooted);
         assert!(
             back.departures.is_empty() && !vanished.contains_key("camera"),
             "seen again: it waits no more"
@@ -484,12 +501,12 @@ pub(crate) mod tests {
         // Gone for good: it departs once the shared grace is over.
         vanished.clear();
         let stored = BTreeMap::from([("camera".to_string(), named("camera", &["a"], true))]);
-        WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        WRITER.plan(&[], &stored, &mut vanished, start);
         let within = start + Duration::from_secs(299);
-        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, within);
+        let plan = WRITER.plan(&[], &stored, &mut vanished, within);
         assert!(plan.departures.is_empty());
         let after = start + Duration::from_secs(300);
-        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, after);
+        let plan = WRITER.plan(&[], &stored, &mut vanished, after);
         assert_eq!(plan.departures, [Departure::Delete("camera".into())]);
     }
 
@@ -510,9 +527,9 @@ pub(crate) mod tests {
         ]);
         let mut vanished = BTreeMap::new();
         let start = Instant::now();
-        WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, start);
+        WRITER.plan(&[], &stored, &mut vanished, start);
         let later = start + Duration::from_secs(60);
-        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, later);
+        let plan = WRITER.plan(&[], &stored, &mut vanished, later);
         assert_eq!(plan.departures, [Departure::Leave("shared".into())]);
         assert!(vanished.contains_key("held"), "still waiting: passes go on");
 
@@ -520,7 +537,7 @@ pub(crate) mod tests {
             .device_usage
             .insert("held-0".into(), String::new());
         let stored = BTreeMap::from([("held".to_string(), held)]);
-        let plan = WRITER.plan(&[], &stored, &BTreeSet::new(), &mut vanished, later);
+        let plan = WRITER.plan(&[], &stored, &mut vanished, later);
         assert_eq!(plan.departures, [Departure::Delete("held".into())]);
     }
 
@@ -540,26 +557,14 @@ pub(crate) mod tests {
             ..WRITER
         };
         let mut vanished = BTreeMap::new();
-        let plan = writer.plan(
-            &[],
-            &stored,
-            &BTreeSet::new(),
-            &mut vanished,
-            Instant::now(),
-        );
+        let plan = writer.plan(&[], &stored, &mut vanished, Instant::now());
         assert_eq!(plan.departures, [Departure::Delete("gone".into())]);
         let live = BTreeSet::from(["cam".to_string()]);
         let writer = Writer {
             live: Some(&live),
             ..WRITER
         };
-        let plan = writer.plan(
-            &[],
-            &stored,
-            &BTreeSet::new(),
-            &mut BTreeMap::new(),
-            Instant::now(),
-        );
+        let plan = writer.plan(&[], &stored, &mut BTreeMap::new(), Instant::now());
         assert!(
             plan.departures.is_empty(),
             "its configuration exists: the grace applies"

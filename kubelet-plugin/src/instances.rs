@@ -10,8 +10,8 @@
 use crate::instance_plan::{self, Departure, Grace, Seen, Step};
 use akri_api::v0::Instance;
 use akri_api::v1::{
-    INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
-    instance_source_selector,
+    INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_CONFIGURATION,
+    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, instance_node_label, instance_source_selector,
 };
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
@@ -47,40 +47,35 @@ impl Drop for InstanceWriter {
 }
 
 /// The Instances (of one source, in one namespace) whose `nodes` name this node, as the API
-/// server has them: what a watch of them all said, kept only for this node's, and what this
-/// node's own writes returned (so the next pass does not wait for their events).
+/// server has them: what a watch of this node's Instances said ([`instance_node_label`]), and
+/// what this node's own writes returned (so the next pass does not wait for their events).
 #[derive(Default)]
 struct Mine {
     /// `None` until the watch's first list is complete (a pass then lists for itself).
     instances: Option<BTreeMap<String, Instance>>,
     /// The watch's list in progress.
     listing: BTreeMap<String, Instance>,
-    /// Unshared Instances that do not name this node: their names are other nodes' devices'.
-    others: BTreeSet<String>,
-    listing_others: BTreeSet<String>,
+    /// Instances naming this node that were written before nodes labelled theirs: no watch of
+    /// the label sees them. Read once (`None` until then), each left here until this node
+    /// writes it (with its label) or deletes it.
+    adopted: Option<BTreeMap<String, Instance>>,
 }
 
 impl Mine {
     fn note(&mut self, node: &str, event: watcher::Event<Instance>) {
-        let names_node = |i: &Instance| i.spec.nodes.iter().any(|n| n == node);
         match event {
-            watcher::Event::Init => {
-                self.listing.clear();
-                self.listing_others.clear();
-            }
+            watcher::Event::Init => self.listing.clear(),
             watcher::Event::InitApply(instance) => {
-                let name = instance.metadata.name.clone().unwrap_or_default();
-                if names_node(&instance) {
+                if names(&instance, node) {
+                    let name = instance.metadata.name.clone().unwrap_or_default();
                     self.listing.insert(name, instance);
-                } else if !instance.spec.shared {
-                    self.listing_others.insert(name);
                 }
             }
             watcher::Event::InitDone => {
                 self.instances = Some(std::mem::take(&mut self.listing));
-                self.others = std::mem::take(&mut self.listing_others);
             }
             watcher::Event::Apply(instance) => self.stored(node, instance),
+            // An Instance that no longer names this node leaves the watch of its label too.
             watcher::Event::Delete(instance) => {
                 if let Some(name) = &instance.metadata.name {
                     self.deleted(name);
@@ -91,26 +86,43 @@ impl Mine {
 
     /// `instance` as it is stored now (from an event or a write's response).
     fn stored(&mut self, node: &str, instance: Instance) {
-        let (Some(mine), Some(name)) = (&mut self.instances, instance.metadata.name.clone()) else {
+        let Some(name) = instance.metadata.name.clone() else {
             return;
         };
-        if instance.spec.nodes.iter().any(|n| n == node) {
-            self.others.remove(&name);
-            mine.insert(name, instance);
-        } else {
-            mine.remove(&name);
-            match instance.spec.shared {
-                false => self.others.insert(name),
-                true => self.others.remove(&name),
-            };
+        if let Some(adopted) = &mut self.adopted {
+            adopted.remove(&name);
         }
+        let Some(mine) = &mut self.instances else {
+            return;
+        };
+        match names(&instance, node) {
+            true => mine.insert(name, instance),
+            false => mine.remove(&name),
+        };
     }
 
     fn deleted(&mut self, name: &str) {
-        if let Some(mine) = &mut self.instances {
-            mine.remove(name);
+        for held in [&mut self.instances, &mut self.adopted]
+            .into_iter()
+            .flatten()
+        {
+            held.remove(name);
         }
-        self.others.remove(name);
+    }
+}
+
+/// Whether `instance` names `node` in its `nodes`.
+fn names(instance: &Instance, node: &str) -> bool {
+    instance.spec.nodes.iter().any(|n| n == node)
+}
+
+/// The label selector of `node`'s Instances of path `source`: by its node label; a node whose
+/// name is too long for one watches the path's Instances of the namespace.
+fn mine_selector(source: &str, node: &str) -> String {
+    let path = instance_source_selector(source);
+    match instance_node_label(node) {
+        Some(label) => format!("{path},{label}"),
+        None => path,
     }
 }
 
@@ -161,7 +173,7 @@ impl InstanceWriter {
         let mine = Arc::new(Mutex::new(Mine::default()));
         let watch = tokio::spawn(watch_mine(
             api.clone(),
-            instance_source_selector(source),
+            mine_selector(source, node),
             node.to_string(),
             mine.clone(),
         ));
@@ -187,20 +199,42 @@ impl InstanceWriter {
     }
 
     /// The stored Instances that name this node: from the watch, or (before its first list is
-    /// complete) read now.
+    /// complete) read now; with those written before nodes labelled theirs (read once).
     async fn stored_mine(&self) -> Result<BTreeMap<String, Instance>, kube::Error> {
-        if let Some(mine) = &self.mine.lock().expect("not poisoned").instances {
-            return Ok(mine.clone());
+        if self.mine.lock().expect("not poisoned").adopted.is_none() {
+            let unlabelled = format!(
+                "{},!{INSTANCE_NODES_LABELLED}",
+                instance_source_selector(self.source)
+            );
+            let adopted = self.list(&unlabelled).await?;
+            if !adopted.is_empty() {
+                tracing::info!(
+                    count = adopted.len(),
+                    "adopted Instances written before nodes labelled theirs"
+                );
+            }
+            self.mine.lock().expect("not poisoned").adopted = Some(adopted);
         }
-        let listed = crate::api_call(
-            self.api
-                .list(&ListParams::default().labels(&instance_source_selector(self.source))),
-        )
-        .await?;
+        let watched = self.mine.lock().expect("not poisoned").instances.clone();
+        let mut all = match watched {
+            Some(watched) => watched,
+            None => self.list(&mine_selector(self.source, &self.node)).await?,
+        };
+        let mine = self.mine.lock().expect("not poisoned");
+        for (name, instance) in mine.adopted.iter().flatten() {
+            all.entry(name.clone()).or_insert_with(|| instance.clone());
+        }
+        Ok(all)
+    }
+
+    /// The Instances labelled as `selector` says that name this node, read now.
+    async fn list(&self, selector: &str) -> Result<BTreeMap<String, Instance>, kube::Error> {
+        let listed =
+            crate::api_call(self.api.list(&ListParams::default().labels(selector))).await?;
         Ok(listed
             .items
             .into_iter()
-            .filter(|i| i.spec.nodes.contains(&self.node))
+            .filter(|i| names(i, &self.node))
             .map(|i| (i.metadata.name.clone().unwrap_or_default(), i))
             .collect())
     }
@@ -235,16 +269,7 @@ impl InstanceWriter {
             live,
             max_per_configuration: self.max_per_configuration,
         };
-        let plan = {
-            let mine = self.mine.lock().expect("not poisoned");
-            writer.plan(
-                known,
-                &stored,
-                &mine.others,
-                &mut self.vanished,
-                Instant::now(),
-            )
-        };
+        let plan = writer.plan(known, &stored, &mut self.vanished, Instant::now());
         let mut synced = Synced::default();
         for step in plan.steps {
             self.take_step(step, &mut synced).await?;
@@ -266,10 +291,6 @@ impl InstanceWriter {
         let contested = &mut synced.contested;
         let mut refused = Refusals(&mut synced.refused);
         let current = match step {
-            Step::Contested(name) => {
-                contested.push(name);
-                return Ok(());
-            }
             Step::Unchanged(current) => current,
             Step::Limited {
                 configuration,
@@ -299,12 +320,23 @@ impl InstanceWriter {
                         contested.push(name);
                         return Ok(());
                     }
+                    // The admission policy refuses a node's entry in another node's unshared
+                    // Instance (the chart's): read whose it is.
+                    Err(kube::Error::Api(status)) if first && status.code == 403 => {
+                        let stored = crate::api_call(self.api.get_opt(&name)).await?;
+                        if stored.is_some_and(|i| !i.spec.shared && !names(&i, &self.node)) {
+                            contested.push(name);
+                            return Ok(());
+                        }
+                        return refused.note(&instance, kube::Error::Api(status));
+                    }
                     Err(error) => return refused.note(&instance, error),
                 }
             }
         };
         let name = current.metadata.name.clone().unwrap_or_default();
-        // Both wrote it before either saw the other's: the first in `nodes` keeps it.
+        // Both wrote it before either saw the other's, or no admission policy stopped this
+        // node joining another's: the first in `nodes` keeps it.
         if !current.spec.shared && current.spec.nodes.first().is_some_and(|n| *n != self.node) {
             return match self.give_up(&name, &params).await {
                 Ok(()) => {

@@ -52,3 +52,19 @@ pub const MIGRATED_FROM_ANNOTATION: &str = "akri.sh/migrated-from";
 pub fn instance_source_selector(source: &str) -> String {
     format!("{INSTANCE_SOURCE_LABEL}={source}")
 }
+
+/// The label each node sets on the Instances that name it, value `"true"`:
+/// `<node>.nodes.akri.sh/instance`. A node watches its Instances by it, so it hears nothing of
+/// other nodes' devices. The node's name is in the key's prefix, not a digest of it, so that
+/// the admission policy can tell a node's own label from another's (CEL has no hash);
+/// `None` for a name too long for a prefix (over 239 characters): such a node watches its
+/// path's Instances of the namespace.
+pub fn instance_node_label(node: &str) -> Option<String> {
+    let prefix = format!("{node}.nodes.akri.sh");
+    (prefix.len() <= 253).then(|| format!("{prefix}/instance"))
+}
+
+/// Label on every Instance a node writes, value `"true"`: Instances without it were written
+/// before nodes labelled their Instances ([`instance_node_label`]), and a node that starts
+/// adopts those that name it, once.
+pub const INSTANCE_NODES_LABELLED: &str = "akri.sh/nodes-labelled";

@@ -445,3 +445,182 @@ async fn two_agents_whose_device_names_collide_keep_an_instance_each() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(owners().await.unwrap(), settled);
 }
+
+/// A node watches only the Instances that name it, by its label: another node's devices coming
+/// and going, unshared or shared, send it no event. Counted by the API server
+/// (`apiserver_watch_events_total` of Instances) on a control plane where this node's agent is
+/// the only watcher of Instances; an edit of its own Instance, counted once, shows that the
+/// count is of its watch and that every earlier event was sent (one watch sends in order).
+#[tokio::test]
+async fn a_node_hears_nothing_of_other_nodes_instances() {
+    use akri_api::v1::{
+        INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
+        instance_node_label,
+    };
+    use akri_testing::components::SimNode;
+    use akri_testing::{ControlPlaneOptions, eventually};
+    use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+    let cp = ControlPlane::start(ControlPlaneOptions::default())
+        .await
+        .expect("control plane");
+    let client = cp.client().await.unwrap();
+    cp.install_crds(&akri_api::crds::all()).await.unwrap();
+    let ns = cp.create_namespace("quiet").await.unwrap();
+    akri_testing::components::spawn_spec_mirror(&client, &ns);
+    let a = SimNode::start(&cp, &client, &ns, |_, _| {}).await;
+    let config: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(serde_json::json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": "cams" },
+        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [cam-a]" } },
+    }))
+    .unwrap();
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .create(&PostParams::default(), &config)
+        .await
+        .unwrap();
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    let own = akri_devices::instance_name("cams", "cam-a", false, &a.name);
+    eventually("node a's Instance", async || {
+        instances.get_opt(&own).await.ok()?
+    })
+    .await;
+
+    let sent = async || -> f64 {
+        (akri_testing::apiserver_samples(&client, "apiserver_watch_events_total").await)
+            .unwrap()
+            .into_iter()
+            .filter(|(labels, _)| {
+                labels
+                    .get("resource")
+                    .or(labels.get("kind"))
+                    .map(String::as_str)
+                    == Some("instances")
+            })
+            .map(|(_, value)| value)
+            .sum()
+    };
+    let before = sent().await;
+    // Node b's devices: 10 unshared and 10 shared Instances, labelled as node b labels them,
+    // of node a's configuration (a shared one node a could join, were it to see the device).
+    let node_b = "node-b";
+    for i in 0..20 {
+        let instance: akri_api::v0::Instance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance",
+            "metadata": { "name": format!("b-{i}"), "labels": {
+                INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+                INSTANCE_NODES_LABELLED: "true",
+                instance_node_label(node_b).unwrap(): "true",
+            } },
+            "spec": {
+                "configurationName": "cams", "cdiName": format!("akri.sh/debugecho=b-{i}"),
+                "capacity": 1, "shared": i % 2 == 0, "nodes": [node_b],
+            },
+        }))
+        .unwrap();
+        instances
+            .create(&PostParams::default(), &instance)
+            .await
+            .unwrap();
+        instances
+            .patch(
+                &format!("b-{i}"),
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({ "spec": { "capacity": 2 } })),
+            )
+            .await
+            .unwrap();
+        instances
+            .delete(&format!("b-{i}"), &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    // Then one edit of node a's own Instance (an annotation it does not set: no write back).
+    instances
+        .patch(
+            &own,
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({ "metadata": { "annotations": { "seen-by": "test" } } }),
+            ),
+        )
+        .await
+        .unwrap();
+    let heard = eventually("node a's watch sent its own Instance's edit", async || {
+        let heard = sent().await - before;
+        (heard >= 1.0).then_some(heard)
+    })
+    .await;
+    assert_eq!(
+        heard,
+        1.0,
+        "node a's watch was sent {heard} events: its own Instance's edit and {} of node b's 60 writes",
+        heard - 1.0
+    );
+}
+
+/// Instances written before nodes labelled theirs (by the version before an upgrade) are in
+/// no watch of a node's label: the node adopts those that name it, labels the ones it still
+/// sees and, after the grace, removes the ones it no longer does, as it would have.
+#[tokio::test]
+async fn instances_written_before_nodes_labelled_theirs_are_adopted() {
+    use akri_api::v1::{INSTANCE_NODES_LABELLED, instance_node_label};
+    use kube::api::PostParams;
+    let (client, ns) = namespace("adopt").await;
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), &ns);
+    let device = |name: &str| KnownDevice {
+        configuration: "cams".into(),
+        instance: name.into(),
+        device: DiscoveredDevice {
+            id: name.into(),
+            ..DiscoveredDevice::default()
+        },
+    };
+    let grace = Grace::uniform(Duration::from_millis(300));
+    // As the version before labels wrote them: the path's label only.
+    for (name, node) in [("kept", "node-a"), ("gone", "node-a"), ("bs", "node-b")] {
+        let instance: akri_api::v0::Instance = serde_json::from_value(serde_json::json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance",
+            "metadata": { "name": name, "labels": {
+                akri_api::v1::INSTANCE_SOURCE_LABEL:
+                    akri_api::v1::INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+            } },
+            "spec": {
+                "configurationName": "cams", "cdiName": format!("akri.sh={name}"),
+                "capacity": 1, "shared": false, "nodes": [node],
+            },
+        }))
+        .unwrap();
+        instances
+            .create(&PostParams::default(), &instance)
+            .await
+            .unwrap();
+    }
+
+    let mut a = InstanceWriter::new(client.clone(), &ns, "node-a", grace);
+    let seen = vec![(device("kept"), 1, false)];
+    a.sync(&seen, None).await.unwrap();
+    let labels = instances
+        .get("kept")
+        .await
+        .unwrap()
+        .metadata
+        .labels
+        .unwrap();
+    assert_eq!(labels[&instance_node_label("node-a").unwrap()], "true");
+    assert_eq!(labels[INSTANCE_NODES_LABELLED], "true");
+    assert!(
+        a.pending(),
+        "the device it no longer sees waits for its grace"
+    );
+    tokio::time::sleep(grace.unshared).await;
+    a.sync(&seen, None).await.unwrap();
+    assert!(
+        instances.get_opt("gone").await.unwrap().is_none(),
+        "removed"
+    );
+    assert_eq!(
+        instances.get("bs").await.unwrap().spec.nodes,
+        ["node-b"],
+        "another node's is not node a's to adopt"
+    );
+}

@@ -1689,17 +1689,50 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
         .create(&PostParams::default(), &instance(&shared, &[&node_b]))
         .await
         .unwrap();
+    // Joined as the plugin joins: with its node's label, by which it watches its Instances;
+    // never with another node's (which would send that node this node's events).
+    let node_label = |node: &str| format!("{node}.nodes.akri.sh/instance");
+    let with_labels = |mut instance: DynamicObject, nodes: &[&str]| {
+        let mut labels = std::collections::BTreeMap::from([(
+            "akri.sh/nodes-labelled".to_string(),
+            "true".to_string(),
+        )]);
+        labels.extend(nodes.iter().map(|n| (node_label(n), "true".to_string())));
+        instance.metadata.labels = Some(labels);
+        instance
+    };
+    refused(
+        plugin_instances
+            .patch(
+                &shared,
+                &node_manager(&node_a),
+                &Patch::Apply(with_labels(
+                    instance(&shared, &[&node_a]),
+                    &[&node_a, &node_b],
+                )),
+            )
+            .await,
+        &format!(
+            "may set only its own node's label ({}) on an Instance, not: {}",
+            node_label(&node_a),
+            node_label(&node_b)
+        ),
+    );
     let joined = plugin_instances
         .patch(
             &shared,
             &node_manager(&node_a),
-            &Patch::Apply(instance(&shared, &[&node_a])),
+            &Patch::Apply(with_labels(instance(&shared, &[&node_a]), &[&node_a])),
         )
         .await
-        .expect("adding its own node");
+        .expect("adding its own node, and its label");
     assert_eq!(
         strings(&joined.data["spec"]["nodes"]),
         [node_b.as_str(), node_a.as_str()]
+    );
+    assert_eq!(
+        joined.metadata.labels.as_ref().unwrap()[&node_label(&node_a)],
+        "true"
     );
     refused(
         plugin_instances
@@ -1725,6 +1758,14 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
         .await
         .expect("removing its own node");
     assert_eq!(strings(&left.data["spec"]["nodes"]), [node_b.as_str()]);
+    assert!(
+        !left
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .contains_key(&node_label(&node_a)),
+        "its label left with it"
+    );
     refused(
         plugin_instances
             .create(
@@ -1750,6 +1791,16 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
         );
     }
     let local = ControlPlane::unique_name("local");
+    refused(
+        plugin_instances
+            .patch(
+                &local,
+                &node_manager(&node_a),
+                &Patch::Apply(with_labels(instance(&local, &[&node_a]), &[&node_b])),
+            )
+            .await,
+        &format!("not: {}", node_label(&node_b)),
+    );
     plugin_instances
         .patch(
             &local,
@@ -2772,11 +2823,11 @@ async fn only_the_driver_controller_writes_the_config_maps_nodes_read() {
     let cp = ControlPlane::shared_api_server().await.unwrap();
     let ns = &installed.default_ns;
     let brokers: Api<ConfigMap> = Api::namespaced(
-        plugin_client_of("akri-broker-controller", &cp, ns, None).await,
+        plugin_client_of("akri-broker-controller", cp, ns, None).await,
         ns,
     );
     let controller: Api<ConfigMap> = Api::namespaced(
-        plugin_client_of("akri-driver-controller", &cp, ns, None).await,
+        plugin_client_of("akri-driver-controller", cp, ns, None).await,
         ns,
     );
     let config_map = |name: &str, mirror_label: bool| -> ConfigMap {
