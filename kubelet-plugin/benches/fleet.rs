@@ -7,14 +7,19 @@
 //! (impersonated: its RBAC), on a simulated node (a Node object; kubelet directories that no
 //! kubelet reads, so no claim is ever prepared). Once every node has published, for
 //! [`WINDOW`]: 1,000 ResourceClaims of another driver are created, allocated to other nodes
-//! (their status written as a scheduler would) and deleted, and the configuration's status is
-//! written once a second under the driver-controller's field manager (its counts, as when
-//! devices come and go). Printed per node per minute: LIST, WATCH and GET requests, writes,
+//! (their status written as a scheduler would) and deleted, 200 Instances of other nodes'
+//! devices are created and deleted (labelled as those nodes label them), and the
+//! configuration's status is written once a second under the driver-controller's field
+//! manager (its counts, as when devices come and go). Printed per node per minute: LIST, WATCH and GET requests, writes,
 //! and watch events sent (`apiserver_watch_events_total`, by kind), after taking off what the
 //! same window costs with the driver-controller alone (its own watch of claims). Target:
-//! flat in the fleet size, and no event of a claim or a DiscoveryConfiguration at all on a
-//! node.
+//! flat in the fleet size, and no event of a claim, a DiscoveryConfiguration or another node's
+//! Instance at all on a node.
 
+use akri_api::v1::{
+    INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, INSTANCE_SOURCE_LABEL,
+    instance_node_label,
+};
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -74,6 +79,7 @@ async fn churn(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let claims = Api::<ResourceClaim>::namespaced(client.clone(), "apps");
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
+    let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), "akri");
     let start = Instant::now();
     let per_claim = WINDOW / CLAIMS as u32;
     let mut status_writes = 0u32;
@@ -97,6 +103,23 @@ async fn churn(
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(&allocated))
             .await?;
         claims.delete(&name, &DeleteParams::default()).await?;
+        // Another node's device, one in five claims: its Instance, labelled as that node
+        // labels it, comes and goes.
+        if i % 5 == 0 {
+            let other = format!("other-node-{}", i % 50);
+            let instance: akri_api::v0::Instance = serde_json::from_value(json!({
+                "apiVersion": "akri.sh/v0", "kind": "Instance",
+                "metadata": { "name": format!("other-{i}"), "labels": {
+                    INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+                    INSTANCE_NODES_LABELLED: "true",
+                    instance_node_label(&other).expect("a short name"): "true",
+                } },
+                "spec": { "configurationName": configuration, "cdiName": format!("akri.sh=other-{i}"),
+                    "capacity": 1, "shared": i % 10 == 0, "nodes": [other] },
+            }))?;
+            instances.create(&PostParams::default(), &instance).await?;
+            (instances.delete(&format!("other-{i}"), &DeleteParams::default())).await?;
+        }
         // The configuration's status, once a second.
         if start.elapsed().as_secs() as u32 >= status_writes {
             status_writes += 1;
