@@ -214,10 +214,21 @@ pub async fn run(
     // A claim's change may route a binding check to its node (binding_routes.rs).
     let (routes_changed, routes_changes) = futures::channel::mpsc::channel(1);
 
-    let controller = Controller::new(
+    // One watch of the configurations, for the reconciler and the spec mirrors: each of its
+    // events (a deletion too) tells the mirror writer to look again.
+    let (configurations, writer) = reflector::store();
+    let (mirror_changed, mirror_changes) = futures::channel::mpsc::channel(1);
+    let configuration_stream = watcher(
         Api::<DiscoveryConfiguration>::all(client.clone()),
         watcher::Config::default(),
-    );
+    )
+    .default_backoff()
+    .reflect(writer)
+    .inspect(move |_| {
+        let _ = mirror_changed.clone().try_send(());
+    })
+    .applied_objects();
+    let controller = Controller::for_stream(configuration_stream, configurations);
     let ctx = Arc::new(Context {
         client: client.clone(),
         config: config.clone(),
@@ -239,7 +250,9 @@ pub async fn run(
         ctx.clone(),
         routes_changes,
     )));
-    let _mirror = AbortOnDrop(tokio::spawn(crate::spec_mirror::run(
+    let _mirror = AbortOnDrop(tokio::spawn(crate::spec_mirror::keep(
+        controller.store(),
+        mirror_changes,
         client.clone(),
         config.instance_namespace.clone(),
         config.field_manager.clone(),

@@ -2,9 +2,10 @@
 //! for the nodes ([`akri_api::v1::spec_mirror`]): a node then hears of a spec change and of
 //! no status write, whatever the number of nodes writing status.
 //!
-//! It keeps two stores (the configurations, and the mirrors it wrote), plans from them with
-//! [`plan`] (pure) after each change, and writes only what differs: one server-side apply per
-//! changed configuration, one delete per configuration gone, and the marker once. Each mirror
+//! It reads two stores (the configurations, the reconciler's, and the mirrors it wrote), plans
+//! from them with [`plan`] (pure) after each change, and writes only what differs: one
+//! server-side apply per changed configuration, one delete per configuration gone, and the
+//! marker once. Each mirror
 //! is owned by its configuration, so the garbage collector removes it with the configuration
 //! even while no replica runs.
 
@@ -70,39 +71,55 @@ pub fn plan(
     writes
 }
 
-/// Keeps the mirrors in `namespace` until the watches end, writing as `field_manager`.
+/// Keeps the mirrors in `namespace` with a watch of the configurations of its own, until the
+/// watches end, writing as `field_manager`: the mirror writer alone (tests, tools). The
+/// driver-controller runs [`keep`] on its reconciler's store instead.
 pub async fn run(client: kube::Client, namespace: String, field_manager: String, metrics: Metrics) {
-    let (configs, configs_writer) = reflect::store::<DiscoveryConfiguration>();
-    let (mirrors, mirrors_writer) = reflect::store::<ConfigMap>();
-    let api = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
-    // Each event says which store it filled and whether it ended a list.
-    let config_events = reflect::reflector(
-        configs_writer,
-        watcher(Api::all(client), watcher::Config::default()).default_backoff(),
+    let (configs, writer) = reflect::store::<DiscoveryConfiguration>();
+    let changes = reflect::reflector(
+        writer,
+        watcher(Api::all(client.clone()), watcher::Config::default()).default_backoff(),
     )
-    .map(|e| (true, matches!(e, Ok(watcher::Event::InitDone))));
+    .map(drop);
+    keep(configs, changes, client, namespace, field_manager, metrics).await
+}
+
+/// Keeps the mirrors in `namespace` of the configurations in `configs`, a store another watch
+/// fills, planning again on each of `changes` (one per event of that watch) and each change
+/// of the mirrors; until the watches end, writing as `field_manager`.
+pub async fn keep(
+    configs: Store<DiscoveryConfiguration>,
+    changes: impl futures::Stream<Item = ()> + Send,
+    client: kube::Client,
+    namespace: String,
+    field_manager: String,
+    metrics: Metrics,
+) {
+    let (mirrors, mirrors_writer) = reflect::store::<ConfigMap>();
+    let api = Api::<ConfigMap>::namespaced(client, &namespace);
+    // Each event says whether it ended a list of the mirrors.
     let mirror_config = watcher::Config::default().labels(SPEC_MIRROR_LABEL);
     let mirror_events = reflect::reflector(
         mirrors_writer,
         watcher(api.clone(), mirror_config).default_backoff(),
     )
-    .map(|e| (false, matches!(e, Ok(watcher::Event::InitDone))));
-    let mut events = std::pin::pin!(futures::stream::select(config_events, mirror_events));
-    let (mut configs_listed, mut mirrors_listed) = (false, false);
+    .map(|e| matches!(e, Ok(watcher::Event::InitDone)));
+    let changes = changes.map(|()| false);
+    let mut events = std::pin::pin!(futures::stream::select(changes, mirror_events));
+    let mut mirrors_listed = false;
     let params = PatchParams::apply(&field_manager).force();
-    while let Some(mut event) = events.next().await {
+    while let Some(mut listed) = events.next().await {
         // This change and every one already waiting with it.
         loop {
-            match event {
-                (true, listed) => configs_listed |= listed,
-                (false, listed) => mirrors_listed |= listed,
-            }
+            mirrors_listed |= listed;
             match futures::FutureExt::now_or_never(events.next()) {
-                Some(Some(next)) => event = next,
+                Some(Some(next)) => listed = next,
                 _ => break,
             }
         }
         // Before both first lists, a configuration not seen yet would look gone.
+        let configs_listed =
+            futures::FutureExt::now_or_never(configs.wait_until_ready()).is_some_and(|r| r.is_ok());
         if !(configs_listed && mirrors_listed) {
             continue;
         }

@@ -89,3 +89,44 @@ async fn a_mirror_changes_with_the_spec_and_never_with_status_writes() {
     })
     .await;
 }
+
+/// The reconciler and the mirror writer read one watch of the configurations: every status
+/// write reaches the driver-controller once, not once per reader. Counted by the API server
+/// (`apiserver_longrunning_requests` of WATCHes) on a control plane where the driver-controller
+/// is the only client, once it has mirrored (so both readers run).
+#[tokio::test]
+async fn the_driver_controller_watches_the_configurations_once() {
+    use akri_driver_controller::controller::{self, ControllerConfig};
+    let cp = akri_testing::ControlPlane::start(akri_testing::ControlPlaneOptions {
+        crds: akri_api::crds::all(),
+        ..Default::default()
+    })
+    .await
+    .expect("control plane");
+    let client = cp.client().await.unwrap();
+    let namespace = cp.create_namespace("akri").await.unwrap();
+    let running = tokio::spawn(controller::run(
+        client.clone(),
+        ControllerConfig::new(&namespace),
+        Default::default(),
+    ));
+    let mirrors = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
+    eventually("the marker: every configuration mirrored", async || {
+        mirrors.get_opt(MIRRORED_MARKER).await.ok()?
+    })
+    .await;
+    let watches = async |resource: &str| -> f64 {
+        (akri_testing::apiserver_samples(&client, "apiserver_longrunning_requests").await)
+            .unwrap()
+            .into_iter()
+            .filter(|(l, _)| {
+                l.get("verb").map(String::as_str) == Some("WATCH")
+                    && l.get("resource").map(String::as_str) == Some(resource)
+            })
+            .map(|(_, value)| value)
+            .sum()
+    };
+    // The marker is written once both stores are listed, so both readers are at work.
+    assert_eq!(watches("discoveryconfigurations").await, 1.0);
+    running.abort();
+}
