@@ -120,6 +120,12 @@ step "the discovery handlers' protocol peers (a Python virtualenv from PyPI, reu
 hack/peers.sh >/dev/null
 step "cargo clippy (beside the Go builds, as the two builds below)"
 cargo clippy --workspace --all-targets -- -D warnings
+step "each package's benches, checked on their own (as the docs' cargo bench lines build them)"
+# One package at a time: together, one package's dev-dependency features would cover another's
+# missing ones (a bench that built only inside the workspace build went unnoticed).
+for dir in */benches; do
+  cargo check -q --benches --manifest-path "${dir%/benches}/Cargo.toml"
+done
 step "the test build"
 cargo test --workspace --no-run
 # hack/demo.sh builds these for itself. Without the test build's dev-dependencies (tokio's

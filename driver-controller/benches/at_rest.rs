@@ -174,7 +174,12 @@ async fn control_plane() -> Result<(ControlPlane, kube::Client, String), Box<dyn
     let ns = cp.create_namespace("bench").await?;
     // The driver-controller's mirrors of the configurations, which the agents read (the
     // binary, started later beside them, keeps them too).
-    akri_testing::components::spawn_spec_mirror(&client, &ns);
+    tokio::spawn(akri_driver_controller::spec_mirror::run(
+        client.clone(),
+        ns.clone(),
+        "akri-driver-controller".into(),
+        Default::default(),
+    ));
     Ok((cp, client, ns))
 }
 
