@@ -12,6 +12,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use std::collections::BTreeMap;
 
 pub mod binding;
+pub mod handlers;
 mod nodes;
 pub use nodes::node_lost;
 

@@ -15,6 +15,7 @@
 mod binding_routes;
 mod filters;
 mod gone_nodes;
+mod handlers;
 mod lost_nodes;
 mod shared;
 mod stores;
@@ -32,6 +33,7 @@ use akri_api::v1::{
 use akri_devices::{ATTR_CONFIGURATION, Sharing};
 use dra_plugin::api_support::ApiSupport;
 use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::ResourceExt;
@@ -136,6 +138,8 @@ pub struct Context {
     nodes: Store<Node>,
     /// Allocated claims: what holds a shared device that lost its last node.
     claims: Store<ResourceClaim>,
+    /// The nodes' handler Leases: which discovery handlers each node has ([`handlers`]).
+    handler_leases: Store<Lease>,
     /// The configurations that keep a vanished device while claims hold it: a released
     /// claim no longer names the device it held, so any claim change looks at these again.
     keeping_vanished: Arc<Mutex<BTreeSet<String>>>,
@@ -198,6 +202,13 @@ pub async fn run(
         slim_claim,
     );
 
+    // The nodes' handler Leases; a change may concern every configuration (handlers.rs).
+    let (handler_leases, lease_stream) = akri_runtime::reflect(
+        Api::<Lease>::namespaced(client.clone(), &config.instance_namespace),
+        watcher::Config::default().labels(akri_devices::handlers::HANDLERS_LABEL),
+    );
+    let lease_changes = lease_stream.map(|_| ());
+
     // Nodes, to forget the ones deleted for good and leave lost ones out of shared devices'
     // node selection; a deletion may concern every configuration. Only their names and
     // Ready conditions are kept (images alone are most of a Node's size).
@@ -239,6 +250,7 @@ pub async fn run(
         configurations: controller.store(),
         nodes,
         claims,
+        handler_leases,
         keeping_vanished: Arc::default(),
         shared_pools: Mutex::default(),
         metrics,
@@ -282,7 +294,11 @@ pub async fn run(
             let keeping = keeping_vanished.lock().expect("lock").clone();
             keeping.into_iter().map(|c| ObjectRef::new(&c))
         })
-        .reconcile_all_on(futures::stream::select(node_deletions, lost_changes))
+        .reconcile_all_on(futures::stream::select_all([
+            node_deletions.boxed(),
+            lost_changes.boxed(),
+            lease_changes.boxed(),
+        ]))
         // Two configurations at a time: a pass holds several transient copies of its
         // configuration's devices (planned slices, the vanished plan), and ten passes at once
         // made the heap's peak, which the allocator keeps, three times the stores' size.
@@ -435,6 +451,10 @@ impl Context {
                 .now_or_never(),
             self.nodes.wait_until_ready().boxed().now_or_never(),
             self.claims.wait_until_ready().boxed().now_or_never(),
+            self.handler_leases
+                .wait_until_ready()
+                .boxed()
+                .now_or_never(),
         ];
         ready.iter().all(|r| matches!(r, Some(Ok(()))))
     }
@@ -582,8 +602,23 @@ impl Context {
             }
             (false, _, _) => "",
         };
-        match class_conflict {
-            None => {
+        let missing_handler = handlers::missing_handler(
+            &config.spec.discovery_handler.name,
+            status.instances,
+            &self.node_handlers(),
+        );
+        match (class_conflict, missing_handler) {
+            (None, Some(why)) => {
+                set_condition(
+                    &mut status.conditions,
+                    CONDITION_READY,
+                    false,
+                    "NoDiscoveryHandler",
+                    format!("{why}: nothing can be discovered for it"),
+                    generation,
+                );
+            }
+            (None, None) => {
                 set_condition(
                     &mut status.conditions,
                     CONDITION_READY,
@@ -596,7 +631,7 @@ impl Context {
                     generation,
                 );
             }
-            Some(why) => {
+            (Some(why), _) => {
                 status.device_class_name = None;
                 set_condition(
                     &mut status.conditions,

@@ -8,6 +8,7 @@ use crate::binding_check::BindingChecks;
 pub use crate::config::{AgentConfig, RESYNC};
 use crate::discovery::Registry;
 use crate::dra_sink::{DraOptions, DraSink};
+use crate::handler_lease::HandlerLease;
 use crate::leader::{Takeover, lead};
 use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
@@ -192,6 +193,13 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     .property_secrets(config.property_secrets.clone());
     let devices = discovery.devices(Sink::Dra);
     let binding_checks = binding_checks(&client, &config, serve_dra, &devices).await?;
+    let handler_lease = dra.is_some().then(|| {
+        HandlerLease::new(
+            client.clone(),
+            &config.instance_namespace,
+            &config.node_name,
+        )
+    });
     let node_loop = NodeLoop {
         client: client.clone(),
         node_name: config.node_name.clone(),
@@ -205,6 +213,7 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         refused_v0: Default::default(),
         resync: config.resync,
         mirror_namespace: config.instance_namespace.clone(),
+        handler_lease,
     };
     // Standing by: the takeover holds the registry (not served yet) until the lock is free.
     let takeover = pending.zip(registry).map(|(unlocked, registry)| {

@@ -11,6 +11,7 @@ pub mod discovery_errors;
 pub mod dra_sink;
 pub mod driver;
 pub mod embedded;
+mod handler_lease;
 pub mod instance_plan;
 pub mod instances;
 mod kubelet_registration;

@@ -20,12 +20,13 @@
 use crate::config_watch::{WatchEvent, watch_all, watch_mirrors};
 use crate::discovery::Handlers;
 use crate::dra_sink::DraSink;
+use crate::handler_lease::HandlerLease;
 use crate::leader::{Leader, Takeover};
 use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
 use crate::node_discovery::{NodeDiscovery, Sink};
 use crate::node_plan::{Known, NodePlan};
-use crate::sink::{self, ApplyPlan, Pass};
+use crate::sink::{self, ApplyPlan, Pass, Standing};
 use crate::streams::StreamEvent;
 use akri_api::v0::Configuration;
 use akri_api::v1::{DiscoveryConfiguration, spec_mirror};
@@ -59,6 +60,8 @@ pub(crate) struct NodeLoop {
     pub resync: Duration,
     /// Where the driver-controller mirrors the DiscoveryConfigurations (the Instances').
     pub mirror_namespace: String,
+    /// This node's handlers, told to the driver-controller (with the DRA path).
+    pub handler_lease: Option<HandlerLease>,
 }
 
 /// How long a stopping agent keeps answering the kubelet's calls under way after it withdrew
@@ -251,6 +254,13 @@ impl NodeLoop {
             errors.instances = dra.refused_instances().clone();
             errors.report(&self.client, &self.node_name).await;
             self.metrics.set_discovery_errors(errors.failing());
+        }
+        // Once the handlers have reported (no sink starting), so that a node's restart never
+        // says for a moment that it has none.
+        if let (true, Some(lease)) = (leading, &mut self.handler_lease)
+            && !standings.contains(&Standing::Starting)
+        {
+            lease.sync(&handlers).await;
         }
         match sink::readiness(&standings, state.watch_failing) {
             Some(Ok(())) => self.readiness.ready(),

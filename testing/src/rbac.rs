@@ -121,10 +121,11 @@ pub fn kubelet_plugin_instance_rules() -> serde_json::Value {
 
 /// The kubelet-plugin's rules in the Instances' namespace where DRA is served (the chart's
 /// `<release>-kubelet-plugin-from-driver-controller` Role): its binding-check ConfigMap,
-/// watched by name, and the DiscoveryConfigurations' mirrors.
+/// watched by name, and the DiscoveryConfigurations' mirrors; its handler Lease.
 pub fn kubelet_plugin_namespace_rules() -> serde_json::Value {
     serde_json::json!([
         { "apiGroups": [""], "resources": ["configmaps"], "verbs": ["list", "watch"] },
+        { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create", "patch"] },
     ])
 }
 

@@ -4,6 +4,7 @@
 
 mod allocation;
 mod binding;
+mod handlers;
 mod replicas;
 mod spec_mirror;
 mod support;

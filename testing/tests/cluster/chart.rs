@@ -258,12 +258,12 @@ async fn template_renders_the_components_with_default_values() {
     ] {
         find(&objects, "Service", service);
     }
-    // Slices, claim status, Instances, discovery errors, the ConfigMaps nodes read;
-    // BrokerTemplates.
-    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 6);
+    // Slices, claim status, Instances, discovery errors, handler Leases, the ConfigMaps
+    // nodes read; BrokerTemplates.
+    assert_eq!(of_kind(&objects, "ValidatingAdmissionPolicy").len(), 7);
     assert_eq!(
         of_kind(&objects, "ValidatingAdmissionPolicyBinding").len(),
-        6
+        7
     );
     // Secret and ConfigMap reads only in the release namespace when no propertyNamespaces are
     // listed, and references elsewhere refused on the node.
@@ -1010,7 +1010,7 @@ async fn install_creates_every_object_of_both_releases() {
     // akri: 3 ServiceAccounts, 6 ClusterRoles and their bindings (the Secret reads and the
     // kubelet-plugin's Instances by a RoleBinding in the release namespace), 3 Roles (the
     // kubelet-plugin's, of what the driver-controller hands the nodes, included) and their
-    // bindings, 3 Services, the DaemonSet, 2 Deployments, 6 admission policies and their
+    // bindings, 3 Services, the DaemonSet, 2 Deployments, 7 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
     // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts,
@@ -1018,8 +1018,8 @@ async fn install_creates_every_object_of_both_releases() {
     // Role and RoleBinding in the legacy namespace (gone nodes' slots), and the
     // kubelet-plugin's Instances bound there too.
     for (release, ns, expected) in [
-        ("akri", &installed.default_ns, 39),
-        ("edge", &installed.full_ns, 57),
+        ("akri", &installed.default_ns, 41),
+        ("edge", &installed.full_ns, 59),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -1200,6 +1200,13 @@ kubelet-plugin     get     core/secrets                              other     -
 kubelet-plugin     list    core/configmaps                           other     -             no
 kubelet-plugin     create  core/serviceaccounts/token                release   -             no
 kubelet-plugin     get     coordination.k8s.io/leases                release   -             no
+kubelet-plugin     create  coordination.k8s.io/leases                release   -             yes
+kubelet-plugin     patch   coordination.k8s.io/leases                release   -             yes
+kubelet-plugin     delete  coordination.k8s.io/leases                release   -             no
+kubelet-plugin     create  coordination.k8s.io/leases                other     -             no
+driver-controller  list    coordination.k8s.io/leases                release   -             yes
+driver-controller  watch   coordination.k8s.io/leases                release   -             yes
+driver-controller  list    coordination.k8s.io/leases                other     -             no
 driver-controller  watch   akri.sh/discoveryconfigurations           cluster   -             yes
 driver-controller  patch   akri.sh/discoveryconfigurations/status    cluster   -             yes
 driver-controller  patch   akri.sh/discoveryconfigurations           cluster   -             no
@@ -1894,6 +1901,40 @@ async fn the_admission_policy_keeps_a_kubelet_plugin_to_its_own_node() {
             { "node": node_a, "message": "a still fails" },
             { "node": node_b, "message": "b fails" },
         ])
+    );
+
+    // Its handler Lease: its own, as the agent writes it, and nothing else of the Leases.
+    use akri_devices::handlers::{lease, lease_name};
+    use k8s_openapi::api::coordination::v1::Lease;
+    let leases = Api::<Lease>::namespaced(plugin.clone(), ns);
+    let handlers = std::collections::BTreeSet::from(["debugEcho".to_string()]);
+    let apply = |node: &str| {
+        let (name, lease) = (lease_name(node), lease(node, &handlers));
+        let leases = leases.clone();
+        let params = node_manager(&node_a);
+        async move { leases.patch(&name, &params, &Patch::Apply(&lease)).await }
+    };
+    apply(&node_a).await.expect("its own handler Lease");
+    let not_own =
+        format!("may write only its own node's handler Lease (akri-node-..., held by '{node_a}')");
+    refused(apply(&node_b).await, &not_own);
+    Api::<Lease>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &lease(&node_b, &handlers))
+        .await
+        .unwrap();
+    let taken = Patch::Merge(json!({ "spec": { "holderIdentity": node_a } }));
+    refused(
+        leases
+            .patch(&lease_name(&node_b), &PatchParams::default(), &taken)
+            .await,
+        &not_own,
+    );
+    // The driver-controller's leader Lease, held by this node, is not a handler Lease.
+    let mut leader = lease(&node_a, &handlers);
+    leader.metadata.name = Some("akri-driver-controller".into());
+    refused(
+        leases.create(&PostParams::default(), &leader).await,
+        &format!("{not_own}, not akri-driver-controller"),
     );
 }
 
