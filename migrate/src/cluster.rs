@@ -111,12 +111,20 @@ pub struct ApplyOptions {
 /// Applies every DiscoveryConfiguration, then every BrokerTemplate; a failure is an error in
 /// `report` naming the object, and the others are still applied (running again after fixing
 /// it completes the migration: applying the same object again changes nothing).
+/// Returns a line per object applied, as kubectl says it
+/// (`discoveryconfiguration.akri.sh/<name> serverside-applied`, `(server dry run)` after it
+/// with `--dry-run=server`).
 pub async fn apply(
     client: &kube::Client,
     migrated: &[Migrated],
     options: &ApplyOptions,
     report: &mut Report,
-) {
+) -> Vec<String> {
+    let mut applied = Vec::new();
+    let said = |kind: &str, name: &str| match options.dry_run {
+        true => format!("{kind}.akri.sh/{name} serverside-applied (server dry run)"),
+        false => format!("{kind}.akri.sh/{name} serverside-applied"),
+    };
     let params = PatchParams {
         field_manager: Some(options.field_manager.clone()),
         dry_run: options.dry_run,
@@ -173,17 +181,20 @@ pub async fn apply(
             );
             continue;
         }
+        applied.push(said("discoveryconfiguration", name));
         if let Some(brokers) = &m.brokers {
             let api: Api<BrokerTemplate> = Api::namespaced(client.clone(), &m.key.0);
-            if let Err(e) = api.patch(&m.key.1, &params, &Patch::Apply(brokers)).await {
-                report.add(
+            match api.patch(&m.key.1, &params, &Patch::Apply(brokers)).await {
+                Ok(_) => applied.push(said("brokertemplate", &m.key.1)),
+                Err(e) => report.add(
                     &m.origin,
                     &object,
                     "",
                     Kind::Error,
                     format!("applying BrokerTemplate {object}: {e}"),
-                );
+                ),
             }
         }
     }
+    applied
 }

@@ -250,7 +250,12 @@ pub async fn run(
         }
         Destination::Apply(apply) => {
             let client = client.expect("a client to apply with");
-            cluster::apply(client, &migrated, apply, &mut report).await;
+            for line in cluster::apply(client, &migrated, apply, &mut report).await {
+                writeln!(stdout, "{line}").map_err(|cause| Error::Write {
+                    path: "stdout".into(),
+                    cause,
+                })?;
+            }
         }
     }
     rewrite_files(&input.files, &rewrites, &mut report)?;

@@ -25,6 +25,8 @@ use super::schema::count;
     plural = "instances",
     singular = "instance",
     shortname = "akrii",
+    // `kubectl get akri` lists Instances with the akri.sh/v1 kinds (an addition to Akri's CRD).
+    category = "akri",
     namespaced,
     derive = "PartialEq",
     doc = "An Akri Instance: one device found through a Configuration, the nodes that can reach it, and the usage of its slots.",

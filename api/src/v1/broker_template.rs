@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     shortname = "bt",
     category = "akri",
     status = "BrokerTemplateStatus",
+    doc = "Workloads the broker-controller creates for a DiscoveryConfiguration's devices: `instanceBrokerResources` once per Instance, each bound to its device through a ResourceClaim, and `globalBrokerResources` once per configuration.",
     printcolumn(
         name = "Discovery",
         type_ = "string",
@@ -57,6 +58,7 @@ pub struct BrokerTemplateSpec {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct DiscoveryReference {
+    /// The DiscoveryConfiguration's name.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
 }
@@ -78,13 +80,14 @@ impl schemars::JsonSchema for BrokerResource {
             "description": "A Kubernetes object to create for each device (or once), as it would be applied.",
             "required": ["apiVersion", "kind"],
             "properties": {
-                "apiVersion": { "type": "string", "minLength": 1 },
-                "kind": { "type": "string", "minLength": 1 },
+                "apiVersion": { "type": "string", "minLength": 1, "description": "The object's API version, e.g. `apps/v1`." },
+                "kind": { "type": "string", "minLength": 1, "description": "The object's kind, e.g. `Deployment`: one the broker-controller may create." },
                 "metadata": {
                     "type": "object",
+                    "description": "The object's metadata; the broker-controller names it after its Instance and owns it.",
                     "properties": {
-                        "name": { "type": "string" },
-                        "namespace": { "type": "string" },
+                        "name": { "type": "string", "description": "A name prefix: the broker-controller adds the Instance's name." },
+                        "namespace": { "type": "string", "description": "Left out: objects are created in the BrokerTemplate's namespace." },
                     },
                     "x-kubernetes-preserve-unknown-fields": true,
                 },
@@ -102,6 +105,7 @@ impl schemars::JsonSchema for BrokerResource {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BrokerTemplateStatus {
+    /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// Instances that currently have their brokers.
@@ -121,6 +125,7 @@ pub struct BrokerTemplateStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "set"))]
     pub finished_jobs: Vec<String>,
+    /// `Ready`, or `Ready=False` with the objects the API server refused and why.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,

@@ -18,12 +18,15 @@ use serde::{Deserialize, Serialize};
     shortname = "akridc",
     category = "akri",
     status = "DiscoveryConfigurationStatus",
+    doc = "Devices found by one discovery handler with one set of details: a DeviceClass of the same name selects them (`deviceClassName: <name>` in a ResourceClaim, or the extended resource `akri.sh/<name>`), and each device found gets an Instance.",
     printcolumn(name = "Handler", type_ = "string", json_path = ".spec.discoveryHandler.name"),
-    printcolumn(name = "Capacity", type_ = "integer", json_path = ".spec.capacity"),
-    printcolumn(name = "Unique", type_ = "boolean", json_path = ".spec.uniqueDevices"),
+    printcolumn(name = "Capacity", type_ = "integer", json_path = ".spec.capacity", priority = 1),
+    printcolumn(name = "Unique", type_ = "boolean", json_path = ".spec.uniqueDevices", priority = 1),
     printcolumn(name = "Instances", type_ = "integer", json_path = ".status.instances"),
+    printcolumn(name = "Nodes", type_ = "integer", json_path = ".status.nodes"),
     printcolumn(name = "Devices", type_ = "integer", json_path = ".status.devicesPublished"),
     printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status"),
+    printcolumn(name = "Degraded", type_ = "string", json_path = ".status.conditions[?(@.type==\"Degraded\")].status"),
     printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp"),
     validation = Rule::new("size(self.metadata.name) <= 52").message("metadata.name must be at most 52 characters: Instances are named <name>-<6 hex digits> and their slot devices <instance>-<slot>, which must fit in 63"),
     validation = Rule::new("self.metadata.name.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?$')").message("metadata.name must be a DNS label (lower-case letters, digits and '-', no '.'): its devices are named <name>-<6 hex digits>, and DRA device names are DNS labels"),
@@ -139,6 +142,7 @@ pub struct ContainerAccess {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
 pub struct HostPathPrefix {
+    /// An absolute host path prefix: what a device reports is allowed when it starts with it.
     #[schemars(length(min = 2, max = 4096))]
     #[x_kube(
         validation = Rule::new("self.startsWith('/')").message("a host path prefix must be absolute"),
@@ -187,11 +191,14 @@ pub struct DiscoveryHandlerSpec {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.value) != has(self.valueFrom)").message("a discovery property needs exactly one of value and valueFrom"))]
 pub struct DiscoveryProperty {
+    /// The name the handler knows the value by.
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("self.matches('^[-._a-zA-Z0-9]+$')").message("a discovery property name may only contain letters, digits, '-', '_' and '.'"))]
     pub name: String,
+    /// The value itself (one of `value` and `valueFrom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value: Option<String>,
+    /// Where the node reads the value (one of `value` and `valueFrom`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub value_from: Option<DiscoveryPropertySource>,
 }
@@ -202,8 +209,10 @@ pub struct DiscoveryProperty {
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("has(self.secretKeyRef) != has(self.configMapKeyRef)").message("valueFrom needs exactly one of secretKeyRef and configMapKeyRef"))]
 pub struct DiscoveryPropertySource {
+    /// A key of a Secret (the chart lets nodes read only the Secrets `propertySecrets` names).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_key_ref: Option<KeyReference>,
+    /// A key of a ConfigMap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config_map_key_ref: Option<KeyReference>,
 }
@@ -212,10 +221,13 @@ pub struct DiscoveryPropertySource {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct KeyReference {
+    /// The Secret's or ConfigMap's name.
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
+    /// Its namespace (one of the chart's `propertyNamespaces`).
     #[schemars(length(min = 1, max = 63))]
     pub namespace: String,
+    /// The key whose value is the property's.
     #[schemars(length(min = 1, max = 253))]
     pub key: String,
     /// When true, a missing object or key is no error: the property is left out.
@@ -257,6 +269,7 @@ pub struct DiscoveryConfigurationStatus {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeDiscoveryError {
+    /// The node whose discovery fails.
     pub node: String,
     /// What went wrong, e.g. the handler's error or a property that could not be resolved.
     pub message: String,

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
     shortname = "pf",
     category = "akri",
     status = "PropertyFilterStatus",
+    doc = "Narrows a DiscoveryConfiguration's devices by their discovered properties: the driver-controller compiles it to a CEL selector in a DeviceClass of the same name, which the scheduler applies (`deviceClassName: <filter name>` in a ResourceClaim).",
     printcolumn(
         name = "Discovery",
         type_ = "string",
@@ -81,6 +82,7 @@ pub enum FilterMode {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct PropertyFilterStatus {
+    /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
     /// The CEL expression the filters compiled to, as the scheduler evaluates it.

@@ -41,3 +41,52 @@ fn chart_has_no_unknown_crd_files() {
         );
     }
 }
+
+/// `kubectl explain` shows every field's description: each property of every CRD has one,
+/// written for people (not kube's "Auto-generated derived type ..."). A list's items and a
+/// map's values are described by their field (their own fields, if any, need one).
+#[test]
+fn every_field_of_every_crd_says_what_it_is() {
+    fn walk(schema: &serde_json::Value, path: String, named: bool, missing: &mut Vec<String>) {
+        let description = schema["description"].as_str().unwrap_or_default();
+        if named && (description.trim().is_empty() || description.starts_with("Auto-generated")) {
+            missing.push(path.clone());
+        }
+        for (name, property) in schema["properties"].as_object().into_iter().flatten() {
+            walk(property, format!("{path}.{name}"), true, missing);
+        }
+        if schema["items"].is_object() {
+            walk(&schema["items"], format!("{path}[]"), false, missing);
+        }
+        if schema["additionalProperties"].is_object() {
+            let values = &schema["additionalProperties"];
+            walk(values, format!("{path}{{}}"), false, missing);
+        }
+    }
+    let mut missing = Vec::new();
+    for crd in akri_api::crds::all() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let kind = crd["spec"]["names"]["kind"].as_str().unwrap().to_string();
+        for version in crd["spec"]["versions"].as_array().unwrap() {
+            let root = &version["schema"]["openAPIV3Schema"];
+            let kind = format!("{kind}/{}", version["name"].as_str().unwrap());
+            // The root's apiVersion, kind and metadata are Kubernetes' own.
+            walk(
+                &serde_json::json!({ "description": root["description"] }),
+                kind.clone(),
+                true,
+                &mut missing,
+            );
+            for part in ["spec", "status"] {
+                if root["properties"][part].is_object() {
+                    let path = format!("{kind} .{part}");
+                    walk(&root["properties"][part], path, true, &mut missing);
+                }
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "fields without a description: {missing:#?}"
+    );
+}

@@ -72,6 +72,7 @@ fn instance_names_and_columns_are_akris() {
     assert_eq!(crd["metadata"]["name"], "instances.akri.sh");
     assert_eq!(crd["spec"]["scope"], "Namespaced");
     assert_eq!(crd["spec"]["names"]["shortNames"], json!(["akrii"]));
+    assert_eq!(crd["spec"]["names"]["categories"], json!(["akri"]));
     let version = &crd["spec"]["versions"][0];
     let columns: Vec<_> = version["additionalPrinterColumns"]
         .as_array()

@@ -117,13 +117,33 @@ async fn migrated_objects_pass_a_server_dry_run_and_apply_completes_idempotently
     assert_eq!(dry.status.code(), Some(0), "{}", stderr(&dry));
     assert!(stored(&client).await.is_empty(), "a dry run stores nothing");
 
+    let said = |output: &Output| String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        said(&dry).contains(
+            "discoveryconfiguration.akri.sh/cams-lab serverside-applied (server dry run)\n"
+        ),
+        "{}",
+        said(&dry)
+    );
     let applied = migrate(cp, &args);
     assert_eq!(applied.status.code(), Some(0), "{}", stderr(&applied));
+    // As kubectl says it: a line per object.
+    let lines: Vec<String> = said(&applied).lines().map(String::from).collect();
+    assert!(
+        lines.contains(&"discoveryconfiguration.akri.sh/cams-lab serverside-applied".into())
+            && lines.contains(&"brokertemplate.akri.sh/sensor-hubs serverside-applied".into()),
+        "{lines:#?}"
+    );
     let first = stored(&client).await;
     assert_eq!(
         first.keys().filter(|k| k.starts_with("dc/")).count(),
         22,
         "{first:#?}"
+    );
+    assert_eq!(
+        lines.len(),
+        first.len(),
+        "one line per object stored: {lines:#?}"
     );
     assert!(
         first.contains_key("dc/cams-lab") && first.contains_key("bt/factory/sensor-hubs"),

@@ -138,6 +138,24 @@ async fn template_renders_the_components_with_default_values() {
         "the new pod serves beside the old one: no node without a plugin"
     );
     let pod = &daemon_set["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["tolerations"],
+        json!([{ "operator": "Exists" }]),
+        "tainted edge nodes get their agent"
+    );
+    // The handlers, enabled with nothing else set: where the agent runs, and OPC UA's default
+    // discovery URL (localhost) is the node's.
+    let handlers = helm
+        .template(
+            "akri",
+            "akri-system",
+            &["--set", "discoveryHandlers.opcua.enabled=true"],
+        )
+        .await;
+    let opcua =
+        &find(&handlers, "DaemonSet", "akri-opcua-discovery-handler")["spec"]["template"]["spec"];
+    assert_eq!(opcua["tolerations"], json!([{ "operator": "Exists" }]));
+    assert_eq!(opcua["hostNetwork"], true);
     assert_eq!(pod["serviceAccountName"], "akri-kubelet-plugin");
     assert_eq!(pod["priorityClassName"], "system-node-critical");
     let container = &pod["containers"][0];
