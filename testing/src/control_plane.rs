@@ -107,6 +107,44 @@ impl std::fmt::Debug for ControlPlane {
 
 const READY_TIMEOUT: Duration = Duration::from_secs(90);
 
+/// The API server's audit log, in its directory ([`ControlPlane::audited_writes`]).
+const AUDIT_LOG: &str = "audit.log";
+
+/// Writes at Metadata level (who, what, the answer), nothing else: reads and watches are not
+/// logged.
+const AUDIT_POLICY: &str = "apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+    verbs: [create, update, patch, delete, deletecollection]
+  - level: None
+";
+
+/// `config` with its requests carrying user agent `agent`
+/// ([`ControlPlane::audited_writes`] tells clients apart by it).
+pub fn with_user_agent(mut config: kube::Config, agent: &str) -> kube::Config {
+    let agent = http::HeaderValue::from_str(agent).expect("a user agent is a header value");
+    config.headers.push((http::header::USER_AGENT, agent));
+    config
+}
+
+/// One write the API server audited ([`ControlPlane::audited_writes`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AuditedWrite {
+    pub user: String,
+    pub user_agent: String,
+    /// `create`, `update`, `patch`, `delete` or `deletecollection`.
+    pub verb: String,
+    /// The resource (`leases`, `deviceclasses`, `discoveryconfigurations/status`, ...).
+    pub resource: String,
+    /// Empty for a cluster-scoped object.
+    pub namespace: String,
+    pub name: String,
+    /// The API server's answer (200, 201, 409, ...).
+    pub code: i64,
+}
+
 impl ControlPlane {
     /// One full control plane per test binary, started on first use. Tests that share it keep
     /// to their own namespaces and node names ([`unique_name`](Self::unique_name) helps).
@@ -163,6 +201,10 @@ impl ControlPlane {
         )?;
         etcd.check_running()?;
 
+        // Every write the API server takes, audited: an oracle of what each client wrote that
+        // owes nothing to the client (`ControlPlane::audited_writes`).
+        let audit_policy = dir.path().join("audit-policy.yaml");
+        std::fs::write(&audit_policy, AUDIT_POLICY).map_err(Error::io("write the audit policy"))?;
         let apiserver_port = free_port()?;
         // The older DRA API beside v1, for the tests of its conversions; none where DRA is off.
         let mut runtime_config = match dra {
@@ -194,6 +236,10 @@ impl ControlPlane {
             "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
             "--enable-priority-and-fairness=false".into(),
             format!("--feature-gates={feature_gates}"),
+            format!("--audit-policy-file={}", audit_policy.display()),
+            format!("--audit-log-path={}", dir.path().join(AUDIT_LOG).display()),
+            "--audit-log-format=json".into(),
+            "--audit-log-mode=blocking".into(),
             "--v=1".into(),
         ];
         if !runtime_config.is_empty() {
@@ -309,6 +355,13 @@ impl ControlPlane {
         .map_err(|e| Error::Kubeconfig(e.to_string()))
     }
 
+    /// An admin client whose requests carry user agent `agent`, by which the audit log tells
+    /// them apart ([`audited_writes`](Self::audited_writes)).
+    pub async fn client_with_agent(&self, agent: &str) -> Result<kube::Client, Error> {
+        let config = with_user_agent(self.client_config().await?, agent);
+        kube::Client::try_from(config).map_err(|e| Error::Kubeconfig(e.to_string()))
+    }
+
     /// The API server's address (host:port on loopback, or on the address pods reach with
     /// [`services`](ControlPlaneOptions::services)), e.g. as a [`TcpProxy`]'s upstream.
     ///
@@ -390,6 +443,36 @@ impl ControlPlane {
     /// The directory with the components' logs, certificates and etcd data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// Every write (create, update, patch, delete) the API server has audited so far, in the
+    /// order it took them: who, with which user agent, to what, and its answer. What a client
+    /// wrote, as the API server saw it: give each client under test a user agent of its own
+    /// (a `user-agent` entry in its `kube::Config::headers`).
+    pub fn audited_writes(&self) -> Result<Vec<AuditedWrite>, Error> {
+        let path = self.dir.path().join(AUDIT_LOG);
+        let text = std::fs::read_to_string(&path).map_err(Error::io("read the audit log"))?;
+        Ok(text
+            .lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|event| event["stage"] == "ResponseComplete")
+            .map(|event| {
+                let text = |v: &serde_json::Value| v.as_str().unwrap_or_default().to_string();
+                let object = &event["objectRef"];
+                AuditedWrite {
+                    user_agent: text(&event["userAgent"]),
+                    user: text(&event["user"]["username"]),
+                    verb: text(&event["verb"]),
+                    resource: match text(&object["subresource"]) {
+                        sub if sub.is_empty() => text(&object["resource"]),
+                        sub => format!("{}/{sub}", text(&object["resource"])),
+                    },
+                    namespace: text(&object["namespace"]),
+                    name: text(&object["name"]),
+                    code: event["responseStatus"]["code"].as_i64().unwrap_or_default(),
+                }
+            })
+            .collect())
     }
 
     /// The binaries this control plane runs.

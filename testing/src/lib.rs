@@ -43,7 +43,9 @@ mod slow_lists;
 pub mod wire;
 
 pub use bins::{BinDir, NodeBins};
-pub use control_plane::{Capabilities, ControlPlane, ControlPlaneOptions};
+pub use control_plane::{
+    AuditedWrite, Capabilities, ControlPlane, ControlPlaneOptions, with_user_agent,
+};
 pub use error::Error;
 pub use kubelet_peer::KubeletPeer;
 pub use loop_device::LoopDevice;

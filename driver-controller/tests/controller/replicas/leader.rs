@@ -284,14 +284,20 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     let (cp, client, namespace) = support::control_plane().await;
     let config = cp.client_config().await.unwrap();
     let proxy = TcpProxy::start(cp.api_server_address()).await.unwrap();
-    let cut_off = kube::Client::try_from(proxy.client_config(&config).unwrap()).unwrap();
+    // Each replica's requests carry a user agent of its own, which the API server's audit log
+    // keeps: the oracle of who wrote what, beside the replicas' own metrics.
+    let agent = |config: kube::Config, name: &str| {
+        let config = akri_testing::with_user_agent(config, &format!("replica-{name}"));
+        kube::Client::try_from(config).unwrap()
+    };
+    let cut_off = agent(proxy.client_config(&config).unwrap(), "first");
 
     let mut first = replica(&cut_off, &namespace, "first").await;
     eventually("the first replica leads", async || {
         is_leader(&first).then_some(())
     })
     .await;
-    let second = replica(&client, &namespace, "second").await;
+    let second = replica(&agent(config.clone(), "second"), &namespace, "second").await;
     eventually("the standby is ready", async || {
         (get(second.address, "/readyz").await.0 == 200).then_some(())
     })
@@ -405,6 +411,30 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     assert!(
         work_done(&second) > 0,
         "the metric counts the new leader's work"
+    );
+    // The API server's own record: every write the old leader made (its Lease renewals, its
+    // DeviceClasses and status) came before the new leader's first, none after, not even
+    // what waited in the stalled connection.
+    let writes = cp.audited_writes().unwrap();
+    let by = |agent: &str| {
+        (writes.iter().enumerate())
+            .filter(|(_, w)| w.user_agent == agent && w.namespace != "kube-system")
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>()
+    };
+    let (old, new) = (by("replica-first"), by("replica-second"));
+    assert!(
+        !old.is_empty() && !new.is_empty(),
+        "both replicas wrote: {writes:#?}"
+    );
+    assert!(
+        (writes[*new.first().unwrap()..].iter()).any(|w| w.resource == "deviceclasses"),
+        "the new leader wrote DeviceClasses"
+    );
+    assert!(
+        old.last() < new.first(),
+        "the old leader wrote after the new one began: {:#?}",
+        &writes[*new.first().unwrap()..]
     );
     second.task.abort();
 }
