@@ -70,6 +70,15 @@ impl SimNode {
         }
     }
 
+    /// The passes the node's agent has made (its `akri_kubelet_plugin_passes_total`): a clock
+    /// for "at rest" checks, which wait for passes instead of time.
+    pub fn passes(&self) -> f64 {
+        (self.agent.metrics().encode().lines())
+            .find_map(|l| l.strip_prefix("akri_kubelet_plugin_passes_total "))
+            .and_then(|n| n.parse().ok())
+            .expect("the agent counts its passes")
+    }
+
     /// Waits until the node's kubelet took the debugEcho DRA driver (a pod can be prepared).
     pub async fn registered(self) -> SimNode {
         (self.peer)

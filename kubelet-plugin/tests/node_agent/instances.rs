@@ -384,8 +384,9 @@ async fn two_agents_whose_device_names_collide_keep_an_instance_each() {
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("collide").await.unwrap();
     akri_testing::components::spawn_spec_mirror(&client, &ns);
-    let a = SimNode::start(&cp, &client, &ns, |_, _| {}).await;
-    let b = SimNode::start(&cp, &client, &ns, |_, _| {}).await;
+    // A pass at rest every second (30 s in the product): "at rest" below waits for passes.
+    let a = SimNode::start(&cp, &client, &ns, |c, _| c.resync = Duration::from_secs(1)).await;
+    let b = SimNode::start(&cp, &client, &ns, |c, _| c.resync = Duration::from_secs(1)).await;
     let names_a: std::collections::BTreeMap<String, String> = (0..20000)
         .map(|i| {
             let id = format!("a{i}");
@@ -441,8 +442,12 @@ async fn two_agents_whose_device_names_collide_keep_an_instance_each() {
         instances.get_opt(&name).await.unwrap().is_some(),
         "one of them keeps the Akri name {name}"
     );
-    // At rest (several of the agents' 100 ms discovery polls and a pass each): unchanged.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // At rest (two more passes of each agent, each applying what it sees): unchanged.
+    let from = (a.passes(), b.passes());
+    eventually("two passes of each agent at rest", async || {
+        (a.passes() >= from.0 + 2.0 && b.passes() >= from.1 + 2.0).then_some(())
+    })
+    .await;
     assert_eq!(owners().await.unwrap(), settled);
 }
 

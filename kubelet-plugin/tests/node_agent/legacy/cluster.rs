@@ -119,6 +119,8 @@ fn legacy(config: &mut AgentConfig, peer: &KubeletPeer, reclaim_grace: Duration)
     config.debug_echo_mut().shared = true;
     config.consumable_capacity = Some(false);
     config.startup_wait = Duration::from_secs(5);
+    // A pass at rest every 2 s (30 s in the product): tests wait for passes, not for time.
+    config.resync = Duration::from_secs(2);
     config.legacy = Some(LegacyOptions {
         device_plugin_dir: peer.device_plugin_dir(),
         pod_resources_socket: Some(peer.pod_resources_socket()),

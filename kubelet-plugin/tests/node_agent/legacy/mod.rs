@@ -473,14 +473,20 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
             .resource_version
     };
     let at_rest = version().await;
-    // At rest for a minute (two resyncs): never offered, the Instance never written.
-    for _ in 0..30 {
+    // At rest for three of the node's passes (each looks at both configurations again, and
+    // the last began after `at_rest`): never offered, the Instance never written.
+    let from = a.passes();
+    while a.passes() < from + 3.0 {
         assert!(
             !offered().await,
             "offered to DRA while the v0 Configuration serves it"
         );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    assert!(
+        !offered().await,
+        "offered to DRA while the v0 Configuration serves it"
+    );
     assert_eq!(version().await, at_rest, "the Instance changed at rest");
 
     // The v0 Configuration deleted: still not offered while the container holds its slot.
