@@ -12,6 +12,7 @@
 pub mod client;
 pub mod details;
 pub mod filter;
+pub mod health;
 pub mod registration;
 pub mod serve;
 pub mod standalone;

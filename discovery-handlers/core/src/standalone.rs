@@ -3,6 +3,7 @@
 //! binary works with Akri's agent as well as ours), keep the registration fresh, and stop on
 //! SIGTERM.
 
+use crate::health::Health;
 use crate::registration::{self, Endpoint, RegisteredHandler};
 use crate::serve::{self, Discover, Served};
 use std::path::{Path, PathBuf};
@@ -35,6 +36,10 @@ pub struct HandlerArgs {
     /// Log as JSON.
     #[arg(long)]
     pub log_json: bool,
+    /// Serve `/healthz`, `/readyz` (ready once registered with the node agent) and
+    /// `/metrics` on this address; none when absent.
+    #[arg(long)]
+    pub health_address: Option<std::net::SocketAddr>,
 }
 
 /// Errors that end a handler binary.
@@ -46,6 +51,11 @@ pub enum Error {
     Signal(std::io::Error),
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("serving /healthz, /readyz and /metrics on {address}: {cause}")]
+    Health {
+        address: std::net::SocketAddr,
+        cause: std::io::Error,
+    },
 }
 
 /// [`run`] on a runtime of its own, the handler made by `make` on it: what a handler library's
@@ -80,6 +90,20 @@ pub async fn run<D: Discover>(
         bound = bind_once_allowed(&socket) => bound?,
         result = akri_runtime::stopped() => return result.map_err(Error::Signal),
     };
+    let health = Health::default();
+    let _health_server = match args.health_address {
+        Some(address) => {
+            let encode = {
+                let health = health.clone();
+                move || health.encode()
+            };
+            let (_, task) = akri_runtime::http::serve(address, encode, health.readiness.clone())
+                .await
+                .map_err(|cause| Error::Health { address, cause })?;
+            Some(AbortOnDrop(task))
+        }
+        None => None,
+    };
     let served = Served::on(handler, listener, &socket);
     tracing::info!(name, socket = %socket.display(), shared, "serving the discovery handler");
     let registered = RegisteredHandler {
@@ -88,7 +112,7 @@ pub async fn run<D: Discover>(
         shared,
     };
     tokio::select! {
-        () = keep_registered(registration_socket, registered) => unreachable!(),
+        () = keep_registered(registration_socket, registered, &health) => unreachable!(),
         result = akri_runtime::stopped() => result.map_err(Error::Signal)?,
     }
     drop(served);
@@ -116,12 +140,17 @@ async fn bind_once_allowed(socket: &Path) -> Result<tokio::net::UnixListener, se
 }
 
 /// Registers now, again every [`REREGISTER_EVERY`], and retries failures with a backoff.
-async fn keep_registered(registration_socket: PathBuf, handler: RegisteredHandler) {
+async fn keep_registered(
+    registration_socket: PathBuf,
+    handler: RegisteredHandler,
+    health: &Health,
+) {
     let mut retry = Duration::from_millis(250);
     let mut registered = false;
     loop {
         match registration::register(&registration_socket, &handler).await {
             Ok(()) => {
+                health.registered();
                 if !registered {
                     tracing::info!(socket = %registration_socket.display(), "registered with the node agent");
                 }
@@ -130,11 +159,21 @@ async fn keep_registered(registration_socket: PathBuf, handler: RegisteredHandle
                 tokio::time::sleep(REREGISTER_EVERY).await;
             }
             Err(error) => {
+                health.not_registered(&format!("{} ({error})", registration_socket.display()));
                 tracing::warn!(%error, retry_in = ?retry, "registering with the node agent");
                 registered = false;
                 tokio::time::sleep(retry).await;
                 retry = (retry * 2).min(RETRY_AT_MOST);
             }
         }
+    }
+}
+
+/// The health server's task, stopped with the handler.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }

@@ -6,6 +6,7 @@ use akri_kubelet_plugin::discovery::{
     DiscoveryEvent, DiscoveryRequest, DiscoveryStream, Endpoint, Registry, StreamConfig,
 };
 use std::time::Duration;
+use tokio::io::AsyncBufReadExt;
 
 #[tokio::test]
 async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
@@ -18,11 +19,39 @@ async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
             .arg(dir.path().join("availability.txt"))
             // Akri's DaemonSet setting, read as Akri's handler reads it.
             .env("DEBUG_ECHO_INSTANCES_SHARED", "true")
+            // Its health endpoints on a port the OS picks, which its log says.
+            .args(["--health-address", "127.0.0.1:0", "--log-json"])
+            .env("RUST_LOG", "info")
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
             .spawn()
             .unwrap();
+    let mut log = tokio::io::BufReader::new(handler.stderr.take().unwrap()).lines();
+    let health = loop {
+        let line = (log.next_line().await.unwrap()).expect("it logs its health address");
+        let entry: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if let Some(address) = entry["fields"]["address"].as_str() {
+            break address.parse::<std::net::SocketAddr>().unwrap();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = log.next_line().await {} });
+    // No agent yet: alive, not ready, and it says why.
+    assert_eq!(
+        akri_testing::http_get(health, "/healthz").await.unwrap().0,
+        200
+    );
+    let (code, why) = akri_testing::eventually("a failed registration", async || {
+        let (code, body) = akri_testing::http_get(health, "/readyz").await.ok()?;
+        body.contains("agent-registration.sock")
+            .then_some((code, body))
+    })
+    .await;
+    assert_eq!(code, 503, "{why}");
+    assert!(
+        why.starts_with("not ready: not registered with the node agent: "),
+        "{why}"
+    );
     // The agent comes after the handler.
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let registry = Registry::serve(
         &dir.path().join("agent-registration.sock"),
         &dir.path().join("handlers.json"),
@@ -36,6 +65,17 @@ async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
     )
     .await;
     assert_eq!(registered.endpoint, Endpoint::Uds(socket.clone()));
+    akri_testing::eventually("ready once registered", async || {
+        let (code, _) = akri_testing::http_get(health, "/readyz").await.ok()?;
+        (code == 200).then_some(())
+    })
+    .await;
+    let (_, metrics) = akri_testing::http_get(health, "/metrics").await.unwrap();
+    assert!(
+        metrics.contains("\nakri_discovery_handler_registered 1\n")
+            && metrics.contains("akri_discovery_handler_registrations_total{result=\"error\"}"),
+        "{metrics}"
+    );
     assert!(registered.shared, "DEBUG_ECHO_INSTANCES_SHARED=true");
 
     let request = DiscoveryRequest {

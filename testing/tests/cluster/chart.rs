@@ -538,8 +538,19 @@ async fn template_renders_every_option_of_the_full_values() {
             "--handlers-dir=/var/lib/akri",
             "--udev-data=/run/udev/data",
             "--rescan-seconds=60",
-            "--log-json"
+            "--log-json",
+            "--health-address=[::]:8091",
         ]
+    );
+    // Ready once registered with the kubelet-plugin, on a port of its own per handler (the
+    // node's, with hostNetwork).
+    assert_eq!(
+        (
+            &container["readinessProbe"]["httpGet"]["path"],
+            &container["livenessProbe"]["httpGet"]["path"],
+            &container["ports"][0]["containerPort"],
+        ),
+        (&json!("/readyz"), &json!("/healthz"), &json!(8091))
     );
     assert_eq!(container["env"][0]["value"], "debug");
     assert_eq!(host_paths(udev), ["/var/lib/akri/udev", "/run/udev"]);
@@ -563,6 +574,7 @@ async fn template_renders_every_option_of_the_full_values() {
                 "--rescan-seconds=30",
                 "--pki-dir=/tmp/akri-opcua-pki",
                 "--log-json",
+                "--health-address=[::]:8092",
             ],
             true,
         ),
@@ -572,6 +584,7 @@ async fn template_renders_every_option_of_the_full_values() {
                 "--handlers-dir=/var/lib/akri",
                 "--rescan-seconds=20",
                 "--log-json",
+                "--health-address=[::]:8093",
             ],
             false,
         ),
