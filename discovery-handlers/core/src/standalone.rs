@@ -51,11 +51,6 @@ pub enum Error {
     Signal(std::io::Error),
     #[error("starting the async runtime: {0}")]
     Runtime(std::io::Error),
-    #[error("serving /healthz, /readyz and /metrics on {address}: {cause}")]
-    Health {
-        address: std::net::SocketAddr,
-        cause: std::io::Error,
-    },
 }
 
 /// [`run`] on a runtime of its own, the handler made by `make` on it: what a handler library's
@@ -91,16 +86,22 @@ pub async fn run<D: Discover>(
         result = akri_runtime::stopped() => return result.map_err(Error::Signal),
     };
     let health = Health::default();
+    // Discovery goes on without the endpoints when their address is taken (another process
+    // on the node's network): a handler's work is discovery, and the failing probe and this
+    // warning say what is wrong.
     let _health_server = match args.health_address {
         Some(address) => {
             let encode = {
                 let health = health.clone();
                 move || health.encode()
             };
-            let (_, task) = akri_runtime::http::serve(address, encode, health.readiness.clone())
-                .await
-                .map_err(|cause| Error::Health { address, cause })?;
-            Some(AbortOnDrop(task))
+            match akri_runtime::http::serve(address, encode, health.readiness.clone()).await {
+                Ok((_, task)) => Some(AbortOnDrop(task)),
+                Err(error) => {
+                    tracing::warn!(%address, %error, "cannot serve /healthz, /readyz and /metrics; discovering without them");
+                    None
+                }
+            }
         }
         None => None,
     };
