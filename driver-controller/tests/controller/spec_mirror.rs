@@ -126,7 +126,27 @@ async fn the_driver_controller_watches_the_configurations_once() {
             .map(|(_, value)| value)
             .sum()
     };
-    // The marker is written once both stores are listed, so both readers are at work.
+    // A configuration made now reaches both readers through their watches (a store is ready
+    // after its first LIST, before its WATCH is open): its mirror and its DeviceClass.
+    let config: DiscoveryConfiguration = serde_json::from_value(json!({
+        "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+        "metadata": { "name": "watched" },
+        "spec": { "discoveryHandler": { "name": "debugEcho", "discoveryDetails": "descriptions: [w0]" } },
+    }))
+    .unwrap();
+    Api::<DiscoveryConfiguration>::all(client.clone())
+        .create(&Default::default(), &config)
+        .await
+        .unwrap();
+    let classes = Api::<k8s_openapi::api::resource::v1::DeviceClass>::all(client.clone());
+    eventually(
+        "the mirror and the DeviceClass of a new configuration",
+        async || {
+            mirrors.get_opt(&config_map_name("watched")).await.ok()??;
+            classes.get_opt("watched").await.ok()?
+        },
+    )
+    .await;
     assert_eq!(watches("discoveryconfigurations").await, 1.0);
     running.abort();
 }
