@@ -31,6 +31,7 @@ use akri_api::v1::{
     set_condition,
 };
 use akri_devices::{ATTR_CONFIGURATION, Sharing};
+use akri_runtime::AbortOnDrop;
 use dra_plugin::api_support::ApiSupport;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
@@ -325,15 +326,6 @@ const RESYNC: Duration = Duration::from_secs(300);
 
 /// How soon a reconcile that came before the stores were listed looks again.
 const STORES_POLL: Duration = Duration::from_millis(200);
-
-/// A spawned task that ends with its owner.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
 
 /// The configurations whose devices a slice holds (Akri drivers only).
 fn slice_configurations(slice: &SliceView) -> BTreeSet<String> {

@@ -210,3 +210,13 @@ pub fn block_on<F: std::future::Future>(workers: Workers, main: F) -> std::io::R
     }
     Ok(builder.enable_all().build()?.block_on(main))
 }
+
+/// A spawned task that ends with its owner (a controller's side loops, a handler's health
+/// server).
+pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

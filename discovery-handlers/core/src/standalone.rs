@@ -96,7 +96,7 @@ pub async fn run<D: Discover>(
                 move || health.encode()
             };
             match akri_runtime::http::serve(address, encode, health.readiness.clone()).await {
-                Ok((_, task)) => Some(AbortOnDrop(task)),
+                Ok((_, task)) => Some(akri_runtime::AbortOnDrop(task)),
                 Err(error) => {
                     tracing::warn!(%address, %error, "cannot serve /healthz, /readyz and /metrics; discovering without them");
                     None
@@ -167,14 +167,5 @@ async fn keep_registered(
                 retry = (retry * 2).min(RETRY_AT_MOST);
             }
         }
-    }
-}
-
-/// The health server's task, stopped with the handler.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
     }
 }
