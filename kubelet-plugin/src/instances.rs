@@ -13,6 +13,7 @@ use akri_api::v1::{
     INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_CONFIGURATION,
     INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, instance_node_label, instance_source_selector,
 };
+use akri_legacy_device_plugin::plugins::InstanceFeed;
 use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -59,10 +60,37 @@ struct Mine {
     /// the label sees them. Read once (`None` until then), each left here until this node
     /// writes it (with its label) or deletes it.
     adopted: Option<BTreeMap<String, Instance>>,
+    /// The legacy device plugins of the node, fed every change (the legacy path's writers):
+    /// the one view of a namespace's Instances on the node, with its namespace.
+    feed: Option<(String, InstanceFeed)>,
 }
 
 impl Mine {
+    fn new(feed: Option<(String, InstanceFeed)>) -> Self {
+        Mine {
+            feed,
+            ..Mine::default()
+        }
+    }
+
+    /// Takes a watch event, and feeds the device plugins what is stored then.
     fn note(&mut self, node: &str, event: watcher::Event<Instance>) {
+        self.take(node, event);
+        self.fed();
+    }
+
+    /// What the device plugins are fed: the watched Instances and the adopted ones, once the
+    /// watch listed.
+    fn fed(&self) {
+        let (Some((namespace, feed)), Some(instances)) = (&self.feed, &self.instances) else {
+            return;
+        };
+        let adopted = self.adopted.iter().flatten();
+        let all = (adopted.chain(instances)).map(|(_, i)| i.clone());
+        feed.replace(namespace, all);
+    }
+
+    fn take(&mut self, node: &str, event: watcher::Event<Instance>) {
         match event {
             watcher::Event::Init => self.listing.clear(),
             watcher::Event::InitApply(instance) => {
@@ -74,11 +102,11 @@ impl Mine {
             watcher::Event::InitDone => {
                 self.instances = Some(std::mem::take(&mut self.listing));
             }
-            watcher::Event::Apply(instance) => self.stored(node, instance),
+            watcher::Event::Apply(instance) => self.keep(node, instance),
             // An Instance that no longer names this node leaves the watch of its label too.
             watcher::Event::Delete(instance) => {
                 if let Some(name) = &instance.metadata.name {
-                    self.deleted(name);
+                    self.remove(name);
                 }
             }
         }
@@ -86,6 +114,11 @@ impl Mine {
 
     /// `instance` as it is stored now (from an event or a write's response).
     fn stored(&mut self, node: &str, instance: Instance) {
+        self.keep(node, instance);
+        self.fed();
+    }
+
+    fn keep(&mut self, node: &str, instance: Instance) {
         let Some(name) = instance.metadata.name.clone() else {
             return;
         };
@@ -101,7 +134,13 @@ impl Mine {
         };
     }
 
+    /// `name` was deleted by this node.
     fn deleted(&mut self, name: &str) {
+        self.remove(name);
+        self.fed();
+    }
+
+    fn remove(&mut self, name: &str) {
         for held in [&mut self.instances, &mut self.adopted]
             .into_iter()
             .flatten()
@@ -147,18 +186,27 @@ impl InstanceWriter {
             node,
             grace,
             INSTANCE_SOURCE_DISCOVERY_CONFIGURATION,
+            None,
         )
     }
 
     /// The writer of the legacy path: Instances of v0 Configurations in `namespace` (theirs),
-    /// with `deviceUsage` slots.
-    pub fn legacy(client: kube::Client, namespace: &str, node: &str, grace: Grace) -> Self {
+    /// with `deviceUsage` slots. Its watch of them is the node's one view of the namespace's
+    /// Instances: the device plugins are fed from it (`feed`).
+    pub fn legacy(
+        client: kube::Client,
+        namespace: &str,
+        node: &str,
+        grace: Grace,
+        feed: InstanceFeed,
+    ) -> Self {
         Self::of_source(
             client,
             namespace,
             node,
             grace,
             INSTANCE_SOURCE_CONFIGURATION,
+            Some((namespace.to_string(), feed)),
         )
     }
 
@@ -168,9 +216,10 @@ impl InstanceWriter {
         node: &str,
         grace: Grace,
         source: &'static str,
+        feed: Option<(String, InstanceFeed)>,
     ) -> Self {
         let api = Api::namespaced(client, namespace);
-        let mine = Arc::new(Mutex::new(Mine::default()));
+        let mine = Arc::new(Mutex::new(Mine::new(feed)));
         let watch = tokio::spawn(watch_mine(
             api.clone(),
             mine_selector(source, node),
@@ -213,7 +262,9 @@ impl InstanceWriter {
                     "adopted Instances written before nodes labelled theirs"
                 );
             }
-            self.mine.lock().expect("not poisoned").adopted = Some(adopted);
+            let mut mine = self.mine.lock().expect("not poisoned");
+            mine.adopted = Some(adopted);
+            mine.fed();
         }
         let watched = self.mine.lock().expect("not poisoned").instances.clone();
         let mut all = match watched {

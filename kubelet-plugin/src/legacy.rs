@@ -89,10 +89,23 @@ impl LegacySink {
                 reclaim_grace: options.reclaim_grace,
                 reclaim_interval: options.reclaim_interval,
                 socket_tag,
-                namespaces: options.namespaces.clone(),
             },
         );
         let _ = counters.set(plugins.counters());
+        // A writer per namespace from the start, standing by too: its watch of the node's
+        // Instances there is what the device plugins serve from.
+        let writers = (options.namespaces.iter())
+            .map(|ns| {
+                let writer = InstanceWriter::legacy(
+                    client.clone(),
+                    ns,
+                    node,
+                    instance_grace,
+                    plugins.feed(),
+                );
+                (ns.clone(), writer)
+            })
+            .collect();
         LegacySink {
             namespaces: options.namespaces.clone(),
             broker_property_names: options.broker_property_names.clone(),
@@ -102,7 +115,7 @@ impl LegacySink {
             instance_grace,
             max_instances: crate::instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
             plugins,
-            writers: BTreeMap::new(),
+            writers,
             released: BTreeSet::new(),
         }
     }
@@ -110,10 +123,14 @@ impl LegacySink {
     /// Keeps at most `max` Instances of one configuration on this node.
     pub fn limit(mut self, max: usize) -> Self {
         self.max_instances = max;
+        let writers = std::mem::take(&mut self.writers);
+        self.writers = (writers.into_iter())
+            .map(|(ns, writer)| (ns, writer.limit(max)))
+            .collect();
         self
     }
 
-    /// Every legacy Instance, `(namespace, name)` per configuration name.
+    /// Every legacy Instance that names this node, `(namespace, name)` per configuration name.
     pub fn instances_by_configuration(&self) -> BTreeMap<String, Vec<(String, String)>> {
         self.plugins.instances_by_configuration()
     }
@@ -159,7 +176,7 @@ impl LegacySink {
         for namespace in namespaces {
             let writer = self.writers.entry(namespace.clone()).or_insert_with(|| {
                 let (client, grace) = (self.client.clone(), self.instance_grace);
-                InstanceWriter::legacy(client, &namespace, &self.node, grace)
+                InstanceWriter::legacy(client, &namespace, &self.node, grace, self.plugins.feed())
                     .limit(self.max_instances)
             });
             // A device renamed because another node's has its name is written under its new

@@ -24,8 +24,9 @@ pub struct Known<'a> {
     pub v0: &'a [Arc<Configuration>],
     /// The namespaces the legacy sink serves; `None` without it.
     pub legacy_namespaces: Option<&'a BTreeSet<String>>,
-    /// Every legacy Instance the device plugins know of, `(namespace, name)` per
-    /// configuration name.
+    /// Every legacy Instance naming this node that the device plugins know of, `(namespace,
+    /// name)` per configuration name: a device another node alone sees is not this node's to
+    /// offer twice.
     pub legacy_instances: &'a BTreeMap<String, Vec<(String, String)>>,
 }
 

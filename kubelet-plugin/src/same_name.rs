@@ -12,7 +12,7 @@
 //!   resource and write its Instances), unless the DiscoveryConfiguration says it was made of
 //!   that one (`akri.sh/migrated-from`, as `akri-migrate` writes it, renamed or not). Then
 //!   the DiscoveryConfiguration is held back on a node that serves both while the v0
-//!   Configuration exists or any of its Instances is left (they go once no container holds
+//!   Configuration exists or any of its Instances naming the node is left (they go once no container holds
 //!   their slots, at once for a deleted Configuration), so that one device is never offered
 //!   twice; its status says so. The move is then one step: delete the v0 Configuration.
 

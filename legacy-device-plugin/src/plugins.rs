@@ -6,12 +6,9 @@
 use crate::claims::{self, ClaimError};
 use crate::slots::{self, InstanceSlots, SlotClaim};
 use akri_api::v0::Instance;
-use akri_api::v1::{INSTANCE_SOURCE_CONFIGURATION, instance_source_selector};
 use device_plugin::plugin::Device;
 use device_plugin::{DevicePlugin, PluginConfig, ServedPlugin};
-use futures::StreamExt;
 use kube::api::Api;
-use kube::runtime::{WatchStreamExt, watcher};
 use kubelet_proto::deviceplugin::v1beta1 as api;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -71,9 +68,6 @@ pub struct LegacyConfig {
     /// Added to every socket name (`akri.sh_<name>-<tag>.sock`): during a rolling update two
     /// processes of one node serve the same resources, each under sockets of its own.
     pub socket_tag: Option<String>,
-    /// The namespaces whose v0 Configurations are served: their legacy Instances are watched,
-    /// each namespace's by a watch of its own, and no other namespace's.
-    pub namespaces: BTreeSet<String>,
 }
 
 /// Allocation counters, for `/metrics` and the benchmark.
@@ -110,8 +104,8 @@ impl Drop for LegacyPlugins {
 struct Shared {
     client: kube::Client,
     config: LegacyConfig,
-    /// Every legacy Instance of the served namespaces, by namespace and name, as last seen
-    /// (watch or own write).
+    /// The legacy Instances that name this node, by namespace and name, as last seen: fed by
+    /// the node agent's view of them ([`InstanceFeed`]) and by this node's own claims.
     instances: Mutex<BTreeMap<(String, String), Instance>>,
     /// Bumped on every change of `instances`.
     changed: watch::Sender<u64>,
@@ -125,8 +119,8 @@ struct Shared {
 }
 
 impl LegacyPlugins {
-    /// Starts watching the legacy Instances and reclaiming slots; serves no plugin until
-    /// [`sync`](Self::sync).
+    /// Starts reclaiming slots; serves no plugin until [`sync`](Self::sync), and knows the
+    /// Instances it is fed ([`feed`](Self::feed)).
     pub fn start(client: kube::Client, config: LegacyConfig) -> Self {
         let mut plugins = Self::standing_by(client, config);
         plugins.lead();
@@ -148,13 +142,7 @@ impl LegacyPlugins {
             allocating: tokio::sync::Mutex::new(()),
             counters: Arc::default(),
         });
-        let mut tasks = vec![tokio::spawn(advertise(shared.clone()))];
-        for namespace in &shared.config.namespaces {
-            tasks.push(tokio::spawn(watch_instances(
-                shared.clone(),
-                namespace.clone(),
-            )));
-        }
+        let tasks = vec![tokio::spawn(advertise(shared.clone()))];
         LegacyPlugins {
             shared,
             served: BTreeMap::new(),
@@ -181,8 +169,15 @@ impl LegacyPlugins {
         self.shared.counters.clone()
     }
 
-    /// Every legacy Instance as last seen, `(namespace, name)` per configuration name: what
-    /// still holds a configuration's devices for the device plugins.
+    /// Where the node's Instances reach the plugins: the node agent watches the Instances
+    /// that name its node (one watch per namespace, shared with its Instance writer) and
+    /// feeds each namespace's here. The plugins read no other node's Instances.
+    pub fn feed(&self) -> InstanceFeed {
+        InstanceFeed(self.shared.clone())
+    }
+
+    /// Every legacy Instance that names this node as last seen, `(namespace, name)` per
+    /// configuration name: what still holds a configuration's devices on this node.
     pub fn instances_by_configuration(&self) -> BTreeMap<String, Vec<(String, String)>> {
         let mut by_configuration: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
         for (key, instance) in self.shared.instances.lock().expect("instances").iter() {
@@ -590,18 +585,6 @@ impl Shared {
             instance.metadata.name.clone().unwrap_or_default(),
         );
         let mut instances = self.instances.lock().expect("instances");
-        let newer = |a: &Instance, b: &Instance| {
-            let version = |i: &Instance| {
-                i.metadata
-                    .resource_version
-                    .as_deref()
-                    .and_then(|v| v.parse::<u64>().ok())
-            };
-            match (version(a), version(b)) {
-                (Some(a), Some(b)) => a > b,
-                _ => false,
-            }
-        };
         if instances
             .get(&key)
             .is_some_and(|known| newer(known, &instance))
@@ -625,43 +608,51 @@ impl Shared {
     }
 }
 
-/// Keeps `namespace`'s part of [`Shared::instances`] in step with the API server.
-async fn watch_instances(shared: Arc<Shared>, namespace: String) {
-    let api = Api::<Instance>::namespaced(shared.client.clone(), &namespace);
-    let selector = instance_source_selector(INSTANCE_SOURCE_CONFIGURATION);
-    let mut events =
-        Box::pin(watcher(api, watcher::Config::default().labels(&selector)).default_backoff());
-    let mut relisting: Option<BTreeMap<(String, String), Instance>> = None;
-    while let Some(event) = events.next().await {
-        match event {
-            Ok(watcher::Event::Apply(instance)) => shared.store(instance),
-            Ok(watcher::Event::Delete(instance)) => shared.forget(
-                instance.metadata.namespace.as_deref().unwrap_or_default(),
-                instance.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            Ok(watcher::Event::Init) => relisting = Some(BTreeMap::new()),
-            Ok(watcher::Event::InitApply(instance)) => {
-                if let Some(list) = relisting.as_mut() {
-                    let key = (
-                        instance.metadata.namespace.clone().unwrap_or_default(),
-                        instance.metadata.name.clone().unwrap_or_default(),
-                    );
-                    list.insert(key, instance);
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                if let Some(list) = relisting.take() {
-                    let mut instances = shared.instances.lock().expect("instances");
-                    instances.retain(|(ns, _), _| *ns != namespace);
-                    instances.extend(list);
-                    drop(instances);
-                    shared.bump();
-                }
-            }
-            Err(error) => {
-                tracing::warn!(%namespace, %error, "watching legacy Instances failed; retrying")
-            }
+/// Feeds the plugins the Instances that name their node ([`LegacyPlugins::feed`]).
+#[derive(Clone)]
+pub struct InstanceFeed(Arc<Shared>);
+
+impl InstanceFeed {
+    /// `namespace`'s Instances that name this node are `instances` now: the others of it are
+    /// forgotten; one this node's own claim stored in a newer version is kept as it is.
+    pub fn replace(&self, namespace: &str, instances: impl IntoIterator<Item = Instance>) {
+        let shared = &self.0;
+        let mut known = shared.instances.lock().expect("instances");
+        let mut fed = BTreeMap::new();
+        for instance in instances {
+            let key = (
+                namespace.to_string(),
+                instance.metadata.name.clone().unwrap_or_default(),
+            );
+            let kept = known.get(&key).filter(|current| newer(current, &instance));
+            fed.insert(key, kept.cloned().unwrap_or(instance));
         }
+        let version = |i: &Instance| i.metadata.resource_version.clone();
+        let current = (known.iter()).filter(|((ns, _), _)| ns == namespace);
+        let unchanged = current.clone().count() == fed.len() && { current }
+            .all(|(key, i)| fed.get(key).map(version) == Some(version(i)));
+        if unchanged {
+            return;
+        }
+        known.retain(|(ns, _), _| ns != namespace);
+        known.extend(fed);
+        drop(known);
+        shared.bump();
+    }
+}
+
+/// Whether `a` is a newer version of an Instance than `b` (by resourceVersion, where both
+/// have one that is a number, as the API server's are).
+fn newer(a: &Instance, b: &Instance) -> bool {
+    let version = |i: &Instance| {
+        i.metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse::<u64>().ok())
+    };
+    match (version(a), version(b)) {
+        (Some(a), Some(b)) => a > b,
+        _ => false,
     }
 }
 

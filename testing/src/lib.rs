@@ -358,6 +358,23 @@ pub fn sizes_from_env(var: &str, default: &str) -> Result<Vec<usize>, Error> {
         .collect()
 }
 
+/// The watch events the API server has sent of `resource` (plural, as `instances`), over
+/// every watch: its `apiserver_watch_events_total`, which names the resource `resource` or
+/// (before 1.34) `kind`.
+pub async fn watch_events_sent(client: &kube::Client, resource: &str) -> Result<f64, Error> {
+    let samples = apiserver_samples(client, "apiserver_watch_events_total").await?;
+    Ok((samples.into_iter())
+        .filter(|(labels, _)| {
+            labels
+                .get("resource")
+                .or(labels.get("kind"))
+                .map(String::as_str)
+                == Some(resource)
+        })
+        .map(|(_, value)| value)
+        .sum())
+}
+
 /// The samples of the API server's own metric `name` (its `/metrics`, read with `client`):
 /// each one's labels and value. The independent oracle of what components ask of it.
 pub async fn apiserver_samples(

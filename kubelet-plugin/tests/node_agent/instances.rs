@@ -490,20 +490,8 @@ async fn a_node_hears_nothing_of_other_nodes_instances() {
     })
     .await;
 
-    let sent = async || -> f64 {
-        (akri_testing::apiserver_samples(&client, "apiserver_watch_events_total").await)
-            .unwrap()
-            .into_iter()
-            .filter(|(labels, _)| {
-                labels
-                    .get("resource")
-                    .or(labels.get("kind"))
-                    .map(String::as_str)
-                    == Some("instances")
-            })
-            .map(|(_, value)| value)
-            .sum()
-    };
+    let sent =
+        async || -> f64 { (akri_testing::watch_events_sent(&client, "instances").await).unwrap() };
     let before = sent().await;
     // Node b's devices: 10 unshared and 10 shared Instances, labelled as node b labels them,
     // of node a's configuration (a shared one node a could join, were it to see the device).

@@ -995,3 +995,77 @@ async fn broker_properties_reach_containers_only_by_the_names_listed() {
         "the device's own property: {options}"
     );
 }
+
+/// Issue 53: a legacy node's device plugins watched every legacy Instance of each served
+/// namespace, beside its Instance writer's watch of its own. Now the writer's watch (of the
+/// Instances labelled with the node's name) is the node's one view of the namespace, and the
+/// plugins are fed from it. Counted by the API server (`apiserver_watch_events_total` of
+/// Instances) on a control plane where this node's agent is the only watcher of Instances:
+/// 60 writes of another node's legacy Instances send it nothing, and one edit of its own
+/// Instance is sent once (one watch; it failed with 62: 60 and the edit twice).
+#[tokio::test]
+async fn a_legacy_node_hears_nothing_of_other_nodes_instances() {
+    use akri_api::v1::{
+        INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_CONFIGURATION, INSTANCE_SOURCE_LABEL,
+        instance_node_label,
+    };
+    let c = cluster(1, Duration::from_secs(600)).await;
+    let a = &c.nodes[0];
+    let config = ControlPlane::unique_name("cams");
+    let [own, _] = c.cameras(&config, true).await;
+    let cl = format!("akri.sh/{config}");
+    expect_view(a, &cl, 2, Healthy::Count(2)).await;
+    let sent = async || -> f64 {
+        (akri_testing::watch_events_sent(&c.client, "instances").await).unwrap()
+    };
+    let before = sent().await;
+    // Node b's devices of the same Configuration, labelled as node b labels them.
+    let instances = c.instances();
+    for i in 0..20 {
+        let name = format!("b-{i}");
+        let instance: akri_api::v0::Instance = akri_testing::from_json(serde_json::json!({
+            "apiVersion": "akri.sh/v0", "kind": "Instance",
+            "metadata": { "name": name, "labels": {
+                INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_CONFIGURATION,
+                INSTANCE_NODES_LABELLED: "true",
+                instance_node_label("node-b").unwrap(): "true",
+            } },
+            "spec": {
+                "configurationName": config, "cdiName": format!("akri.sh/{config}={name}"),
+                "capacity": 2, "shared": i % 2 == 0,
+                "nodes": ["node-b"], "deviceUsage": { format!("{name}-0"): "", format!("{name}-1"): "" },
+            },
+        }));
+        instances
+            .create(&PostParams::default(), &instance)
+            .await
+            .unwrap();
+        let taken =
+            serde_json::json!({ "spec": { "deviceUsage": { format!("{name}-0"): "node-b" } } });
+        instances
+            .patch(&name, &PatchParams::default(), &Patch::Merge(taken))
+            .await
+            .unwrap();
+        instances
+            .delete(&name, &DeleteParams::default())
+            .await
+            .unwrap();
+    }
+    // Then one edit of node a's own Instance (an annotation it does not set: no write back).
+    let seen = serde_json::json!({ "metadata": { "annotations": { "seen-by": "test" } } });
+    instances
+        .patch(&own, &PatchParams::default(), &Patch::Merge(seen))
+        .await
+        .unwrap();
+    let heard = eventually("node a's watch sent its own Instance's edit", async || {
+        let heard = sent().await - before;
+        (heard >= 1.0).then_some(heard)
+    })
+    .await;
+    assert_eq!(
+        heard, 1.0,
+        "node a was sent {heard} Instance events for its own Instance's edit and node b's 60 writes"
+    );
+    // Its device plugins still serve from that one view.
+    expect_view(a, &cl, 2, Healthy::Count(2)).await;
+}
