@@ -155,25 +155,14 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
     let node_uid = node.metadata.uid.unwrap_or_default();
     let (metrics, readiness) = (Metrics::default(), Readiness::default());
     let serve_dra = serves_dra(&client, &config, &readiness).await?;
-    let mut devices = BTreeMap::new();
-    let dra = match serve_dra {
-        true => {
-            let sink = dra_sink(&client, &config, &node_uid, &metrics).await?;
-            devices.insert(Sink::Dra, sink.devices().clone());
-            Some(sink)
-        }
-        false => None,
-    };
-    let legacy = legacy_sink(&client, &config, &metrics, leading.is_some());
-    if legacy.is_some() {
-        let names = config.state_dir.join("legacy-instance-names.json");
-        // No capacity model: a v0 Configuration's capacity is `deviceUsage` slots.
-        devices.insert(
-            Sink::Legacy,
-            NodeDevices::with_names_file(&config.node_name, false, &names)
-                .carrying_reports(&config.state_dir.join("legacy-last-reports.json")),
-        );
-    }
+    let sinks = sinks(
+        &client,
+        &config,
+        (&node_uid, &metrics),
+        serve_dra,
+        leading.is_some(),
+    );
+    let (dra, legacy, devices) = sinks.await?;
     let handlers = registry.subscribe();
     let (leader, registry) = match leading {
         Some(state_dir) => (Some(lead(&config, registry, state_dir).await?), None),
@@ -234,6 +223,44 @@ pub async fn start(client: kube::Client, config: AgentConfig) -> Result<Agent, E
         readiness,
     })
 }
+
+/// The sinks this agent runs (the DRA one if `serve_dra`, the legacy one as configured,
+/// `leading` or standing by) and the devices each is fed.
+async fn sinks(
+    client: &kube::Client,
+    config: &AgentConfig,
+    (node_uid, metrics): (&str, &Metrics),
+    serve_dra: bool,
+    leading: bool,
+) -> Result<Sinks, Error> {
+    let mut devices = BTreeMap::new();
+    let dra = match serve_dra {
+        true => {
+            let sink = dra_sink(client, config, node_uid, metrics).await?;
+            devices.insert(Sink::Dra, sink.devices().clone());
+            Some(sink)
+        }
+        false => None,
+    };
+    let legacy = legacy_sink(client, config, metrics, leading);
+    if legacy.is_some() {
+        let names = config.state_dir.join("legacy-instance-names.json");
+        // No capacity model: a v0 Configuration's capacity is `deviceUsage` slots.
+        devices.insert(
+            Sink::Legacy,
+            NodeDevices::with_names_file(&config.node_name, false, &names)
+                .carrying_reports(&config.state_dir.join("legacy-last-reports.json")),
+        );
+    }
+    Ok((dra, legacy, devices))
+}
+
+/// The sinks an agent runs, and the devices each is fed.
+type Sinks = (
+    Option<DraSink>,
+    Option<LegacySink>,
+    BTreeMap<Sink, NodeDevices>,
+);
 
 /// Whether this agent serves DRA: as configured, or as the API server serves
 /// `resource.k8s.io/v1`. Without it, the legacy sink alone (said in the readiness), or

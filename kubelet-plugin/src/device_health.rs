@@ -2,6 +2,8 @@
 //! published and answering are healthy; a device gone while a claim holds it is unhealthy
 //! until it returns or is released.
 
+use crate::node_devices::KnownDevice;
+use k8s_openapi::api::resource::v1::Device;
 use std::collections::BTreeSet;
 
 /// A driver's devices' health: published devices are healthy; a device published before and
@@ -29,24 +31,46 @@ impl Health {
     }
 }
 
-/// Vouches for a driver's devices in `pool`: healthy those `local` has whose configuration
-/// is `answering`, unhealthy those gone that claims still hold.
-pub(crate) fn vouch(
-    health: &dra_plugin::health::HealthReporter,
-    gone: &BTreeSet<String>,
-    pool: &str,
-    local: &[(
-        k8s_openapi::api::resource::v1::Device,
-        crate::node_devices::KnownDevice,
-    )],
+/// What a driver tells the kubelet of its devices' health.
+#[derive(Debug, Default, PartialEq)]
+pub(crate) struct HealthPlan {
+    /// Published and their handler answers.
+    pub healthy: Vec<String>,
+    /// Gone while a claim still holds them.
+    pub unhealthy: Vec<String>,
+    /// Gone and held by nothing: nobody asks about them any more.
+    pub forget: Vec<String>,
+}
+
+/// The health of a driver's devices: healthy those `local` has whose configuration is
+/// `answering`, unhealthy those `gone` that claims still hold: planned on a pass
+/// ([`crate::device_plan`]), and vouched between passes
+/// ([`crate::dra_sink::DraSink::vouch`]).
+pub(crate) fn plan(
+    local: &[(Device, KnownDevice)],
     answering: &BTreeSet<String>,
-) {
-    for (device, known) in local {
-        if answering.contains(&known.configuration) {
-            health.set(pool, &device.name, true, "");
-        }
+    gone: &BTreeSet<String>,
+) -> HealthPlan {
+    HealthPlan {
+        healthy: (local.iter())
+            .filter(|(_, known)| answering.contains(&known.configuration))
+            .map(|(device, _)| device.name.clone())
+            .collect(),
+        unhealthy: gone.iter().cloned().collect(),
+        forget: Vec::new(),
     }
-    for name in gone {
+}
+
+/// Tells the kubelet, through a driver's `health` reporter, what `plan` says of its devices in
+/// `pool`.
+pub(crate) fn tell(health: &dra_plugin::health::HealthReporter, pool: &str, plan: &HealthPlan) {
+    for name in &plan.forget {
+        health.remove(pool, name);
+    }
+    for name in &plan.healthy {
+        health.set(pool, name, true, "");
+    }
+    for name in &plan.unhealthy {
         health.set(
             pool,
             name,

@@ -1,5 +1,6 @@
 //! This node's entries of `status.discoveryErrors`: why a configuration's discovery fails here.
 
+use crate::device_plan::{self, StatusState};
 use akri_api::v1::DiscoveryConfiguration;
 use kube::api::{Api, Patch, PatchParams};
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,28 +34,29 @@ impl DiscoveryErrors {
             .len()
     }
 
+    /// The entries this node wants in `status.discoveryErrors`, by configuration
+    /// ([`device_plan::status_entries`]).
+    pub(crate) fn entries(&self) -> BTreeMap<String, String> {
+        device_plan::status_entries(&StatusState {
+            held_back: &self.held_back,
+            properties: &self.properties,
+            discovery: &self.discovery,
+            instances: &self.instances,
+        })
+    }
+
     /// Writes this node's entry of `status.discoveryErrors` where it changed: present while
     /// a configuration's discovery fails here, gone once it works. Each node applies only its
     /// own entry (server-side apply, one field manager per node), so nodes never collide.
     pub async fn report(&mut self, client: &kube::Client, node: &str) {
         let api = Api::<DiscoveryConfiguration>::all(client.clone());
         let params = PatchParams::apply(&akri_devices::node_field_manager(node)).force();
-        let names: BTreeSet<String> = self
-            .discovery
-            .keys()
-            .chain(self.properties.keys())
-            .chain(self.held_back.keys())
-            .chain(self.instances.keys())
-            .chain(self.reported.keys())
+        let entries = self.entries();
+        let names: BTreeSet<String> = (entries.keys().chain(self.reported.keys()))
             .cloned()
             .collect();
         for name in names {
-            let now = (self.held_back.get(&name))
-                .or_else(|| self.properties.get(&name))
-                .or_else(|| self.discovery.get(&name))
-                .or_else(|| self.instances.get(&name))
-                .cloned();
-            let now = now.as_ref();
+            let now = entries.get(&name);
             if self.reported.get(&name) == now {
                 continue;
             }

@@ -4,19 +4,18 @@
 //! slots, which the node that creates them adds once (`""`, free) and the device plugins
 //! claim ([`akri_legacy_device_plugin::claims`]); applies never touch them.
 //!
-//! What is stored comes from a watch ([`Mine`]), not a read per pass: a node at rest makes no
+//! What is stored comes from a watch ([`crate::instance_view`]), not a read per pass: a node at rest makes no
 //! requests for its Instances beyond that watch, however many Instances the cluster has.
 
 use crate::instance_plan::{self, Departure, Grace, Seen, Step};
+use crate::instance_view::{Mine, mine_selector, names, watch_mine};
 use akri_api::v0::Instance;
 use akri_api::v1::{
     INSTANCE_NODES_LABELLED, INSTANCE_SOURCE_CONFIGURATION,
-    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, instance_node_label, instance_source_selector,
+    INSTANCE_SOURCE_DISCOVERY_CONFIGURATION, instance_source_selector,
 };
 use akri_legacy_device_plugin::plugins::InstanceFeed;
-use futures::StreamExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -44,136 +43,6 @@ pub struct InstanceWriter {
 impl Drop for InstanceWriter {
     fn drop(&mut self) {
         self.watch.abort();
-    }
-}
-
-/// The Instances (of one source, in one namespace) whose `nodes` name this node, as the API
-/// server has them: what a watch of this node's Instances said ([`instance_node_label`]), and
-/// what this node's own writes returned (so the next pass does not wait for their events).
-#[derive(Default)]
-struct Mine {
-    /// `None` until the watch's first list is complete (a pass then lists for itself).
-    instances: Option<BTreeMap<String, Instance>>,
-    /// The watch's list in progress.
-    listing: BTreeMap<String, Instance>,
-    /// Instances naming this node that were written before nodes labelled theirs: no watch of
-    /// the label sees them. Read once (`None` until then), each left here until this node
-    /// writes it (with its label) or deletes it.
-    adopted: Option<BTreeMap<String, Instance>>,
-    /// The legacy device plugins of the node, fed every change (the legacy path's writers):
-    /// the one view of a namespace's Instances on the node, with its namespace.
-    feed: Option<(String, InstanceFeed)>,
-}
-
-impl Mine {
-    fn new(feed: Option<(String, InstanceFeed)>) -> Self {
-        Mine {
-            feed,
-            ..Mine::default()
-        }
-    }
-
-    /// Takes a watch event, and feeds the device plugins what is stored then.
-    fn note(&mut self, node: &str, event: watcher::Event<Instance>) {
-        self.take(node, event);
-        self.fed();
-    }
-
-    /// What the device plugins are fed: the watched Instances and the adopted ones, once the
-    /// watch listed.
-    fn fed(&self) {
-        let (Some((namespace, feed)), Some(instances)) = (&self.feed, &self.instances) else {
-            return;
-        };
-        let adopted = self.adopted.iter().flatten();
-        let all = (adopted.chain(instances)).map(|(_, i)| i.clone());
-        feed.replace(namespace, all);
-    }
-
-    fn take(&mut self, node: &str, event: watcher::Event<Instance>) {
-        match event {
-            watcher::Event::Init => self.listing.clear(),
-            watcher::Event::InitApply(instance) => {
-                if names(&instance, node) {
-                    let name = instance.metadata.name.clone().unwrap_or_default();
-                    self.listing.insert(name, instance);
-                }
-            }
-            watcher::Event::InitDone => {
-                self.instances = Some(std::mem::take(&mut self.listing));
-            }
-            watcher::Event::Apply(instance) => self.keep(node, instance),
-            // An Instance that no longer names this node leaves the watch of its label too.
-            watcher::Event::Delete(instance) => {
-                if let Some(name) = &instance.metadata.name {
-                    self.remove(name);
-                }
-            }
-        }
-    }
-
-    /// `instance` as it is stored now (from an event or a write's response).
-    fn stored(&mut self, node: &str, instance: Instance) {
-        self.keep(node, instance);
-        self.fed();
-    }
-
-    fn keep(&mut self, node: &str, instance: Instance) {
-        let Some(name) = instance.metadata.name.clone() else {
-            return;
-        };
-        if let Some(adopted) = &mut self.adopted {
-            adopted.remove(&name);
-        }
-        let Some(mine) = &mut self.instances else {
-            return;
-        };
-        match names(&instance, node) {
-            true => mine.insert(name, instance),
-            false => mine.remove(&name),
-        };
-    }
-
-    /// `name` was deleted by this node.
-    fn deleted(&mut self, name: &str) {
-        self.remove(name);
-        self.fed();
-    }
-
-    fn remove(&mut self, name: &str) {
-        for held in [&mut self.instances, &mut self.adopted]
-            .into_iter()
-            .flatten()
-        {
-            held.remove(name);
-        }
-    }
-}
-
-/// Whether `instance` names `node` in its `nodes`.
-fn names(instance: &Instance, node: &str) -> bool {
-    instance.spec.nodes.iter().any(|n| n == node)
-}
-
-/// The label selector of `node`'s Instances of path `source`: by its node label; a node whose
-/// name is too long for one watches the path's Instances of the namespace.
-fn mine_selector(source: &str, node: &str) -> String {
-    let path = instance_source_selector(source);
-    match instance_node_label(node) {
-        Some(label) => format!("{path},{label}"),
-        None => path,
-    }
-}
-
-/// Keeps `mine` as the watch of `api`'s Instances labelled `selector` says.
-async fn watch_mine(api: Api<Instance>, selector: String, node: String, mine: Arc<Mutex<Mine>>) {
-    // The watcher retries failures itself, with backoff, and resumes where it was.
-    let events = watcher(api, watcher::Config::default().labels(&selector)).default_backoff();
-    futures::pin_mut!(events);
-    while let Some(event) = events.next().await {
-        if let Ok(event) = event {
-            mine.lock().expect("not poisoned").note(&node, event);
-        }
     }
 }
 
@@ -295,24 +164,20 @@ impl InstanceWriter {
         (self.mine.lock().expect("not poisoned")).stored(&self.node, instance.clone());
     }
 
-    /// Applies the Instances of `known` devices (with this node in `nodes`), and takes this
-    /// node out of Instances it no longer sees once the grace period passed; the last node
-    /// deletes the Instance ([`instance_plan`](crate::instance_plan) decides which).
-    ///
-    /// `live`, where known, are the configurations that exist: Instances of others depart at
-    /// once.
-    ///
-    /// An Instance the API server refuses (say, a property too large for a request) is
-    /// reported in [`Synced::refused`] and the other writes go on; only an error that is not
-    /// the API server's answer (it cannot be reached) ends the sync.
-    pub async fn sync(
-        &mut self,
-        known: &[Seen],
-        live: Option<&BTreeSet<String>>,
-    ) -> Result<Synced, kube::Error> {
-        // What is stored: an Instance that already says what this node would apply is not
-        // written again, so a node at rest makes no writes (it did one per Instance per pass).
-        let stored = self.stored_mine().await?;
+    /// The stored Instances that name this node (from the watch), what a plan of this
+    /// writer's writes starts from: an Instance that already says what this node would apply
+    /// is not written again, so a node at rest makes no writes.
+    pub async fn stored(&self) -> Result<BTreeMap<String, Instance>, kube::Error> {
+        self.stored_mine().await
+    }
+
+    /// How this writer writes, for [`crate::device_plan`], and its memory: the Instances this
+    /// node stopped seeing, and since when. `live`, where known, are the configurations that
+    /// exist: Instances of others depart at once.
+    pub fn planner<'a>(
+        &'a mut self,
+        live: Option<&'a BTreeSet<String>>,
+    ) -> (instance_plan::Writer<'a>, &'a mut BTreeMap<String, Instant>) {
         let writer = instance_plan::Writer {
             node: &self.node,
             source: self.source,
@@ -320,7 +185,21 @@ impl InstanceWriter {
             live,
             max_per_configuration: self.max_per_configuration,
         };
-        let plan = writer.plan(known, &stored, &mut self.vanished, Instant::now());
+        (writer, &mut self.vanished)
+    }
+
+    /// Applies `plan` (made from `stored`): the Instances of the devices this node sees (with
+    /// this node in `nodes`), and this node taken out of those it no longer sees once their
+    /// grace passed; the last node deletes the Instance.
+    ///
+    /// An Instance the API server refuses (say, a property too large for a request) is
+    /// reported in [`Synced::refused`] and the other writes go on; only an error that is not
+    /// the API server's answer (it cannot be reached) ends the apply.
+    pub async fn apply(
+        &mut self,
+        plan: instance_plan::Plan,
+        stored: &BTreeMap<String, Instance>,
+    ) -> Result<Synced, kube::Error> {
         let mut synced = Synced::default();
         for step in plan.steps {
             self.take_step(step, &mut synced).await?;
@@ -332,6 +211,19 @@ impl InstanceWriter {
             }
         }
         Ok(synced)
+    }
+
+    /// Plans from what is stored and applies: [`stored`](Self::stored), the plan of the
+    /// devices `known`, [`apply`](Self::apply).
+    pub async fn sync(
+        &mut self,
+        known: &[Seen],
+        live: Option<&BTreeSet<String>>,
+    ) -> Result<Synced, kube::Error> {
+        let stored = self.stored().await?;
+        let (writer, vanished) = self.planner(live);
+        let plan = writer.plan(known, &stored, vanished, Instant::now());
+        self.apply(plan, &stored).await
     }
 
     /// Takes one step of a plan, noting in `synced` what it found; an error that is not the
@@ -565,44 +457,6 @@ mod tests {
         let mut i = instance(nodes, None);
         i.metadata.name = Some(name.into());
         i
-    }
-
-    fn names(mine: &Mine) -> Vec<String> {
-        mine.instances
-            .iter()
-            .flatten()
-            .map(|(n, _)| n.clone())
-            .collect()
-    }
-
-    #[test]
-    fn the_watch_keeps_exactly_the_instances_that_name_this_node() {
-        use watcher::Event;
-        let mut mine = Mine::default();
-        mine.note("a", Event::Init);
-        mine.note("a", Event::InitApply(named("x", &["a", "b"])));
-        mine.note("a", Event::InitApply(named("y", &["b"])));
-        assert!(mine.instances.is_none(), "not complete before the list is");
-        mine.note("a", Event::InitDone);
-        assert_eq!(names(&mine), ["x"], "another node's Instance is not kept");
-        mine.note("a", Event::Apply(named("y", &["b", "a"])));
-        mine.note("a", Event::Apply(named("x", &["b"])));
-        assert_eq!(names(&mine), ["y"], "joined y, left x");
-        mine.note("a", Event::Delete(named("y", &["b", "a"])));
-        assert!(names(&mine).is_empty());
-        // A new list (the watch lost its place) replaces everything once complete.
-        mine.stored("a", named("z", &["a"]));
-        mine.note("a", Event::Init);
-        mine.note("a", Event::InitApply(named("w", &["a"])));
-        assert_eq!(
-            names(&mine),
-            ["z"],
-            "the old state serves until the list is complete"
-        );
-        mine.note("a", Event::InitDone);
-        assert_eq!(names(&mine), ["w"]);
-        mine.deleted("w");
-        assert!(names(&mine).is_empty());
     }
 
     #[test]

@@ -11,17 +11,16 @@
 //! ([`crate::instances`]), and the finalizer it left on each Configuration for this node is
 //! released ([`LegacySink::release_akri_finalizers`]).
 
-use crate::discovery::DiscoveredDevice;
+use crate::device_plan::{
+    DevicePlan, DevicePluginState, InstancePath, InstancesPlan, InstancesState, NodeState,
+};
 use crate::instance_plan::Grace;
 use crate::instances::InstanceWriter;
-use crate::node_devices::{KnownDevice, NodeDevices};
+use crate::node_devices::NodeDevices;
 use crate::node_discovery::Sink;
-use crate::sink::{ApplyPlan, Pass, Standing};
+use crate::sink::{Applied, ApplyPlan, Observed, Pass, Standing};
 use akri_api::v0::Configuration;
-use akri_legacy_device_plugin::plugins::{
-    ConfigurationDevices, Counters, DeviceEdits, LegacyConfig, LegacyPlugins,
-};
-use kubelet_proto::deviceplugin::v1beta1 as api;
+use akri_legacy_device_plugin::plugins::{Counters, LegacyConfig, LegacyPlugins};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -63,6 +62,9 @@ pub struct LegacySink {
     max_instances: usize,
     plugins: LegacyPlugins,
     writers: BTreeMap<String, InstanceWriter>,
+    /// Per namespace, the Configurations that exist there (this pass's; their Instances'
+    /// plan reads them).
+    live: BTreeMap<String, BTreeSet<String>>,
     /// The `(uid, resourceVersion)` of each Configuration whose Akri finalizer this node tried
     /// to release: a refused patch is not sent again until the object changes.
     released: BTreeSet<(String, String)>,
@@ -116,6 +118,7 @@ impl LegacySink {
             max_instances: crate::instance_plan::MAX_INSTANCES_PER_CONFIGURATION,
             plugins,
             writers,
+            live: BTreeMap::new(),
             released: BTreeSet::new(),
         }
     }
@@ -146,68 +149,87 @@ impl LegacySink {
         self.plugins.all_registered()
     }
 
-    /// Serves the plugins over the Instances the leading process writes, writing nothing:
-    /// what a process standing by does, so that the kubelet can call it before the leader
-    /// exits. Its `Allocate` claims slots as any node's does.
-    async fn serve(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
+    /// Reads what the plan of its writes needs: per namespace served (those of the served
+    /// Configurations and those it wrote before) the devices and, leading, the stored
+    /// Instances and which Configurations exist.
+    async fn observe_instances<'s>(
+        &'s mut self,
+        configs: &[Arc<Configuration>],
+        devices: &NodeDevices,
+        state: &mut NodeState<'s>,
+    ) {
         let namespaces: BTreeSet<String> = (configs.iter())
-            .filter_map(|c| c.metadata.namespace.clone())
-            .collect();
-        let mut served = Vec::new();
-        for namespace in namespaces {
-            let known = devices.seen(&namespace);
-            let allowed = &self.broker_property_names;
-            served.extend(served_devices(
-                configs, devices, &namespace, &known, allowed,
-            ));
-        }
-        self.log_unlisted_broker_properties(configs);
-        self.plugins.sync(&served).await;
-    }
-
-    /// Writes the Instances of every namespace's devices, then serves the plugins over them
-    /// ([`serve`](Self::serve), with the names as written).
-    async fn publish(&mut self, configs: &[Arc<Configuration>], devices: &NodeDevices) {
-        let namespaces: BTreeSet<String> = configs
-            .iter()
             .filter_map(|c| c.metadata.namespace.clone())
             .chain(self.writers.keys().cloned())
             .collect();
+        self.live = (namespaces.iter())
+            .map(|namespace| {
+                let live = (configs.iter())
+                    .filter(|c| c.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                    .filter_map(|c| c.metadata.name.clone())
+                    .collect();
+                (namespace.clone(), live)
+            })
+            .collect();
+        let mut stored = BTreeMap::new();
         for namespace in namespaces {
             let writer = self.writers.entry(namespace.clone()).or_insert_with(|| {
                 let (client, grace) = (self.client.clone(), self.instance_grace);
                 InstanceWriter::legacy(client, &namespace, &self.node, grace, self.plugins.feed())
                     .limit(self.max_instances)
             });
-            // A device renamed because another node's has its name is written under its new
-            // name at once (a second round at most).
-            let live: BTreeSet<String> = (configs.iter())
-                .filter(|c| c.metadata.namespace.as_deref() == Some(namespace.as_str()))
-                .filter_map(|c| c.metadata.name.clone())
-                .collect();
-            let mut known = devices.seen(&namespace);
-            for _ in 0..2 {
-                // A refused Instance is logged by the writer (a v0 Configuration has no
-                // status); the others are written all the same.
-                let contested = match writer.sync(&known, Some(&live)).await {
-                    Ok(synced) => synced.contested,
-                    Err(error) => {
-                        tracing::warn!(%namespace, %error, "writing legacy Instances failed; retrying on the next change or resync");
-                        break;
-                    }
-                };
-                let renamed = (known.iter())
-                    .filter(|(d, _, _)| contested.contains(&d.instance))
-                    .filter(|(d, _, _)| devices.avoid(&namespace, &d.configuration, &d.instance))
-                    .count();
-                if renamed == 0 {
-                    break;
+            match writer.stored().await {
+                Ok(instances) => {
+                    stored.insert(namespace, instances);
                 }
-                tracing::warn!(%namespace, renamed, "another node's devices have these Instance names; renamed");
-                known = devices.seen(&namespace);
+                Err(error) => {
+                    tracing::warn!(%namespace, %error, "reading legacy Instances failed; retrying on the next change or resync");
+                }
             }
         }
-        self.serve(configs, devices).await;
+        for (namespace, writer) in self.writers.iter_mut() {
+            let Some(stored) = stored.remove(namespace) else {
+                continue;
+            };
+            let (writer, vanished) = writer.planner(self.live.get(namespace));
+            state.instances.push(InstancesState {
+                path: InstancePath::Legacy(namespace.clone()),
+                writer,
+                seen: devices.seen(namespace),
+                stored,
+                vanished,
+            });
+        }
+    }
+
+    /// Writes a namespace's Instances as planned; returns whether a device was renamed
+    /// because another node's has its name.
+    async fn apply_instances(
+        &mut self,
+        namespace: &str,
+        planned: InstancesPlan,
+        devices: &NodeDevices,
+    ) -> bool {
+        let Some(writer) = self.writers.get_mut(namespace) else {
+            return false;
+        };
+        // A refused Instance is logged by the writer (a v0 Configuration has no status); the
+        // others are written all the same.
+        let contested = match writer.apply(planned.plan, &planned.stored).await {
+            Ok(synced) => synced.contested,
+            Err(error) => {
+                tracing::warn!(%namespace, %error, "writing legacy Instances failed; retrying on the next change or resync");
+                return false;
+            }
+        };
+        let renamed = (devices.seen(namespace).iter())
+            .filter(|(d, _, _)| contested.contains(&d.instance))
+            .filter(|(d, _, _)| devices.avoid(namespace, &d.configuration, &d.instance))
+            .count();
+        if renamed > 0 {
+            tracing::warn!(%namespace, renamed, "another node's devices have these Instance names; renamed");
+        }
+        renamed > 0
     }
 }
 
@@ -291,23 +313,59 @@ impl LegacySink {
 }
 
 impl ApplyPlan for LegacySink {
-    /// Once discovery has answered: leading, releases Akri's finalizers and writes the
-    /// Instances, then serves the device plugins over them; standing by, only serves.
-    async fn apply(&mut self, pass: &mut Pass<'_>) -> Standing {
+    /// Once discovery has answered: the device plugins' inputs and, leading, the Instances'.
+    async fn observe<'s>(&'s mut self, pass: &mut Pass<'_>, state: &mut NodeState<'s>) -> Observed {
         if !(pass.discovery).open(Sink::Legacy, &pass.plan.wanted, pass.handlers) {
-            return Standing::Starting;
+            return Observed::Stands(Standing::Starting);
         }
         let devices = pass.discovery.devices(Sink::Legacy);
-        let plan = pass.plan;
+        let served = pass.plan.served_v0.clone();
+        self.log_unlisted_broker_properties(&served);
+        let broker_property_names = self.broker_property_names.clone();
         if pass.leading {
-            self.release_akri_finalizers(&plan.akri_finalizers).await;
-            self.publish(&plan.served_v0, &devices).await;
-            return Standing::Serving;
+            self.observe_instances(&served, &devices, state).await;
         }
-        self.serve(&plan.served_v0, &devices).await;
-        match self.all_registered() {
-            true => Standing::Serving,
-            false => Standing::WaitingForKubelet,
+        let namespaces = (served.iter())
+            .filter_map(|c| c.metadata.namespace.clone())
+            .map(|ns| {
+                let inputs = (devices.configurations(&ns), devices.seen(&ns));
+                (ns, inputs)
+            })
+            .collect();
+        state.device_plugins = Some(DevicePluginState {
+            served,
+            namespaces,
+            broker_property_names,
+        });
+        Observed::Apply
+    }
+
+    /// Leading: releases Akri's finalizers and writes the Instances, then serves the device
+    /// plugins over them (after a rename, on the next round, with the new names); standing
+    /// by, only serves.
+    async fn apply(&mut self, pass: &mut Pass<'_>, plan: &mut DevicePlan) -> Applied {
+        let devices = pass.discovery.devices(Sink::Legacy);
+        let mut again = false;
+        if pass.leading {
+            self.release_akri_finalizers(&pass.plan.akri_finalizers)
+                .await;
+            let namespaces: Vec<String> = self.writers.keys().cloned().collect();
+            for namespace in namespaces {
+                let path = InstancePath::Legacy(namespace.clone());
+                if let Some(planned) = plan.take_instances(&path) {
+                    again |= self.apply_instances(&namespace, planned, &devices).await;
+                }
+            }
+        }
+        if again {
+            return Standing::Serving.into();
+        }
+        if let Some(served) = plan.device_plugins.take() {
+            self.plugins.sync(&served).await;
+        }
+        match pass.leading || self.all_registered() {
+            true => Standing::Serving.into(),
+            false => Standing::WaitingForKubelet.into(),
         }
     }
 }
@@ -321,73 +379,6 @@ fn finalizer_release(config: &Configuration, node: &str) -> Option<json_patch::P
         removal,
     ]);
     Some(serde_json::from_value(patch).expect("valid JSON patch"))
-}
-
-/// What the device plugins serve for a namespace's configurations: each one's Instances and
-/// what a container allocated one gets, of the `brokerProperties` only the `allowed` names.
-fn served_devices(
-    configs: &[Arc<Configuration>],
-    devices: &NodeDevices,
-    namespace: &str,
-    known: &[(KnownDevice, i32, bool)],
-    allowed: &BTreeSet<String>,
-) -> Vec<ConfigurationDevices> {
-    let mut served = Vec::new();
-    for config in devices.configurations(namespace) {
-        let broker_properties = configs
-            .iter()
-            .find(|c| {
-                c.metadata.namespace.as_deref() == Some(namespace)
-                    && c.metadata.name.as_deref() == Some(&config.configuration)
-            })
-            .map(|c| {
-                let mut properties = c.spec.broker_properties.clone();
-                properties.retain(|name, _| allowed.contains(name));
-                properties
-            })
-            .unwrap_or_default();
-        let instances = known
-            .iter()
-            .filter(|(d, _, _)| d.configuration == config.configuration)
-            .map(|(d, _, _)| (d.instance.clone(), edits(&broker_properties, &d.device)))
-            .collect();
-        served.push(ConfigurationDevices {
-            namespace: namespace.to_string(),
-            name: config.configuration.clone(),
-            unique_devices: config.unique_devices,
-            instances,
-        });
-    }
-    served
-}
-
-/// What a container allocated a device gets: the Configuration's `brokerProperties` and the
-/// device's properties as environment (the device's win, as in its Instance), its mounts and
-/// device nodes.
-fn edits(broker_properties: &BTreeMap<String, String>, device: &DiscoveredDevice) -> DeviceEdits {
-    let mut envs = broker_properties.clone();
-    envs.extend(device.properties.clone());
-    DeviceEdits {
-        envs,
-        mounts: device
-            .mounts
-            .iter()
-            .map(|m| api::Mount {
-                container_path: m.container_path.clone(),
-                host_path: m.host_path.clone(),
-                read_only: m.read_only,
-            })
-            .collect(),
-        devices: device
-            .device_specs
-            .iter()
-            .map(|d| api::DeviceSpec {
-                container_path: d.container_path.clone(),
-                host_path: d.host_path.clone(),
-                permissions: d.permissions.clone(),
-            })
-            .collect(),
-    }
 }
 
 #[cfg(test)]

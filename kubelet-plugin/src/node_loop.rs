@@ -8,9 +8,14 @@
 //!   sink vouches for its devices' health).
 //! - State: the stores those watches keep and the devices discovery reported
 //!   ([`NodeDiscovery`]).
-//! - Plan: [`NodePlan`], pure; discovery is brought in line with its configurations.
-//! - Apply: each sink its part ([`ApplyPlan`]), once its start-up gate is open; then this
-//!   node's `status.discoveryErrors` entries.
+//! - Plan, pure, in two parts: [`NodePlan`] (what to discover; discovery is brought in line
+//!   with it), then, from each sink's part of the state ([`ApplyPlan::observe`]: its stored
+//!   Instances, its pools' prepared claims) and the devices discovered, [`DevicePlan`] (the
+//!   slices, health, Instances and device-plugin lists the node wants).
+//! - Apply: each sink its part of that plan ([`ApplyPlan::apply`]), once its start-up gate is
+//!   open (a second round at once when a write renamed devices); then this node's
+//!   `status.discoveryErrors` entries ([`crate::device_plan::status_entries`], planned last
+//!   so that a refused Instance shows at once).
 //! - Readiness: from the sinks' standings ([`sink::readiness`]).
 //!
 //! A pass reads nothing from the API server that the watches do not already keep (the
@@ -18,6 +23,7 @@
 //! stored).
 
 use crate::config_watch::{WatchEvent, watch_all, watch_mirrors};
+use crate::device_plan::{DevicePlan, NodeState};
 use crate::discovery::Handlers;
 use crate::dra_sink::DraSink;
 use crate::handler_lease::HandlerLease;
@@ -26,7 +32,7 @@ use crate::legacy::LegacySink;
 use crate::metrics::Metrics;
 use crate::node_discovery::{NodeDiscovery, Sink};
 use crate::node_plan::{Known, NodePlan};
-use crate::sink::{self, ApplyPlan, Pass, Standing};
+use crate::sink::{self, Applied, ApplyPlan, Observed, Pass, Standing};
 use crate::streams::StreamEvent;
 use akri_api::v0::Configuration;
 use akri_api::v1::{DiscoveryConfiguration, spec_mirror};
@@ -235,21 +241,24 @@ impl NodeLoop {
         }
         self.discovery.errors.held_back = plan.held_back.clone();
         let leading = self.leader.is_some();
-        let mut pass = Pass {
-            plan: &plan,
-            handlers: &handlers,
-            discovery: &mut self.discovery,
-            leading,
-        };
         let mut standings = Vec::new();
-        if let Some(dra) = &mut self.dra {
-            standings.push(dra.apply(&mut pass).await);
-        }
-        if let Some(legacy) = &mut self.legacy {
-            standings.push(legacy.apply(&mut pass).await);
+        // A second round only after a write renamed devices: they are written under their new
+        // names at once (a new name is checked against the others' on that round's writes).
+        for _ in 0..2 {
+            let mut pass = Pass {
+                plan: &plan,
+                handlers: &handlers,
+                discovery: &mut self.discovery,
+                leading,
+            };
+            let (applied, again) = apply(self.dra.as_mut(), self.legacy.as_mut(), &mut pass).await;
+            standings = applied;
+            if !again {
+                break;
+            }
         }
         if let (true, Some(dra)) = (leading, &self.dra) {
-            // After the publish, so that an Instance it could not write shows now.
+            // Planned last, so that an Instance the API server refused on this pass shows now.
             let errors = &mut self.discovery.errors;
             errors.instances = dra.refused_instances().clone();
             errors.report(&self.client, &self.node_name).await;
@@ -346,6 +355,52 @@ impl NodeLoop {
         if let (Sink::Dra, Some(dra)) = (sink, &mut self.dra) {
             dra.changed(group);
         }
+    }
+}
+
+/// One round of a pass's sinks: each reads its part of the state, the plan of the node's
+/// writes is made from all of it ([`DevicePlan::of`]), and each applies its part. Returns
+/// the sinks' standings, and whether a write renamed devices.
+async fn apply(
+    mut dra: Option<&mut DraSink>,
+    mut legacy: Option<&mut LegacySink>,
+    pass: &mut Pass<'_>,
+) -> (Vec<Standing>, bool) {
+    let mut state = NodeState::default();
+    let mut observed = Vec::new();
+    if let Some(dra) = dra.as_deref_mut() {
+        observed.push(dra.observe(pass, &mut state).await);
+    }
+    if let Some(legacy) = legacy.as_deref_mut() {
+        observed.push(legacy.observe(pass, &mut state).await);
+    }
+    let mut plan = DevicePlan::of(
+        state,
+        k8s_openapi::jiff::Timestamp::now(),
+        std::time::Instant::now(),
+    );
+    let mut observed = observed.into_iter();
+    let mut applied = Vec::new();
+    if let Some(dra) = dra {
+        applied.push(apply_one(dra, observed.next(), pass, &mut plan).await);
+    }
+    if let Some(legacy) = legacy {
+        applied.push(apply_one(legacy, observed.next(), pass, &mut plan).await);
+    }
+    let again = applied.iter().any(|a| a.again);
+    (applied.into_iter().map(|a| a.standing).collect(), again)
+}
+
+/// A sink's part of a round: applied if it observed, or where it stands.
+async fn apply_one(
+    sink: &mut impl ApplyPlan,
+    observed: Option<Observed>,
+    pass: &mut Pass<'_>,
+    plan: &mut DevicePlan,
+) -> Applied {
+    match observed {
+        Some(Observed::Stands(standing)) => standing.into(),
+        _ => sink.apply(pass, plan).await,
     }
 }
 

@@ -3,10 +3,9 @@
 //! legacy one), which v0 Configurations its device plugins serve and why not the others,
 //! which v1 configurations wait for a v0 namesake ([`crate::same_name`]), and which v0
 //! Configurations still carry the finalizer Akri's agent left for it. The loop
-//! ([`crate::node_loop`]) computes it on every pass and each sink applies its part
-//! ([`crate::sink::ApplyPlan`]); what a sink then writes (slices, Instances, device-plugin
-//! lists) is planned by the sink's own pure parts from this plan and the devices discovered
-//! ([`crate::instance_plan`], [`dra_plugin::slices`], [`crate::legacy`]).
+//! ([`crate::node_loop`]) computes it on every pass and brings discovery in line with it;
+//! what the node then writes of the devices discovered (slices, Instances, device-plugin
+//! lists, status entries) is the pass's second, equally pure part: [`crate::device_plan`].
 
 use crate::node_discovery::{Sink, Wanted};
 use crate::same_name;

@@ -1,6 +1,8 @@
-//! What the loop asks of each sink on a pass ([`ApplyPlan`]), how each says where it stands
-//! ([`Standing`]), and the node's readiness from that ([`readiness`]).
+//! What the loop asks of each sink on a pass ([`ApplyPlan`]: observe, then apply its part of
+//! the plan), how each says where it stands ([`Standing`]), and the node's readiness from
+//! that ([`readiness`]).
 
+use crate::device_plan::{DevicePlan, NodeState};
 use crate::discovery::Handlers;
 use crate::node_discovery::NodeDiscovery;
 use crate::node_plan::NodePlan;
@@ -27,10 +29,44 @@ pub(crate) enum Standing {
     Problem(String),
 }
 
-/// A sink of the node's discovery: applies its part of a pass's plan, writing (when leading)
-/// or only serving (standing by).
+/// A sink of the node's discovery. On a pass it first reads its part of the node's state
+/// ([`observe`](Self::observe)); the loop plans from every sink's part
+/// ([`DevicePlan::of`]); then it applies its part of that plan ([`apply`](Self::apply)),
+/// writing (when leading) or only serving (standing by).
 pub(crate) trait ApplyPlan {
-    async fn apply(&mut self, pass: &mut Pass<'_>) -> Standing;
+    /// Gets ready for the pass (serves what the handlers registered need) and adds its part
+    /// of the node's state to `state`; or says where it stands when it has nothing to apply
+    /// on this pass (its start-up gate is closed, or it stands by with nothing to serve from
+    /// a plan).
+    async fn observe<'s>(&'s mut self, pass: &mut Pass<'_>, state: &mut NodeState<'s>) -> Observed;
+
+    /// Applies its part of `plan` (taking it out).
+    async fn apply(&mut self, pass: &mut Pass<'_>, plan: &mut DevicePlan) -> Applied;
+}
+
+/// What [`ApplyPlan::observe`] found.
+pub(crate) enum Observed {
+    /// Its part is in the state: apply the plan.
+    Apply,
+    /// Nothing to apply on this pass; it stands so.
+    Stands(Standing),
+}
+
+/// What [`ApplyPlan::apply`] did.
+pub(crate) struct Applied {
+    pub standing: Standing,
+    /// A write renamed devices (another node's unshared device has their name): the loop
+    /// plans once more, so that they are written under their new names at once.
+    pub again: bool,
+}
+
+impl From<Standing> for Applied {
+    fn from(standing: Standing) -> Self {
+        Applied {
+            standing,
+            again: false,
+        }
+    }
 }
 
 /// The node's readiness from its sinks' standings: `Some(Ok)` ready, `Some(Err(why))` not

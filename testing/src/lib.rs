@@ -358,6 +358,32 @@ pub fn sizes_from_env(var: &str, default: &str) -> Result<Vec<usize>, Error> {
         .collect()
 }
 
+/// How many watch events of `resource` the API server sent since it counted `before`, read
+/// once an edit of `name` through `api` (an annotation nobody writes back) was sent too: a
+/// watch sends in order, so every earlier event of a watch that carries the edit is counted
+/// by then. A watcher of only `name` has heard exactly 1.
+pub async fn watch_events_through_edit<K>(
+    client: &kube::Client,
+    api: &kube::Api<K>,
+    name: &str,
+    resource: &str,
+    before: f64,
+) -> f64
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let seen = serde_json::json!({ "metadata": { "annotations": { "seen-by": "test" } } });
+    let params = kube::api::PatchParams::default();
+    (api.patch(name, &params, &kube::api::Patch::Merge(seen)))
+        .await
+        .expect("the edit is written");
+    eventually(&format!("the watch event of {name}'s edit"), async || {
+        let heard = watch_events_sent(client, resource).await.ok()? - before;
+        (heard >= 1.0).then_some(heard)
+    })
+    .await
+}
+
 /// The watch events the API server has sent of `resource` (plural, as `instances`), over
 /// every watch: its `apiserver_watch_events_total`, which names the resource `resource` or
 /// (before 1.34) `kind`.

@@ -528,21 +528,9 @@ async fn a_node_hears_nothing_of_other_nodes_instances() {
             .unwrap();
     }
     // Then one edit of node a's own Instance (an annotation it does not set: no write back).
-    instances
-        .patch(
-            &own,
-            &PatchParams::default(),
-            &Patch::Merge(
-                serde_json::json!({ "metadata": { "annotations": { "seen-by": "test" } } }),
-            ),
-        )
-        .await
-        .unwrap();
-    let heard = eventually("node a's watch sent its own Instance's edit", async || {
-        let heard = sent().await - before;
-        (heard >= 1.0).then_some(heard)
-    })
-    .await;
+    let heard =
+        akri_testing::watch_events_through_edit(&client, &instances, &own, "instances", before)
+            .await;
     assert_eq!(
         heard,
         1.0,

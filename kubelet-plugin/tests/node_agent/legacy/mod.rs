@@ -1052,16 +1052,9 @@ async fn a_legacy_node_hears_nothing_of_other_nodes_instances() {
             .unwrap();
     }
     // Then one edit of node a's own Instance (an annotation it does not set: no write back).
-    let seen = serde_json::json!({ "metadata": { "annotations": { "seen-by": "test" } } });
-    instances
-        .patch(&own, &PatchParams::default(), &Patch::Merge(seen))
-        .await
-        .unwrap();
-    let heard = eventually("node a's watch sent its own Instance's edit", async || {
-        let heard = sent().await - before;
-        (heard >= 1.0).then_some(heard)
-    })
-    .await;
+    let heard =
+        akri_testing::watch_events_through_edit(&c.client, &instances, &own, "instances", before)
+            .await;
     assert_eq!(
         heard, 1.0,
         "node a was sent {heard} Instance events for its own Instance's edit and node b's 60 writes"
