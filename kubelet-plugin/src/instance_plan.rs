@@ -174,9 +174,14 @@ impl Writer<'_> {
             let alone = instance.spec.nodes.iter().all(|n| n == self.node);
             // A held slot (the legacy path): its container may still run. Deleted, the slot's
             // holder would be forgotten and the Instance, back with its device, recreated with
-            // every slot free. It stays until the slot is freed (no container behind it).
+            // every slot free. It stays until the slot is freed (no container behind it). A
+            // slot this node holds keeps it in an Instance others share too: its slots are
+            // reclaimed from the Instances that name it, so gone from `nodes` it would hold
+            // the slot for ever (and the last node could never delete the Instance).
             let held = instance.spec.device_usage.values().any(|u| !u.is_empty());
-            if alone && held {
+            let holds = (instance.spec.slot_usages())
+                .any(|(_, usage)| matches!(usage, Ok(u) if u.node() == Some(self.node)));
+            if (alone && held) || holds {
                 continue;
             }
             vanished.remove(name);
@@ -511,34 +516,60 @@ pub(crate) mod tests {
     }
 
     /// The last node of an Instance whose slot a container still holds keeps it (deleted, the
-    /// slot would come back free); leaving it to other nodes is safe, the slot stays held.
+    /// slot would come back free); a node that holds a slot stays in an Instance others share
+    /// too (its slot reclaim reads only the Instances that name it: gone from `nodes`, its
+    /// slot would be held for ever, and the last node could never delete the Instance); a
+    /// slot another node holds is no reason to stay.
     #[test]
-    fn an_instance_with_a_held_slot_is_not_deleted_until_the_slot_is_free() {
+    fn an_instance_with_a_held_slot_is_not_deleted_or_left_until_the_slot_is_free() {
         let mut held = named("held", &["a"], false);
         held.spec.device_usage = BTreeMap::from([
             ("held-0".to_string(), "a".to_string()),
             ("held-1".to_string(), String::new()),
         ]);
         let mut shared = named("shared", &["a", "b"], false);
-        shared.spec.device_usage = held.spec.device_usage.clone();
+        shared.spec.device_usage = BTreeMap::from([
+            ("shared-0".to_string(), "C:0:a".to_string()),
+            ("shared-1".to_string(), String::new()),
+        ]);
+        let mut others = named("others", &["a", "b"], false);
+        others.spec.device_usage = BTreeMap::from([
+            ("others-0".to_string(), "b".to_string()),
+            ("others-1".to_string(), String::new()),
+        ]);
         let stored = BTreeMap::from([
             ("held".to_string(), held.clone()),
-            ("shared".to_string(), shared),
+            ("shared".to_string(), shared.clone()),
+            ("others".to_string(), others),
         ]);
         let mut vanished = BTreeMap::new();
         let start = Instant::now();
         WRITER.plan(&[], &stored, &mut vanished, start);
         let later = start + Duration::from_secs(60);
         let plan = WRITER.plan(&[], &stored, &mut vanished, later);
-        assert_eq!(plan.departures, [Departure::Leave("shared".into())]);
+        assert_eq!(plan.departures, [Departure::Leave("others".into())]);
         assert!(vanished.contains_key("held"), "still waiting: passes go on");
+        assert!(
+            vanished.contains_key("shared"),
+            "still waiting: passes go on"
+        );
 
         held.spec
             .device_usage
             .insert("held-0".into(), String::new());
-        let stored = BTreeMap::from([("held".to_string(), held)]);
+        shared
+            .spec
+            .device_usage
+            .insert("shared-0".into(), String::new());
+        let stored = BTreeMap::from([("held".to_string(), held), ("shared".to_string(), shared)]);
         let plan = WRITER.plan(&[], &stored, &mut vanished, later);
-        assert_eq!(plan.departures, [Departure::Delete("held".into())]);
+        assert_eq!(
+            plan.departures,
+            [
+                Departure::Delete("held".into()),
+                Departure::Leave("shared".into())
+            ]
+        );
     }
 
     /// The grace is for devices that flap: an Instance whose configuration is deleted departs
