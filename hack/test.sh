@@ -75,6 +75,7 @@ clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache 
   build k8s hack/go-compile.sh hack/k8s-bins.sh
   build node-bins hack/go-compile.sh hack/node-bins.sh
   build helm hack/go-compile.sh hack/helm.sh
+  build promtool hack/go-compile.sh hack/promtool.sh
   clean_go_caches
   # 1.33 first: its steps come after the demo, the move and the upgrade, one after another,
   # and end the run, while the 1.34 lane runs beside them. 1.34 runs no kube-proxy and no
@@ -139,6 +140,8 @@ step "containerd, runc, CNI plugins and images for the real test node (reused wh
 wait_for node-bins "$go_builds"
 step "Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
 wait_for helm "$go_builds"
+step "promtool, for the chart's alert tests (built from the Go module proxy, reused when up to date)"
+wait_for promtool "$go_builds"
 # The node agent's suite (8 of the 16 minutes of tests here) beside all the others: both mostly
 # wait on timers. Real nodes and control planes of two test processes keep apart (their own
 # directories, ports and network blocks); the suites with kube-proxy run one at a time below.

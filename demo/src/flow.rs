@@ -220,7 +220,30 @@ async fn installed(cluster: &Cluster, instances: &[InstanceRow]) -> anyhow::Resu
         .await?;
         brokers.push((instance.name.clone(), instance.description.clone(), output));
     }
-    Ok(Installed { pods, brokers })
+    let mut unmonitored = Vec::new();
+    for component in ["driver-controller", "broker-controller"] {
+        let text = component_metrics(cluster, component).await?;
+        let missing = akri_testing::monitoring::missing(component, &text)?;
+        unmonitored.push((component.to_string(), missing));
+    }
+    Ok(Installed {
+        pods,
+        brokers,
+        unmonitored,
+    })
+}
+
+/// The `/metrics` of a running pod of the chart's `component`, through the API server.
+async fn component_metrics(cluster: &Cluster, component: &str) -> anyhow::Result<String> {
+    let pods = Api::<Pod>::namespaced(cluster.client.clone(), NAMESPACE);
+    let label = format!("app.kubernetes.io/component={component}");
+    let listed = pods.list(&ListParams::default().labels(&label)).await?;
+    let pod = (listed.items.first())
+        .and_then(|p| p.metadata.name.clone())
+        .ok_or_else(|| anyhow::anyhow!("no {component} pod"))?;
+    let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:8080/proxy/metrics");
+    let request = http::Request::get(path).body(Vec::new())?;
+    Ok(cluster.client.request_text(request).await?)
 }
 
 /// The CDI devices (`<kind>=<name>`) of the specs in a real node's CDI directory: what the

@@ -41,6 +41,9 @@ pub struct Installed {
     pub pods: Vec<(String, String, String, String, bool)>,
     /// (Instance, its description, what its broker Job's container printed)
     pub brokers: Vec<(String, String, String)>,
+    /// Per controller, the metrics the chart's alerts and dashboard query of it that its
+    /// running pod's `/metrics` does not export (the node's components: the upgrade test's).
+    pub unmonitored: Vec<(String, Vec<String>)>,
 }
 
 pub struct Report {
@@ -274,6 +277,12 @@ impl Report {
                 expect(
                     running(component, None),
                     format!("no ready {component} pod: {:?}", installed.pods),
+                );
+            }
+            for (component, missing) in &installed.unmonitored {
+                expect(
+                    missing.is_empty(),
+                    format!("the chart's alerts and dashboard query what the {component} does not export: {missing:?}"),
                 );
             }
             for (instance, description) in [(&lobby, "lobby"), (&dock, "dock")] {

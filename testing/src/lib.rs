@@ -33,6 +33,7 @@ mod kubelet_peer;
 mod loop_device;
 pub mod peers;
 mod process;
+pub mod monitoring;
 pub mod product;
 mod proxy;
 pub mod rbac;
