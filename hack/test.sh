@@ -75,7 +75,6 @@ clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache 
   build k8s hack/go-compile.sh hack/k8s-bins.sh
   build node-bins hack/go-compile.sh hack/node-bins.sh
   build helm hack/go-compile.sh hack/helm.sh
-  build promtool hack/go-compile.sh hack/promtool.sh
   clean_go_caches
   # 1.33 first: its steps come after the demo, the move and the upgrade, one after another,
   # and end the run, while the 1.34 lane runs beside them. 1.34 runs no kube-proxy and no
@@ -83,6 +82,9 @@ clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache 
   build k8s-1.33.13 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.33.13
   build k8s-1.34.4 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.34.4 \
     kube-apiserver kubelet kube-scheduler kube-controller-manager
+  # Last: only the 1.34 lane's last step needs it.
+  build promtool nice -n 19 ionice -c 3 hack/go-compile.sh hack/promtool.sh
+  clean_go_caches
 ) &
 go_builds=$!
 build images nice -n 10 ionice -c 3 hack/images.sh &
@@ -140,19 +142,17 @@ step "containerd, runc, CNI plugins and images for the real test node (reused wh
 wait_for node-bins "$go_builds"
 step "Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
 wait_for helm "$go_builds"
-step "promtool, for the chart's alert tests (built from the Go module proxy, reused when up to date)"
-wait_for promtool "$go_builds"
 # The node agent's suite (8 of the 16 minutes of tests here) beside all the others: both mostly
 # wait on timers. Real nodes and control planes of two test processes keep apart (their own
 # directories, ports and network blocks); the suites with kube-proxy run one at a time below.
-step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade:: and reachability:: run after the images are built, legacy_only:: on Kubernetes 1.33 below)"
+step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade:: and reachability:: run after the images are built, legacy_only:: on Kubernetes 1.33 below, monitoring:: once promtool is built)"
 beside node_agent_suite counted cargo test --workspace --test node_agent
 other_tests=()
 for target in $(cargo metadata --no-deps --format-version 1 |
   jq -r '.packages[].targets[] | select(.kind | index("test")) | .name' | sort -u); do
   [ "$target" = node_agent ] || other_tests+=(--test "$target")
 done
-counted cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability::
+counted cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability:: --skip monitoring::
 counted cargo test --workspace --doc
 joined node_agent_suite
 # Two lanes from here: the suites on 1.34 (no kube-proxy) beside the demo, the move off Akri,
@@ -171,6 +171,10 @@ k8s_1_34_steps() {
   AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test node_agent real_node:: || return
   step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step)"
   AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test cluster chart:: || return
+  step "promtool (built from the Go module proxy after the Kubernetes builds, reused when up to date)"
+  wait_for promtool "$go_builds" || return
+  step "the chart's alerts (promtool check rules, promtool test rules) and its dashboard"
+  counted cargo test --workspace --test cluster monitoring:: || return
 }
 step "the 1.34 lane starts (its output comes at the end)"
 beside k8s_1_34_lane k8s_1_34_steps

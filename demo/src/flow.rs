@@ -233,17 +233,19 @@ async fn installed(cluster: &Cluster, instances: &[InstanceRow]) -> anyhow::Resu
     })
 }
 
-/// The `/metrics` of a running pod of the chart's `component`, through the API server.
+/// The `/metrics` of every running pod of the chart's `component` (only the leading replica
+/// of a controller writes and reconciles), through the API server.
 async fn component_metrics(cluster: &Cluster, component: &str) -> anyhow::Result<String> {
     let pods = Api::<Pod>::namespaced(cluster.client.clone(), NAMESPACE);
     let label = format!("app.kubernetes.io/component={component}");
     let listed = pods.list(&ListParams::default().labels(&label)).await?;
-    let pod = (listed.items.first())
-        .and_then(|p| p.metadata.name.clone())
-        .ok_or_else(|| anyhow::anyhow!("no {component} pod"))?;
-    let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:8080/proxy/metrics");
-    let request = http::Request::get(path).body(Vec::new())?;
-    Ok(cluster.client.request_text(request).await?)
+    let mut text = String::new();
+    for pod in listed.items.iter().filter_map(|p| p.metadata.name.as_ref()) {
+        let path = format!("/api/v1/namespaces/{NAMESPACE}/pods/{pod}:8080/proxy/metrics");
+        let request = http::Request::get(path).body(Vec::new())?;
+        text.push_str(&cluster.client.request_text(request).await?);
+    }
+    Ok(text)
 }
 
 /// The CDI devices (`<kind>=<name>`) of the specs in a real node's CDI directory: what the

@@ -282,7 +282,9 @@ impl Report {
             for (component, missing) in &installed.unmonitored {
                 expect(
                     missing.is_empty(),
-                    format!("the chart's alerts and dashboard query what the {component} does not export: {missing:?}"),
+                    format!(
+                        "the chart's alerts and dashboard query what the {component} does not export: {missing:?}"
+                    ),
                 );
             }
             for (instance, description) in [(&lobby, "lobby"), (&dock, "dock")] {

@@ -21,8 +21,9 @@ pub fn queries() -> Result<Vec<String>, Error> {
     let read = |path: &str| {
         std::fs::read_to_string(repo().join(path)).map_err(Error::io("read the chart's file"))
     };
-    let rules: serde_yaml::Value = serde_yaml::from_str(&read("charts/akri/files/prometheus-rules.yaml")?)
-        .map_err(|e| Error::Other(format!("prometheus-rules.yaml: {e}")))?;
+    let rules: serde_yaml::Value =
+        serde_yaml::from_str(&read("charts/akri/files/prometheus-rules.yaml")?)
+            .map_err(|e| Error::Other(format!("prometheus-rules.yaml: {e}")))?;
     let mut queries = Vec::new();
     for group in rules["groups"].as_sequence().into_iter().flatten() {
         for rule in group["rules"].as_sequence().into_iter().flatten() {
@@ -37,7 +38,11 @@ pub fn queries() -> Result<Vec<String>, Error> {
             queries.extend(target["expr"].as_str().map(str::to_string));
         }
     }
-    for variable in dashboard["templating"]["list"].as_array().into_iter().flatten() {
+    for variable in dashboard["templating"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
         if variable["type"] == "query" {
             queries.extend(variable["query"].as_str().map(str::to_string));
         }
@@ -99,7 +104,10 @@ pub fn exported(text: &str) -> BTreeSet<String> {
 pub fn missing(component: &str, text: &str) -> Result<Vec<String>, Error> {
     let exported = exported(text);
     let queried = queried()?.remove(component).unwrap_or_default();
-    Ok(queried.into_iter().filter(|n| !exported.contains(n)).collect())
+    Ok(queried
+        .into_iter()
+        .filter(|n| !exported.contains(n))
+        .collect())
 }
 
 /// promtool, as `hack/promtool.sh` builds it; an error that says so without it.

@@ -32,10 +32,10 @@ use akri_testing::from_json;
 
 /// Helm (`akri_testing::product::Helm`), failing the test (never skipping) when it is missing
 /// or a run that must succeed fails.
-struct Helm(product::Helm);
+pub(crate) struct Helm(product::Helm);
 
 impl Helm {
-    fn new() -> Helm {
+    pub(crate) fn new() -> Helm {
         Helm(product::Helm::new().unwrap())
     }
 
@@ -49,7 +49,12 @@ impl Helm {
     }
 
     /// `helm template` as objects.
-    async fn template(&self, release: &str, namespace: &str, extra: &[&str]) -> Vec<Value> {
+    pub(crate) async fn template(
+        &self,
+        release: &str,
+        namespace: &str,
+        extra: &[&str],
+    ) -> Vec<Value> {
         let chart = chart();
         let mut args = vec!["template", release, &chart, "--namespace", namespace];
         args.extend_from_slice(extra);
@@ -69,18 +74,18 @@ fn parse_manifest(yaml: &str) -> Vec<Value> {
         .collect()
 }
 
-fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
+pub(crate) fn find<'a>(objects: &'a [Value], kind: &str, name: &str) -> &'a Value {
     objects
         .iter()
         .find(|o| o["kind"] == kind && o["metadata"]["name"] == name)
         .unwrap_or_else(|| panic!("no {kind} {name} in {:#?}", names(objects)))
 }
 
-fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
+pub(crate) fn of_kind<'a>(objects: &'a [Value], kind: &str) -> Vec<&'a Value> {
     objects.iter().filter(|o| o["kind"] == kind).collect()
 }
 
-fn names(objects: &[Value]) -> Vec<String> {
+pub(crate) fn names(objects: &[Value]) -> Vec<String> {
     objects
         .iter()
         .map(|o| format!("{} {}", o["kind"], o["metadata"]["name"]))
@@ -480,9 +485,13 @@ async fn template_renders_every_option_of_the_full_values() {
     find(&objects, "ServiceAccount", "edge-akri-broker-controller");
     assert_eq!(
         of_kind(&objects, "ServiceMonitor").len(),
-        3,
-        "one per component"
+        3 + 4,
+        "one per component: the kubelet-plugin, the controllers and the 4 handlers"
     );
+    let rule = find(&objects, "PrometheusRule", "edge-akri");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let dashboard = find(&objects, "ConfigMap", "edge-akri-grafana-dashboard");
+    assert_eq!(dashboard["metadata"]["namespace"], "monitoring");
 
     // Secret and ConfigMap reads only in the listed namespaces.
     let bindings: Vec<_> = of_kind(&objects, "RoleBinding")
@@ -1012,8 +1021,13 @@ async fn installed() -> &'static Installed {
                 &kubeconfig,
                 "-f",
                 &full,
+                // No prometheus-operator CRDs here, and no `monitoring` namespace.
                 "--set",
                 "metrics.serviceMonitor.enabled=false",
+                "--set",
+                "metrics.prometheusRule.enabled=false",
+                "--set",
+                "metrics.grafanaDashboard.namespace=",
             ])
             .await;
             eprintln!(
@@ -1044,13 +1058,13 @@ async fn install_creates_every_object_of_both_releases() {
     // bindings, 3 Services, the DaemonSet, 2 Deployments, 7 admission policies and their
     // bindings. edge: the Secret reads bound by 2 RoleBindings instead of a
     // ClusterRoleBinding, the broker kinds by a RoleBinding in one namespace, 4
-    // DiscoveryConfigurations, 4 discovery handlers' DaemonSets and ServiceAccounts,
-    // legacy mode's Configuration admission policy and its binding, the driver-controller's
-    // Role and RoleBinding in the legacy namespace (gone nodes' slots), and the
-    // kubelet-plugin's Instances bound there too.
+    // DiscoveryConfigurations, 4 discovery handlers' DaemonSets, ServiceAccounts and metrics
+    // Services, legacy mode's Configuration admission policy and its binding, the
+    // driver-controller's Role and RoleBinding in the legacy namespace (gone nodes' slots),
+    // the kubelet-plugin's Instances bound there too, and the Grafana dashboard's ConfigMap.
     for (release, ns, expected) in [
         ("akri", &installed.default_ns, 41),
-        ("edge", &installed.full_ns, 59),
+        ("edge", &installed.full_ns, 64),
     ] {
         let status: Value = serde_json::from_str(
             &helm
@@ -2976,85 +2990,4 @@ async fn only_the_driver_controller_writes_the_config_maps_nodes_read() {
             .await
             .expect("the driver-controller deletes it");
     }
-}
-
-/// The alerts as the chart renders them (`metrics.prometheusRule.enabled`): a rule file
-/// promtool accepts, whose every alert passes its unit tests (`testing/alerts/akri.test.yaml`:
-/// silent while things are well or before its `for`, firing with its labels and text once
-/// the failure it names lasted); and the dashboard's ConfigMap (`metrics.grafanaDashboard`),
-/// which holds the chart's dashboard, labelled for Grafana's sidecar.
-#[tokio::test]
-async fn the_alerts_pass_promtool_and_the_dashboard_ships() {
-    let helm = Helm::new();
-    let set = [
-        "--set",
-        "metrics.prometheusRule.enabled=true",
-        "--set",
-        "metrics.grafanaDashboard.enabled=true",
-    ];
-    let objects = helm.template("akri", "akri", &set).await;
-    let rule = find(&objects, "PrometheusRule", "akri");
-    let dir = tempfile::tempdir().unwrap();
-    let rules = serde_yaml::to_string(&rule["spec"]).unwrap();
-    std::fs::write(dir.path().join("rules.yaml"), &rules).unwrap();
-    std::fs::copy(
-        repo().join("testing/alerts/akri.test.yaml"),
-        dir.path().join("akri.test.yaml"),
-    )
-    .unwrap();
-    let promtool = akri_testing::monitoring::promtool().unwrap();
-    for args in [
-        ["check", "rules", "rules.yaml"],
-        ["test", "rules", "akri.test.yaml"],
-    ] {
-        let run = std::process::Command::new(&promtool)
-            .args(args)
-            .current_dir(dir.path())
-            .output()
-            .unwrap();
-        assert!(
-            run.status.success(),
-            "promtool {}:\n{}{}",
-            args.join(" "),
-            String::from_utf8_lossy(&run.stdout),
-            String::from_utf8_lossy(&run.stderr)
-        );
-    }
-    // Every alert has its tests.
-    let alerts: std::collections::BTreeSet<String> = (rule["spec"]["groups"].as_array())
-        .into_iter()
-        .flatten()
-        .flat_map(|g| g["rules"].as_array().into_iter().flatten())
-        .filter_map(|r| r["alert"].as_str().map(str::to_string))
-        .collect();
-    let tests: serde_yaml::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(repo().join("testing/alerts/akri.test.yaml")).unwrap(),
-    )
-    .unwrap();
-    let tested: std::collections::BTreeSet<String> = (tests["tests"].as_sequence())
-        .into_iter()
-        .flatten()
-        .flat_map(|t| t["alert_rule_test"].as_sequence().into_iter().flatten())
-        .filter_map(|t| t["alertname"].as_str().map(str::to_string))
-        .collect();
-    assert_eq!(alerts, tested, "alerts and the alerts tested");
-    assert_eq!(alerts.len(), 7, "{alerts:?}");
-
-    let dashboard = find(&objects, "ConfigMap", "akri-grafana-dashboard");
-    assert_eq!(dashboard["metadata"]["labels"]["grafana_dashboard"], "1");
-    let shipped: Value =
-        serde_json::from_str(dashboard["data"]["akri.json"].as_str().unwrap()).unwrap();
-    let file: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo().join("charts/akri/files/grafana-dashboard.json")).unwrap(),
-    )
-    .unwrap();
-    assert_eq!(shipped, file);
-    // Both are opt-in.
-    let default = helm.template("akri", "akri", &[]).await;
-    assert!(of_kind(&default, "PrometheusRule").is_empty());
-    assert!(
-        (default.iter()).all(|o| o["metadata"]["name"] != "akri-grafana-dashboard"),
-        "{:?}",
-        names(&default)
-    );
 }

@@ -4,6 +4,7 @@
 mod akri_move;
 mod chart;
 mod legacy_only;
+mod monitoring;
 mod network;
 mod reachability;
 mod real_node;

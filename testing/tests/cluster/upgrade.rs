@@ -304,22 +304,29 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         "the legacy slot {slot:?} moved"
     );
     // The running components export every metric the chart's alerts and dashboard query of
-    // them (the broker-controller's, which this install leaves out: the demo's check).
-    for (component, selector, port) in [
+    // them (the broker-controller's, which this install leaves out: the demo's check). With
+    // DRA: a family is exported once it has a sample (claims prepared, pools published).
+    let components = [
         ("kubelet-plugin", "kubelet-plugin", 8080),
         ("driver-controller", "driver-controller", 8080),
         ("discovery-handler", "debug-echo-discovery-handler", 8094),
-    ] {
+    ];
+    for (component, selector, port) in components.into_iter().filter(|_| dra) {
+        // Every replica's (only the leading driver-controller writes and reconciles).
         let label = format!("app.kubernetes.io/component={selector}");
-        let listed = akri_pods.list(&ListParams::default().labels(&label)).await.unwrap();
-        let pod = listed.items[0].metadata.name.clone().unwrap();
-        let path = format!("/api/v1/namespaces/akri/pods/{pod}:{port}/proxy/metrics");
-        let request = http::Request::get(path).body(Vec::new()).unwrap();
-        let text = client.request_text(request).await.unwrap();
+        let listed = (akri_pods.list(&ListParams::default().labels(&label)))
+            .await
+            .unwrap();
+        let mut text = String::new();
+        for pod in listed.items.iter().filter_map(|p| p.metadata.name.as_ref()) {
+            let path = format!("/api/v1/namespaces/akri/pods/{pod}:{port}/proxy/metrics");
+            let request = http::Request::get(path).body(Vec::new()).unwrap();
+            text.push_str(&client.request_text(request).await.unwrap());
+        }
         let missing = akri_testing::monitoring::missing(component, &text).unwrap();
         assert!(
             missing.is_empty(),
-            "the alerts and dashboard query what {pod} does not export: {missing:?}\n{text}"
+            "the alerts and dashboard query what no {selector} pod exports: {missing:?}\n{text}"
         );
     }
     at_rest.print("at rest");
