@@ -46,6 +46,18 @@ impl Default for Metrics {
             "1 while this replica holds the Lease",
             leader.clone(),
         );
+        // Every series at 0 from the start: a rate over a first refusal has a sample before
+        // it (an alert sees the first one).
+        for result in ["apply", "delete", "refused"] {
+            drop(writes.get_or_create(&WriteLabels {
+                result: result.into(),
+            }));
+        }
+        for result in ["ok", "error"] {
+            drop(reconciles.get_or_create(&WriteLabels {
+                result: result.into(),
+            }));
+        }
         Metrics {
             registry: Arc::new(registry),
             writes,

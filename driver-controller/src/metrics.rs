@@ -59,6 +59,19 @@ impl Default for Metrics {
             "Shared devices published by this replica (slot devices counted one by one)",
             shared_devices.clone(),
         );
+        // Every series at 0 from the start: a rate over a first error has a sample before it
+        // (an alert sees the first failure), and a replica that never wrote still says so.
+        for (resource, verb) in WRITES {
+            drop(writes.get_or_create(&WriteLabels {
+                resource: resource.into(),
+                verb: verb.into(),
+            }));
+        }
+        for result in ["ok", "error"] {
+            drop(reconciles.get_or_create(&ResultLabels {
+                result: result.into(),
+            }));
+        }
         Metrics {
             registry: Arc::new(registry),
             writes,
@@ -68,6 +81,18 @@ impl Default for Metrics {
         }
     }
 }
+
+/// The `(resource, verb)` of every write it counts ([`Metrics::wrote`]).
+const WRITES: [(&str, &str); 8] = [
+    ("deviceclass", "apply"),
+    ("deviceclass", "delete"),
+    ("resourceslice", "apply"),
+    ("resourceslice", "delete"),
+    ("status", "apply"),
+    ("status", "forget-node"),
+    ("instance", "forget-node"),
+    ("instance", "free-slot"),
+];
 
 impl Metrics {
     /// Counts `n` writes.

@@ -84,6 +84,20 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// `driver` is served: its series exist from now on, at 0 (a rate over a first failed
+    /// prepare has a sample before it, so an alert sees the first failure).
+    pub fn serving(&self, driver: &str) {
+        for result in ["ok", "error"] {
+            drop(self.prepare_seconds.get_or_create(&PrepareLabels {
+                driver: driver.into(),
+                result: result.into(),
+            }));
+        }
+        drop(self.devices_published.get_or_create(&DriverLabels {
+            driver: driver.into(),
+        }));
+    }
+
     pub fn prepared(&self, driver: &str, ok: bool, took: Duration) {
         self.prepare_seconds
             .get_or_create(&PrepareLabels {

@@ -35,6 +35,10 @@ impl Default for Health {
             "Registrations with the node agent, by result (ok, error); a registered handler registers again every 30 s",
             registrations.clone(),
         );
+        // Both series at 0 from the start: a rate over a first failure has a sample before it.
+        for result in ["ok", "error"] {
+            drop(registrations.get_or_create(&vec![("result".to_string(), result.to_string())]));
+        }
         let readiness = Readiness::default();
         readiness.not_ready("not registered with the node agent yet");
         Health {

@@ -105,6 +105,7 @@ impl DraSink {
             cdi,
             devices: self.devices.clone(),
         };
+        self.metrics.serving(driver);
         let checkpoint = options.state_dir.join(format!("{driver}-checkpoint.json"));
         let timed = Timed {
             inner: akri_driver,
