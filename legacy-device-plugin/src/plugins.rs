@@ -440,6 +440,20 @@ impl AkriPlugin {
         }
     }
 
+    /// Marks slots this node claims as settling from now (`true`: the reclaim leaves them
+    /// alone for [`CLAIM_SETTLE`]), or forgets them (a claim that was not written).
+    fn settling(&self, keys: &[(String, String, String)], settling: bool) {
+        let now = Instant::now();
+        let mut claimed = self.shared.claimed.lock().expect("claimed");
+        claimed.retain(|_, at| now.duration_since(*at) < CLAIM_SETTLE);
+        for key in keys {
+            match settling {
+                true => claimed.insert(key.clone(), now),
+                false => claimed.remove(key),
+            };
+        }
+    }
+
     async fn try_allocate(
         &self,
         requests: &[Vec<String>],
@@ -469,20 +483,16 @@ impl AkriPlugin {
             };
             let per_container = decided.map_err(|e| Status::failed_precondition(e.to_string()))?;
             let all: Vec<SlotClaim> = per_container.iter().flatten().cloned().collect();
+            let keys: Vec<(String, String, String)> = (all.iter())
+                .map(|c| (self.namespace.clone(), c.instance.clone(), c.slot.clone()))
+                .collect();
+            // Settling from before the write: the Instance's watch event can reach the view
+            // before the write's answer does, and a slot held with no container yet (the
+            // kubelet records it after Allocate returns) must not be reclaimed meanwhile.
+            self.settling(&keys, true);
             match claims::write(&self.api(), &all).await {
                 Ok(written) => {
-                    let now = Instant::now();
-                    let mut claimed = self.shared.claimed.lock().expect("claimed");
-                    claimed.retain(|_, at| now.duration_since(*at) < CLAIM_SETTLE);
-                    for claim in &all {
-                        let key = (
-                            self.namespace.clone(),
-                            claim.instance.clone(),
-                            claim.slot.clone(),
-                        );
-                        claimed.insert(key, now);
-                    }
-                    drop(claimed);
+                    self.settling(&keys, true);
                     let writes = all.iter().filter(|c| c.writes()).count();
                     self.shared
                         .counters
@@ -494,6 +504,7 @@ impl AkriPlugin {
                     return Ok(per_container.iter().map(|c| self.response(c)).collect());
                 }
                 Err(error) => {
+                    self.settling(&keys, false);
                     let touched: BTreeSet<String> =
                         all.iter().map(|c| c.instance.clone()).collect();
                     self.reread(&touched.into_iter().collect::<Vec<_>>()).await;
