@@ -11,5 +11,7 @@
 set -euo pipefail
 
 version=${PROMETHEUS_VERSION:-v0.316.0}
-GO_TOOL_CALLER="$0" exec "$(dirname "$0")/go-tool.sh" promtool \
+# Without the service discovery plugins (AWS, Azure, GCE, ...: Prometheus' own build tag), which
+# rule tests never use: 2 min 25 s instead of about 3.5 min from an empty build cache.
+GO_TOOL_TAGS=remove_all_sd GO_TOOL_CALLER="$0" exec "$(dirname "$0")/go-tool.sh" promtool \
   "github.com/prometheus/prometheus/cmd/promtool" "$version" "" --version
