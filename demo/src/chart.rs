@@ -6,7 +6,7 @@
 
 use crate::cluster::NAMESPACE;
 use akri_testing::product::Helm;
-pub use akri_testing::product::{Images, REGISTRY, repo};
+pub use akri_testing::product::{Images, REGISTRY, repo, shell};
 use std::path::Path;
 
 /// The release's name.
@@ -45,34 +45,5 @@ pub async fn helm(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<()> {
     let mut args = args.to_vec();
     args.extend(["--kubeconfig", &kubeconfig]);
     Helm::new()?.ok(&args).await?;
-    Ok(())
-}
-
-/// Runs a shell script as a user's shell would, in the repository, against the cluster of
-/// `kubeconfig`, with this cluster's `kubectl` and our Helm first on `PATH`; stops at the
-/// first failing command.
-pub fn shell(kubeconfig: &Path, kubectl: &Path, script: &str) -> anyhow::Result<()> {
-    let helm = Helm::new()?;
-    let dirs =
-        [kubectl, helm.bin()].map(|b| b.parent().unwrap_or(Path::new(".")).display().to_string());
-    let path = format!(
-        "{}:{}:{}",
-        dirs[0],
-        dirs[1],
-        std::env::var("PATH").unwrap_or_default()
-    );
-    let output = std::process::Command::new("sh")
-        .args(["-c", &format!("set -e\n{script}")])
-        .current_dir(repo())
-        .env("PATH", path)
-        .env("KUBECONFIG", kubeconfig)
-        .envs(helm.env())
-        .output()?;
-    anyhow::ensure!(
-        output.status.success(),
-        "sh -c {script:?} failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
     Ok(())
 }

@@ -122,6 +122,7 @@ pub async fn upgrade(cluster: &Cluster, images: &Images) -> anyhow::Result<Vec<S
             cluster.kubectl(&[
                 "apply",
                 "--server-side",
+                "--force-conflicts",
                 "-f",
                 &chart::repo().join("charts/akri/crds").display().to_string(),
             ])?;
@@ -133,7 +134,7 @@ pub async fn upgrade(cluster: &Cluster, images: &Images) -> anyhow::Result<Vec<S
                     "charts/akri",
                     "--namespace",
                     NAMESPACE,
-                    "--reuse-values",
+                    "--reset-then-reuse-values",
                     "--set",
                     &format!("image.tag={tag}"),
                     "--set",
@@ -270,29 +271,21 @@ pub async fn upgrade(cluster: &Cluster, images: &Images) -> anyhow::Result<Vec<S
     Ok(problems)
 }
 
-/// The `bash` blocks of `docs/operations.md`'s "Uninstall" section.
-fn uninstall_blocks() -> anyhow::Result<Vec<String>> {
-    let text = std::fs::read_to_string(chart::repo().join("docs/operations.md"))?;
-    let section = text
-        .split("\n## ")
-        .find(|s| s.starts_with("Uninstall\n"))
-        .ok_or_else(|| anyhow::anyhow!("docs/operations.md has no Uninstall section"))?;
-    let blocks: Vec<String> = section
-        .split("```bash\n")
-        .skip(1)
-        .filter_map(|b| b.split("```").next())
-        .map(str::to_string)
-        .collect();
-    anyhow::ensure!(
-        blocks.len() == 2,
-        "want the cluster's and the node's bash blocks in Uninstall: {blocks:?}"
-    );
-    Ok(blocks)
+/// The `bash` blocks of `docs/operations.md`'s "Uninstall" section: the cluster's, the one for
+/// Akri's CRDs (the demo runs no Akri), and each node's.
+fn uninstall_blocks() -> anyhow::Result<[String; 3]> {
+    let doc = chart::repo().join("docs/operations.md");
+    let blocks = akri_testing::docs::section_blocks(&doc, "Uninstall", &["bash"])?;
+    blocks.try_into().map_err(|blocks| {
+        anyhow::anyhow!(
+            "want the cluster's, Akri's CRDs' and the node's bash blocks in Uninstall: {blocks:?}"
+        )
+    })
 }
 
 /// The workloads deleted, then the docs' uninstall run as written; what is left.
 pub async fn uninstall(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
-    let blocks = uninstall_blocks()?;
+    let [cluster_block, akris_crds_block, node_block] = uninstall_blocks()?;
     // Their containers (`sleep` under `sh`) ignore SIGTERM: a short grace period.
     let examples = chart::repo().join("examples/debug-echo/03-claim-and-pod.yaml");
     let examples = examples.display().to_string();
@@ -309,7 +302,16 @@ pub async fn uninstall(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
     .await?;
     step(
         "docs/operations.md, Uninstall: the cluster's commands",
-        async { chart::shell(cluster.cp.kubeconfig(), &cluster.kubectl, &blocks[0]) },
+        chart::shell(cluster.cp.kubeconfig(), &[&cluster.kubectl], &cluster_block),
+    )
+    .await?;
+    step(
+        "docs/operations.md, Uninstall: Akri's CRDs, none of its objects being left",
+        chart::shell(
+            cluster.cp.kubeconfig(),
+            &[&cluster.kubectl],
+            &akris_crds_block,
+        ),
     )
     .await?;
     step(
@@ -317,7 +319,7 @@ pub async fn uninstall(cluster: &Cluster) -> anyhow::Result<Vec<String>> {
         async {
             for node in &cluster.nodes {
                 if let Kubelet::Real(real) = &node.kubelet {
-                    real.host_shell(&format!("set -e\n{}", blocks[1]))?;
+                    real.host_shell(&format!("set -e\n{}", node_block))?;
                 }
             }
             anyhow::Ok(())

@@ -1,13 +1,17 @@
 //! Akri's agent as the kubelet sees it, for tests of the move off Akri: the instance-level
 //! device plugin of one device, `akri.sh/<instance>` with slots `<instance>-<n>`, as Akri's
 //! agent registers it. Dropping it is what uninstalling Akri does to the node: the plugin's
-//! socket goes and nothing is cleaned up.
+//! socket goes and nothing is cleaned up. And Akri's CRDs, as its chart installs them.
 
 use device_plugin::plugin::Device;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
 use kubelet_proto::deviceplugin::v1beta1::ContainerAllocateResponse;
+use serde_json::json;
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::sync::watch;
 
 /// One device's instance-level plugin.
@@ -70,4 +74,61 @@ pub fn serve_instance(
         },
         Arc::new(plugin),
     )
+}
+
+/// Akri's CRDs as its chart installs them (Helm's field manager): Akri's Instance schema has
+/// no list type on `nodes` and no map type on `deviceUsage`.
+pub async fn akris_crds(client: &kube::Client) {
+    let crds = Api::<CustomResourceDefinition>::all(client.clone());
+    let params = PostParams {
+        field_manager: Some("helm".into()),
+        ..Default::default()
+    };
+    let crd = |kind: &str, plural: &str, spec: serde_json::Value| -> CustomResourceDefinition {
+        crate::from_json(json!({
+            "metadata": { "name": format!("{plural}.akri.sh") },
+            "spec": {
+                "group": "akri.sh", "scope": "Namespaced",
+                "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase() },
+                "versions": [{ "name": "v0", "served": true, "storage": true, "schema": { "openAPIV3Schema": {
+                    "type": "object", "properties": { "spec": spec },
+                } } }],
+            },
+        }))
+    };
+    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
+    for crd in [
+        crd(
+            "Configuration",
+            "configurations",
+            json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
+        ),
+        crd(
+            "Instance",
+            "instances",
+            json!({ "type": "object", "properties": {
+            "configurationName": { "type": "string" }, "cdiName": { "type": "string" },
+            "capacity": { "type": "integer" }, "brokerProperties": string_map,
+            "shared": { "type": "boolean" }, "nodes": { "type": "array", "items": { "type": "string" } },
+            "deviceUsage": string_map,
+        } }),
+        ),
+    ] {
+        crds.create(&params, &crd).await.unwrap();
+    }
+    for name in ["configurations.akri.sh", "instances.akri.sh"] {
+        crate::eventually_within(
+            &format!("{name} established"),
+            Duration::from_secs(60),
+            async || {
+                let crd = crds.get(name).await.ok()?;
+                let conditions = crd.status?.conditions?;
+                conditions
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True")
+                    .then_some(())
+            },
+        )
+        .await;
+    }
 }

@@ -149,6 +149,38 @@ pub fn kubectl<S: AsRef<std::ffi::OsStr>>(cp: &ControlPlane, args: &[S]) -> Resu
     }
 }
 
+/// Runs `script` as a user's shell would (`sh -c` with `set -e`: it stops at the first failing
+/// command), from the repository root, against the cluster of `kubeconfig`, with our Helm and
+/// `tools` (e.g. the control plane's `kubectl`) first on `PATH`: how a test runs the docs'
+/// blocks as written. What it printed, or an error with that.
+pub async fn shell(kubeconfig: &Path, tools: &[&Path], script: &str) -> Result<String, Error> {
+    let helm = Helm::new()?;
+    let dirs = (tools.iter().copied().chain([helm.bin()]))
+        .map(|b| b.parent().unwrap_or(Path::new(".")).to_path_buf());
+    let path = std::env::join_paths(dirs.chain(std::env::split_paths(
+        &std::env::var_os("PATH").unwrap_or_default(),
+    )))
+    .map_err(|e| Error::Other(format!("PATH: {e}")))?;
+    let output = tokio::process::Command::new("sh")
+        .args(["-c", &format!("set -e\n{script}")])
+        .current_dir(repo())
+        .env("PATH", path)
+        .env("KUBECONFIG", kubeconfig)
+        .envs(helm.env())
+        .output()
+        .await
+        .map_err(Error::io("run sh"))?;
+    let printed = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    match output.status.success() {
+        true => Ok(printed),
+        false => Err(Error::Other(format!("sh -c {script:?} failed:\n{printed}"))),
+    }
+}
+
 /// Helm as a process, with its own config, cache and data directories, run from the
 /// repository root (relative chart paths, as the docs write them, work).
 pub struct Helm {

@@ -44,11 +44,11 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
     ]);
     let node = images.on_new_node(&cp, NODE).await.expect("real node");
     let busybox = node.busybox_image().unwrap();
-    let mut doc = Doc::new(&cp, &images);
+    let mut doc = Doc::new(&cp);
 
     // Akri as it runs: its CRDs, the Configurations and Instances its agent wrote, its device
     // plugins, and a broker of each configuration holding a slot.
-    akris_crds(&client).await;
+    akri_testing::akris_agent::akris_crds(&client).await;
     Api::<Namespace>::all(client.clone())
         .create(
             &PostParams::default(),
@@ -236,20 +236,21 @@ struct Doc {
     path: String,
     kubeconfig: PathBuf,
     helm: Helm,
-    /// Appended to `helm install`: the images, the embedded debugEcho handler's shared
+    /// Appended to `helm install`: the embedded debugEcho handler's shared
     /// devices (the Instances Akri wrote are of shared devices), a short reclaim grace.
     install_values: Vec<String>,
 }
 
 impl Doc {
-    fn new(cp: &ControlPlane, images: &Images) -> Doc {
+    fn new(cp: &ControlPlane) -> Doc {
         let lines = akri_testing::docs::section_lines(
             &repo().join("docs/operations.md"),
             "Moving off Akri",
         )
         .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        for link in ["charts", "examples"] {
+        // The lines' relative paths: the chart, the examples, the images' tag.
+        for link in ["charts", "examples", "_output"] {
             std::os::unix::fs::symlink(repo().join(link), dir.path().join(link)).unwrap();
         }
         let migrate = repo().join("_output/bin/linux-amd64");
@@ -270,9 +271,7 @@ impl Doc {
         .chain(std::env::var("PATH").ok())
         .collect::<Vec<_>>()
         .join(":");
-        let [registry, tag] = images.values();
-        let mut install_values = vec![registry, tag];
-        install_values.extend([
+        let install_values = Vec::from([
             "kubeletPlugin.debugEcho.enabled=true".to_string(),
             "kubeletPlugin.debugEcho.shared=true".to_string(),
             format!("legacyDevicePlugin.slotReclaimGraceSeconds={RECLAIM_GRACE_SECONDS}"),
@@ -343,59 +342,6 @@ impl Doc {
             String::from_utf8_lossy(&output.stderr)
         );
         eprintln!("ran: {line}");
-    }
-}
-
-/// Akri's CRDs as its chart installs them (Helm's field manager): Akri's Instance schema has
-/// no list type on `nodes` and no map type on `deviceUsage`.
-async fn akris_crds(client: &kube::Client) {
-    let crds = Api::<CustomResourceDefinition>::all(client.clone());
-    let params = PostParams {
-        field_manager: Some("helm".into()),
-        ..Default::default()
-    };
-    let crd = |kind: &str, plural: &str, spec: serde_json::Value| -> CustomResourceDefinition {
-        from_json(json!({
-            "metadata": { "name": format!("{plural}.akri.sh") },
-            "spec": {
-                "group": "akri.sh", "scope": "Namespaced",
-                "names": { "kind": kind, "plural": plural, "singular": kind.to_lowercase() },
-                "versions": [{ "name": "v0", "served": true, "storage": true, "schema": { "openAPIV3Schema": {
-                    "type": "object", "properties": { "spec": spec },
-                } } }],
-            },
-        }))
-    };
-    let string_map = json!({ "type": "object", "additionalProperties": { "type": "string" } });
-    for crd in [
-        crd(
-            "Configuration",
-            "configurations",
-            json!({ "type": "object", "x-kubernetes-preserve-unknown-fields": true }),
-        ),
-        crd(
-            "Instance",
-            "instances",
-            json!({ "type": "object", "properties": {
-            "configurationName": { "type": "string" }, "cdiName": { "type": "string" },
-            "capacity": { "type": "integer" }, "brokerProperties": string_map,
-            "shared": { "type": "boolean" }, "nodes": { "type": "array", "items": { "type": "string" } },
-            "deviceUsage": string_map,
-        } }),
-        ),
-    ] {
-        crds.create(&params, &crd).await.unwrap();
-    }
-    for name in ["configurations.akri.sh", "instances.akri.sh"] {
-        akri_testing::eventually_within(&format!("{name} established"), WAIT, async || {
-            let crd = crds.get(name).await.ok()?;
-            let conditions = crd.status?.conditions?;
-            conditions
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(())
-        })
-        .await;
     }
 }
 

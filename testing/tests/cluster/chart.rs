@@ -2112,9 +2112,7 @@ async fn the_documented_helm_commands_work() {
         let mut releases = Vec::new();
         for command in commands {
             let words: Vec<&str> = command.split_whitespace().collect();
-            let mut args = words[1..].to_vec();
-            args.extend(["--kubeconfig", &kubeconfig]);
-            helm.ok(&args).await;
+            (product::shell(cp.kubeconfig(), &[], command).await).unwrap_or_else(|e| panic!("{e}"));
             if words[1] == "install" {
                 releases.push((words[2].to_string(), namespace_of(&words)));
             }

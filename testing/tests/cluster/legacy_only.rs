@@ -10,7 +10,7 @@
 //! DaemonSet, to show how the chart contains a handler pod.
 
 use akri_api::v0::{Configuration, Instance};
-use akri_testing::product::{Helm, Images, kubectl, repo};
+use akri_testing::product::{Images, repo, shell};
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -72,42 +72,24 @@ async fn cluster() -> Cluster {
             for name in NODES {
                 nodes.push(images.on_new_node(&cp, name).await.expect("real node"));
             }
-            // The commands docs/operations.md gives for clusters without DRA, as written,
-            // plus the images' values and what the tests need (a short reclaim grace, the
-            // embedded debugEcho handler's devices shared between the nodes).
+            // The commands docs/operations.md gives for clusters without DRA, as written (the
+            // images are on the nodes under the registry and tag they name), plus what the
+            // tests need: a short reclaim grace, the embedded debugEcho handler's devices shared
+            // between the nodes, and a handler as its own DaemonSet, for its containment (no
+            // configuration uses it).
             // The namespace the documented install lists (legacyDevicePlugin.namespaces): a
             // user's, there before the install (the chart grants the driver-controller its
             // Instances there).
             let ns = cp.create_namespace_named(USERS).await.unwrap();
             let [kubectl_line, helm_line] = documented_commands();
-            let kubectl_args: Vec<&str> = kubectl_line.split_whitespace().skip(1).collect();
-            kubectl(&cp, &kubectl_args).unwrap_or_else(|e| panic!("{kubectl_line}: {e}"));
-            let kubeconfig = cp.kubeconfig().display().to_string();
-            let [registry, tag] = images.values();
-            let grace =
-                format!("legacyDevicePlugin.slotReclaimGraceSeconds={RECLAIM_GRACE_SECONDS}");
-            let mut args: Vec<&str> = helm_line.split_whitespace().skip(1).collect();
-            args.extend([
-                "--kubeconfig",
-                &kubeconfig,
-                "--set",
-                &registry,
-                "--set",
-                &tag,
-            ]);
-            args.extend([
-                "--set",
-                &grace,
-                "--set",
-                "kubeletPlugin.debugEcho.enabled=true",
-            ]);
-            args.extend(["--set", "kubeletPlugin.debugEcho.shared=true"]);
-            // A handler as its own DaemonSet, for its containment (no configuration uses it).
-            args.extend(["--set", "discoveryHandlers.opcua.enabled=true"]);
-            args.extend(["--wait", "--timeout", "3m"]);
-            let helm = Helm::new().unwrap();
+            let kubectl_bin = cp.bins().require("kubectl").unwrap();
+            let install = format!(
+                "{kubectl_line}\n{helm_line} --set legacyDevicePlugin.slotReclaimGraceSeconds={RECLAIM_GRACE_SECONDS} \
+                 --set kubeletPlugin.debugEcho.enabled=true --set kubeletPlugin.debugEcho.shared=true \
+                 --set discoveryHandlers.opcua.enabled=true --wait --timeout 3m"
+            );
             let started = std::time::Instant::now();
-            let installed = helm.ok(&args).await;
+            let installed = shell(cp.kubeconfig(), &[&kubectl_bin], &install).await;
             if let Err(error) = installed {
                 panic!("{error}\n{}", plugin_logs(&client).await);
             }

@@ -9,4 +9,5 @@ mod network;
 mod reachability;
 mod real_node;
 mod startup;
+mod uninstall;
 mod upgrade;

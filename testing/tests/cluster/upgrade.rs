@@ -1,7 +1,9 @@
-//! An upgrade of the installed product as docs/operations.md "Upgrades" gives it, on a real node
-//! (containerd + the kubelet) with our images and the chart: `helm upgrade` to a rebuilt image
-//! (the same image under a new tag, so every pod is replaced, the external debugEcho
-//! handler's too) while pods keep starting and stopping on the node, each with a DRA claim (where the cluster serves DRA) and a legacy
+//! An upgrade of the installed product as docs/operations.md "Upgrades" gives it, its lines run
+//! as written, on a real node (containerd + the kubelet) with our images and the chart: from
+//! "the previous release" (the chart at another version whose BrokerTemplate CRD lacks a field,
+//! its images under another tag: the same binaries, so every pod is replaced, the external
+//! debugEcho handler's too) to this checkout's chart and images, while pods keep starting and
+//! stopping on the node, each with a DRA claim (where the cluster serves DRA) and a legacy
 //! device-plugin resource. The kubelet-plugin DaemonSet rolls with `maxSurge: 1`: the new pod
 //! serves beside the old one, which leaves only once the new one is ready. Checked: every pod
 //! started (none refused admission); against the kubelet's own metrics, no prepare or
@@ -11,7 +13,7 @@
 //! device-plugin client per resource, see `device_plugin::server`).
 
 use akri_api::v0::Instance;
-use akri_testing::product::{Helm, Images, kubectl, repo};
+use akri_testing::product::{Helm, Images, kubectl, repo, shell};
 use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
@@ -25,6 +27,8 @@ const USERS: &str = "apps";
 const WAIT: Duration = Duration::from_secs(180);
 /// The DiscoveryConfiguration the chart installs with `discoveryConfigurations.debugEcho`.
 const CLASS: &str = "akri-debug-echo";
+/// The previous release's image tag on the node.
+const PREVIOUS: &str = "previous";
 
 #[tokio::test]
 async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_slice() {
@@ -40,18 +44,22 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     let node = images.on_new_node(&cp, NODE).await.expect("real node");
     let busybox = node.busybox_image().unwrap();
 
-    // The product as the README installs it, with legacy mode on too, four debugEcho devices.
+    // The previous release as the README installs it, with legacy mode on too, four debugEcho
+    // devices.
     let kubeconfig = cp.kubeconfig().display().to_string();
     kubectl(&cp, &["apply", "-f", "examples/akri-namespace.yaml"]).unwrap();
     let helm = Helm::new().unwrap();
-    let [registry, tag] = images.values();
+    let previous = PreviousRelease::new();
+    images.tag_as(&node, PREVIOUS).await.unwrap();
+    let registry = images.values()[0].clone();
+    let tag = format!("image.tag={PREVIOUS}");
     // The users' namespace, whose v0 Configuration the legacy device plugins serve.
     let users = cp.create_namespace(USERS).await.unwrap();
     let served = format!("legacyDevicePlugin.namespaces={{{users}}}");
     helm.ok(&[
         "install",
         "akri",
-        "charts/akri",
+        &previous.chart(),
         "--namespace",
         "akri",
         "--kubeconfig",
@@ -159,45 +167,34 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     }
     let before_upgrade = scraper.snapshot().await;
 
-    // The upgrade, as the section gives it (to the same image under a new tag), while pods
-    // keep starting.
-    images.tag_as(&node, "rebuilt").await.unwrap();
+    // The upgrade, its lines as the section gives them, while pods keep starting.
     let lines =
         akri_testing::docs::section_lines(&repo().join("docs/operations.md"), "Upgrades").unwrap();
     let [crds, upgrade] = &lines[..2] else {
         panic!("{lines:?}")
     };
     assert!(
-        crds.starts_with("kubectl apply --server-side -f charts/akri/crds/"),
-        "{crds}"
+        crds.starts_with("kubectl apply --server-side") && upgrade.starts_with("helm upgrade akri"),
+        "{lines:?}"
     );
-    assert!(
-        upgrade.starts_with("helm upgrade akri charts/akri"),
-        "{upgrade}"
+    let kubectl_bin = cp.bins().require("kubectl").unwrap();
+    let run = async |line: &str| shell(cp.kubeconfig(), &[&kubectl_bin], line).await;
+    // Helm created the previous release's CRDs: without --force-conflicts, the changed schema
+    // is refused as a conflict with Helm's fields.
+    let unforced = crds.replace(" --force-conflicts", "");
+    let refused = (run(&unforced).await).expect_err("the CRDs applied without --force-conflicts");
+    assert!(refused.to_string().contains("conflict"), "{refused}");
+    run(crds).await.unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(
+        previous.crd_fields(&client).await,
+        PreviousRelease::current_crd_fields(),
+        "the CRD's schema after the upgrade's first line"
     );
-    let crds_args: Vec<&str> = crds.split_whitespace().skip(1).collect();
-    kubectl(&cp, &crds_args).unwrap_or_else(|e| panic!("{e}"));
-    let mut args: Vec<String> = upgrade
-        .split_whitespace()
-        .skip(1)
-        .map(String::from)
-        .collect();
-    args.extend(
-        [
-            "--kubeconfig",
-            &kubeconfig,
-            "--set",
-            "image.tag=rebuilt",
-            "--wait",
-            "--timeout",
-            "5m",
-        ]
-        .map(String::from),
-    );
-    let upgrading = tokio::spawn(async move {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        Helm::new().unwrap().ok(&args).await
-    });
+    let upgrade = upgrade.clone();
+    let shell_kubeconfig = cp.kubeconfig().to_path_buf();
+    let shell_kubectl = kubectl_bin.clone();
+    let upgrading =
+        tokio::spawn(async move { shell(&shell_kubeconfig, &[&shell_kubectl], &upgrade).await });
     let started = Instant::now();
     let sampler = {
         let nodes = nodes.clone();
@@ -227,7 +224,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .unwrap_or_else(|e| panic!("helm upgrade: {e}"));
     eprintln!("helm upgrade --wait took {:?}", started.elapsed());
 
-    // The plugin and the handler run the rebuilt image, one pod each (the handler's rolled
+    // The plugin and the handler run this checkout's images, one pod each (the handler's rolled
     // too: it registered again with whichever plugin served the node's registration socket).
     let akri_pods = Api::<Pod>::namespaced(client.clone(), "akri");
     let mut plugin = String::new();
@@ -241,7 +238,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
             .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
             .collect();
         assert!(
-            images_running.len() == 1 && images_running[0].ends_with(":rebuilt"),
+            images_running.len() == 1 && images_running[0].ends_with(&format!(":{}", images.tag)),
             "{component}: {images_running:?}"
         );
         if component == "kubelet-plugin" {
@@ -608,4 +605,88 @@ async fn kubelet_prepare(client: &kube::Client) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// "The previous release": this checkout's chart at version `<version>-previous`, whose
+/// BrokerTemplate CRD lacks its last field (a schema the upgrade changes).
+struct PreviousRelease {
+    dir: tempfile::TempDir,
+}
+
+const BROKER_TEMPLATES: &str = "brokertemplates.akri.sh";
+
+impl PreviousRelease {
+    fn new() -> PreviousRelease {
+        let dir = tempfile::tempdir().unwrap();
+        let copied = std::process::Command::new("cp")
+            .args(["-r", "charts/akri"])
+            .arg(dir.path())
+            .current_dir(repo())
+            .status()
+            .unwrap();
+        assert!(copied.success());
+        let release = PreviousRelease { dir };
+        let chart_yaml = release.path("Chart.yaml");
+        let chart: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&chart_yaml).unwrap()).unwrap();
+        let version = format!("{}-previous", chart["version"].as_str().unwrap());
+        let text = std::fs::read_to_string(&chart_yaml).unwrap();
+        let text = (text.lines())
+            .map(|line| match line.split_once(':') {
+                Some(("version", _)) => format!("version: {version}"),
+                Some(("appVersion", _)) => format!("appVersion: \"{version}\""),
+                _ => line.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(&chart_yaml, text).unwrap();
+        let crd_file = release.path(&format!("crds/{BROKER_TEMPLATES}.yaml"));
+        let mut crd: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(&crd_file).unwrap()).unwrap();
+        let fields = spec_fields_mut(&mut crd);
+        let last = fields.keys().last().unwrap().clone();
+        fields.remove(&last);
+        std::fs::write(&crd_file, serde_yaml::to_string(&crd).unwrap()).unwrap();
+        release
+    }
+
+    fn path(&self, file: &str) -> std::path::PathBuf {
+        self.dir.path().join("akri").join(file)
+    }
+
+    fn chart(&self) -> String {
+        self.path("").display().to_string()
+    }
+
+    /// The fields of the BrokerTemplate's spec in this checkout's CRD.
+    fn current_crd_fields() -> Vec<String> {
+        let file = repo().join(format!("charts/akri/crds/{BROKER_TEMPLATES}.yaml"));
+        let mut crd: serde_yaml::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
+        let fields = spec_fields_mut(&mut crd).keys();
+        let mut fields: Vec<String> = fields.map(|k| k.as_str().unwrap().to_string()).collect();
+        fields.sort();
+        fields
+    }
+
+    /// The fields of the BrokerTemplate's spec in the API server's CRD.
+    async fn crd_fields(&self, client: &kube::Client) -> Vec<String> {
+        use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+        let crd = Api::<CustomResourceDefinition>::all(client.clone())
+            .get(BROKER_TEMPLATES)
+            .await
+            .unwrap();
+        let mut crd: serde_yaml::Value = serde_yaml::to_value(&crd).unwrap();
+        let fields = spec_fields_mut(&mut crd).keys();
+        let mut fields: Vec<String> = fields.map(|k| k.as_str().unwrap().to_string()).collect();
+        fields.sort();
+        fields
+    }
+}
+
+/// The properties of `spec` in a CRD's first version's schema.
+fn spec_fields_mut(crd: &mut serde_yaml::Value) -> &mut serde_yaml::Mapping {
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        .as_mapping_mut()
+        .expect("the CRD's spec properties")
 }
