@@ -186,8 +186,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     assert!(refused.to_string().contains("conflict"), "{refused}");
     run(crds).await.unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(
-        previous.crd_fields(&client).await,
-        PreviousRelease::current_crd_fields(),
+        previous.crd_description(&client).await,
+        PreviousRelease::current_crd_description(),
         "the CRD's schema after the upgrade's first line"
     );
     let upgrade = upgrade.clone();
@@ -608,7 +608,7 @@ async fn kubelet_prepare(client: &kube::Client) -> String {
 }
 
 /// "The previous release": this checkout's chart at version `<version>-previous`, whose
-/// BrokerTemplate CRD lacks its last field (a schema the upgrade changes).
+/// BrokerTemplate CRD describes its spec otherwise (a schema the upgrade changes).
 struct PreviousRelease {
     dir: tempfile::TempDir,
 }
@@ -627,10 +627,9 @@ impl PreviousRelease {
         assert!(copied.success());
         let release = PreviousRelease { dir };
         let chart_yaml = release.path("Chart.yaml");
-        let chart: serde_yaml::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(&chart_yaml).unwrap()).unwrap();
-        let version = format!("{}-previous", chart["version"].as_str().unwrap());
         let text = std::fs::read_to_string(&chart_yaml).unwrap();
+        let chart: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+        let version = format!("{}-previous", chart["version"].as_str().unwrap());
         let text = (text.lines())
             .map(|line| match line.split_once(':') {
                 Some(("version", _)) => format!("version: {version}"),
@@ -643,9 +642,7 @@ impl PreviousRelease {
         let crd_file = release.path(&format!("crds/{BROKER_TEMPLATES}.yaml"));
         let mut crd: serde_yaml::Value =
             serde_yaml::from_str(&std::fs::read_to_string(&crd_file).unwrap()).unwrap();
-        let fields = spec_fields_mut(&mut crd);
-        let last = fields.keys().last().unwrap().clone();
-        fields.remove(&last);
+        *spec_description(&mut crd) = "The previous release's BrokerTemplate spec.".into();
         std::fs::write(&crd_file, serde_yaml::to_string(&crd).unwrap()).unwrap();
         release
     }
@@ -658,35 +655,27 @@ impl PreviousRelease {
         self.path("").display().to_string()
     }
 
-    /// The fields of the BrokerTemplate's spec in this checkout's CRD.
-    fn current_crd_fields() -> Vec<String> {
+    /// How this checkout's BrokerTemplate CRD describes its spec.
+    fn current_crd_description() -> serde_yaml::Value {
         let file = repo().join(format!("charts/akri/crds/{BROKER_TEMPLATES}.yaml"));
         let mut crd: serde_yaml::Value =
             serde_yaml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-        let fields = spec_fields_mut(&mut crd).keys();
-        let mut fields: Vec<String> = fields.map(|k| k.as_str().unwrap().to_string()).collect();
-        fields.sort();
-        fields
+        spec_description(&mut crd).clone()
     }
 
-    /// The fields of the BrokerTemplate's spec in the API server's CRD.
-    async fn crd_fields(&self, client: &kube::Client) -> Vec<String> {
+    /// How the API server's BrokerTemplate CRD describes its spec.
+    async fn crd_description(&self, client: &kube::Client) -> serde_yaml::Value {
         use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
         let crd = Api::<CustomResourceDefinition>::all(client.clone())
             .get(BROKER_TEMPLATES)
             .await
             .unwrap();
         let mut crd: serde_yaml::Value = serde_yaml::to_value(&crd).unwrap();
-        let fields = spec_fields_mut(&mut crd).keys();
-        let mut fields: Vec<String> = fields.map(|k| k.as_str().unwrap().to_string()).collect();
-        fields.sort();
-        fields
+        spec_description(&mut crd).clone()
     }
 }
 
-/// The properties of `spec` in a CRD's first version's schema.
-fn spec_fields_mut(crd: &mut serde_yaml::Value) -> &mut serde_yaml::Mapping {
-    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
-        .as_mapping_mut()
-        .expect("the CRD's spec properties")
+/// The description of `spec` in a CRD's first version's schema.
+fn spec_description(crd: &mut serde_yaml::Value) -> &mut serde_yaml::Value {
+    &mut crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["description"]
 }
