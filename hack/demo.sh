@@ -40,5 +40,11 @@ echo "== akri binaries"
 cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo
 target=$(cargo metadata --format-version 1 --no-deps |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
+if $real; then
+  echo "== host settings the real nodes' kubelets change (hack/host-settings.sh)"
+  settings=$(mktemp)
+  hack/host-settings.sh save "$settings"
+  trap 'hack/host-settings.sh restore "$settings"' EXIT
+fi
 echo "== demo"
-exec "$target/debug/akri-demo" "$@"
+"$target/debug/akri-demo" "$@"

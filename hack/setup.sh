@@ -41,18 +41,42 @@ python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
 # machine.
 command -v nft >/dev/null || missing+=(nftables)
 if [ ${#missing[@]} -gt 0 ]; then
+  # As root, or through sudo where it needs no password (a CI runner's user).
+  as_root=()
   if [ "$(id -u)" != 0 ]; then
-    echo "setup: missing Debian packages: ${missing[*]} (run as root, or apt-get install them)" >&2
-    exit 1
+    sudo -n true 2>/dev/null || {
+      echo "setup: missing Debian packages: ${missing[*]} (run as root, or apt-get install them)" >&2
+      exit 1
+    }
+    as_root=(sudo -n --preserve-env=DEBIAN_FRONTEND)
   fi
   echo "== apt-get install ${missing[*]}"
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
 
-command -v cargo >/dev/null || { echo "cargo not found: this machine kind ships Rust via rustup" >&2; exit 1; }
-command -v go >/dev/null || { echo "go not found: this machine kind ships Go" >&2; exit 1; }
+# Rust at the workspace's rust-version or newer; Go 1.26 or newer (the go directive of the
+# newest Kubernetes built here), or 1.21 or newer where GOTOOLCHAIN lets it fetch the Go a
+# build names through the module proxy (.ci/run sets GOTOOLCHAIN=auto); the disk a cold build
+# takes.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+at_least() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -1)" = "$2" ]; }
+command -v cargo >/dev/null || { echo "setup: cargo not found: install Rust with rustup (https://rustup.rs)" >&2; exit 1; }
+rust_needed=$(sed -n 's/^rust-version = "\(.*\)"$/\1/p' "$repo/Cargo.toml")
+rust_have=$(cargo --version | cut -d' ' -f2)
+at_least "$rust_have" "$rust_needed" ||
+  { echo "setup: Rust $rust_have is older than the workspace's rust-version $rust_needed: rustup update stable" >&2; exit 1; }
+command -v go >/dev/null || { echo "setup: go not found: install Go 1.26 or newer (https://go.dev/dl)" >&2; exit 1; }
+go_have=$(go env GOVERSION | sed 's/^go//')
+go_needed=1.26
+[ "$(go env GOTOOLCHAIN)" = local ] || go_needed=1.21
+at_least "$go_have" "$go_needed" ||
+  { echo "setup: Go $go_have is older than $go_needed: install a newer Go, or GOTOOLCHAIN=auto with Go 1.21 or newer" >&2; exit 1; }
+disk_needed_gb=${AKRI_SETUP_DISK_GB:-20}
+disk_free_gb=$(( $(df --output=avail -k "$repo" | tail -1) / 1024 / 1024 ))
+[ "$disk_free_gb" -ge "$disk_needed_gb" ] ||
+  { echo "setup: ${disk_free_gb} GB free where the build goes ($repo), a cold build needs about ${disk_needed_gb} GB: free some (cargo clean, go clean -cache -modcache), or set AKRI_SETUP_DISK_GB to go on with less" >&2; exit 1; }
 rustup component add rustfmt clippy >/dev/null 2>&1 || true
 # The static release binaries of the images (hack/images.sh), amd64 and arm64.
 rustup target add x86_64-unknown-linux-musl aarch64-unknown-linux-musl >/dev/null

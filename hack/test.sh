@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+[ "$(id -u)" = 0 ] || { echo "test: the real nodes (containerd, runc, the kubelet) need root: run hack/test.sh as root (tests that need a real node fail otherwise)" >&2; exit 1; }
 started=$(date +%s)
 step() { echo "== [$(( $(date +%s) - started ))s] $*"; }
 
@@ -81,6 +82,7 @@ clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache 
   build helm hack/go-compile.sh hack/helm.sh
   # promtool shares Helm's client-go (v0.37.1) and so most of its build: before the caches go.
   build promtool hack/go-compile.sh hack/promtool.sh
+  build actionlint hack/go-compile.sh hack/actionlint.sh
   clean_go_caches
   # 1.33 first: its steps come after the demo, the move and the upgrade, one after another,
   # and end the run, while the 1.34 lane runs beside them. 1.34 runs no kube-proxy and no
@@ -119,7 +121,10 @@ stop_tree() {
   for child in $(pgrep -P "$1"); do stop_tree "$child"; done
   kill "$1" 2>/dev/null || true
 }
-trap 'for pid in $go_builds $images_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done' EXIT
+# The real nodes' kubelets change host settings; they are put back at the end.
+step "host settings the real nodes' kubelets change (hack/host-settings.sh)"
+hack/host-settings.sh save "$background/host-settings"
+trap 'for pid in $go_builds $images_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done; hack/host-settings.sh restore "$background/host-settings"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -133,6 +138,8 @@ step "each package's benches, checked on their own (as the docs' cargo bench lin
 for dir in */benches; do
   cargo check -q --benches --manifest-path "${dir%/benches}/Cargo.toml"
 done
+step "the crates meant for others package (cargo package; hack/release.sh also builds them from the package)"
+cargo package --no-verify --allow-dirty -q -p kubelet-proto -p node-io -p dra-plugin
 step "the test build"
 cargo test --workspace --no-run
 # hack/demo.sh builds these for itself. Without the test build's dev-dependencies (tokio's
@@ -179,6 +186,9 @@ k8s_1_34_steps() {
   wait_for promtool "$go_builds" || return
   step "the chart's alerts (promtool check rules, promtool test rules) and its dashboard"
   counted cargo test --workspace --test cluster monitoring:: || return
+  step "actionlint (built from the Go module proxy after promtool): the release workflow"
+  wait_for actionlint "$go_builds" || return
+  _output/tools/bin/actionlint .github/workflows/*.yml || return
 }
 step "the 1.34 lane starts (its output comes at the end)"
 beside k8s_1_34_lane k8s_1_34_steps
