@@ -326,6 +326,49 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
             "the alerts and dashboard query what no {selector} pod exports: {missing:?}\n{text}"
         );
     }
+
+    // The rollback, its line as the section gives it: every component back on the previous
+    // release's images, the pods holding a claim and a slot undisturbed, no prepare failed.
+    let rollback = (lines.iter().find(|l| l.starts_with("helm rollback ")))
+        .unwrap_or_else(|| panic!("no helm rollback line in Upgrades: {lines:?}"));
+    run(rollback).await.unwrap_or_else(|e| panic!("{e}"));
+    for component in [
+        "kubelet-plugin",
+        "debug-echo-discovery-handler",
+        "driver-controller",
+    ] {
+        let label = format!("app.kubernetes.io/component={component}");
+        akri_testing::eventually_within(&format!("{component} rolled back"), WAIT, async || {
+            let pods = (akri_pods.list(&ListParams::default().labels(&label)))
+                .await
+                .ok()?;
+            let images: Vec<String> = (pods.items.iter())
+                .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
+                .collect();
+            (!images.is_empty() && images.iter().all(|i| i.ends_with(&format!(":{PREVIOUS}"))))
+                .then_some(())
+        })
+        .await;
+    }
+    churn.round("after-rollback").await;
+    if dra {
+        assert_eq!(
+            kubelet_failures(&client).await,
+            failed_before,
+            "a prepare or unprepare failed in the rollback"
+        );
+        assert_eq!(
+            Some(running(&pods, "holder").await),
+            holder,
+            "the claim's pod was disturbed by the rollback"
+        );
+    }
+    assert_eq!(
+        running(&pods, "slot-holder").await,
+        slot_holder,
+        "the slot's pod was disturbed by the rollback"
+    );
+
     at_rest.print("at rest");
     during.print("during the upgrade");
     if dra {
