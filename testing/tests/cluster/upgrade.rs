@@ -278,7 +278,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         assert_eq!(
             kubelet_failures(&client).await,
             failed_before,
-            "a prepare or unprepare failed"
+            "a prepare or unprepare failed; the kubelet said:\n{}",
+            failed_calls(&node)
         );
         assert_eq!(
             published(&client).await,
@@ -355,7 +356,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         assert_eq!(
             kubelet_failures(&client).await,
             failed_before,
-            "a prepare or unprepare failed in the rollback"
+            "a prepare or unprepare failed in the rollback; the kubelet said:\n{}",
+            failed_calls(&node)
         );
         assert_eq!(
             Some(running(&pods, "holder").await),
@@ -648,6 +650,17 @@ async fn kubelet_prepare(client: &kube::Client) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// The kubelet's log lines about failed prepares and unprepares, for a failure message (one
+/// failed once, in 1 of 5 runs, with nothing kept to say why).
+fn failed_calls(node: &akri_testing::RealNode) -> String {
+    let log = node.log_tail("kubelet", 1_000_000);
+    let lines = log.lines().filter(|l| {
+        let call = l.contains("PrepareResources") || l.contains("prepare dynamic resources");
+        call && (l.contains("rror") || l.contains("ail"))
+    });
+    lines.collect::<Vec<_>>().join("\n")
 }
 
 /// "The previous release": this checkout's chart at version `<version>-previous`, whose
