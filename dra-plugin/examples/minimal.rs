@@ -35,7 +35,6 @@ pub struct GadgetDriver {
     pub cdi: CdiRoot,
 }
 
-#[tonic::async_trait]
 impl Driver for GadgetDriver {
     type Error = dra_plugin::cdi::Error;
 

@@ -5,7 +5,6 @@
 //! ```no_run
 //! # use dra_plugin::{Plugin, Driver, Claim, ClaimRef, Prepared, PreparedClaim};
 //! # struct MyDriver;
-//! # #[tonic::async_trait]
 //! # impl Driver for MyDriver {
 //! #     type Error = std::io::Error;
 //! #     async fn prepare(&self, _: &Claim) -> Result<Prepared, std::io::Error> { todo!() }

@@ -34,8 +34,9 @@ use tonic::{Request, Response, Status};
 /// How many claims of one call the driver works on at once: a kubelet may send thousands.
 pub const MAX_CONCURRENT_CLAIMS: usize = 32;
 
-/// What a DRA driver does for one claim on this node.
-#[tonic::async_trait]
+/// What a DRA driver does for one claim on this node. Implement it with plain `async fn`s (no
+/// macro): the futures they return must be `Send`, as the claims of a call are worked on
+/// concurrently on the runtime's threads.
 pub trait Driver: Send + Sync + 'static {
     /// What goes wrong in [`prepare`](Self::prepare) and [`unprepare`](Self::unprepare). Its
     /// text is what the kubelet shows in the pod's events: say what is wrong in words an
@@ -46,17 +47,20 @@ pub trait Driver: Send + Sync + 'static {
     /// (CDI specs) and says which CDI ids the containers get for each of the claim's results
     /// and which spec files it wrote; the library records the rest. The claim was read and
     /// checked by the library ([`Claim`]). An error fails this claim only.
-    async fn prepare(&self, claim: &Claim) -> Result<crate::claim::Prepared, Self::Error>;
+    fn prepare(
+        &self,
+        claim: &Claim,
+    ) -> impl Future<Output = Result<crate::claim::Prepared, Self::Error>> + Send;
 
     /// Undoes [`prepare`](Self::prepare). `prepared` is `None` when the checkpoint does not
     /// know the claim (never prepared, or the plugin died between writing files and
     /// recording them): clean up whatever a prepare could have left, by naming convention.
     /// The claim may no longer exist in the API server: this is never read from it.
-    async fn unprepare(
+    fn unprepare(
         &self,
         claim: &ClaimRef,
         prepared: Option<&PreparedClaim>,
-    ) -> Result<(), Self::Error>;
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
 }
 
 /// Errors of setting the service up.

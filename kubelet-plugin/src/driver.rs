@@ -39,7 +39,6 @@ pub struct AkriDriver {
     pub devices: NodeDevices,
 }
 
-#[tonic::async_trait]
 impl Driver for AkriDriver {
     type Error = PrepareError;
 

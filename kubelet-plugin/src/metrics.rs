@@ -190,7 +190,6 @@ pub struct Timed<D> {
     pub metrics: Metrics,
 }
 
-#[tonic::async_trait]
 impl<D: dra_plugin::Driver> dra_plugin::Driver for Timed<D> {
     type Error = D::Error;
 

@@ -194,7 +194,6 @@ struct StatusDriver {
     cdi: dra_plugin::cdi::CdiRoot,
 }
 
-#[tonic::async_trait]
 impl dra_plugin::Driver for StatusDriver {
     type Error = dra_plugin::cdi::Error;
 

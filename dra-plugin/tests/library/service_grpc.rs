@@ -93,7 +93,6 @@ fn service(driver: SpecDriver, checkpoint: &Path) -> DraService<SpecDriver> {
     DraService::new(driver, AllocatedClaims, on, checkpoint).unwrap()
 }
 
-#[tonic::async_trait]
 impl Driver for SpecDriver {
     type Error = dra_plugin::cdi::Error;
 
