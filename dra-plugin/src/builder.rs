@@ -260,9 +260,11 @@ impl Builder {
             None => service,
         };
         // The driver's entries in its claims' status, under its name as field manager.
-        let service = service.device_status(crate::device_status::Writer::start(
+        let errors = service.errors();
+        let service = service.device_status(crate::device_status::Writer::reporting(
             client.clone(),
             &self.driver,
+            errors,
         ));
         let health = HealthReporter::default();
         let config = PluginConfig {
@@ -283,7 +285,7 @@ impl Builder {
             &node_uid,
             self.field_manager.as_deref().unwrap_or(&self.driver),
         ));
-        let repair = self.repair.then(|| NodePools::spawn_repair(&pools));
+        let repair = (self.repair).then(|| NodePools::spawn_repair(&pools, service.errors()));
         Ok(Plugin {
             service,
             health,

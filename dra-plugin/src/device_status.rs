@@ -13,6 +13,7 @@
 //! or `arbitrary-node:patch` on `resourceclaims/driver` with the driver's name, besides
 //! `patch` on `resourceclaims/status`.
 
+use crate::background::{BackgroundError, Errors};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
@@ -169,14 +170,21 @@ pub struct Writer {
 }
 
 impl Writer {
-    /// Starts the writer of `driver`'s entries (also its field manager).
+    /// Starts the writer of `driver`'s entries (also its field manager); a failed write is
+    /// logged.
     pub fn start(client: kube::Client, driver: &str) -> Writer {
+        Writer::reporting(client, driver, Errors::logged_only())
+    }
+
+    /// [`start`](Self::start), a failed write also reported to the driver's hook.
+    pub(crate) fn reporting(client: kube::Client, driver: &str, errors: Errors) -> Writer {
         let (requests, received) = tokio::sync::mpsc::unbounded_channel();
         tokio::spawn(write_all(
             client,
             driver.to_string(),
             received,
             Queue::default(),
+            errors,
         ));
         Writer { requests }
     }
@@ -246,6 +254,7 @@ async fn write_all(
     driver: String,
     mut received: tokio::sync::mpsc::UnboundedReceiver<(crate::ClaimRef, Vec<DeviceStatus>)>,
     mut queue: Queue,
+    errors: Errors,
 ) {
     use futures::StreamExt;
     let mut backoff = std::time::Duration::from_secs(1);
@@ -264,7 +273,7 @@ async fn write_all(
         let batch = queue.batch();
         let results: Vec<_> = futures::stream::iter(batch)
             .map(|(claim, devices)| {
-                let (client, driver) = (&client, driver.as_str());
+                let (client, driver, errors) = (&client, driver.as_str(), &errors);
                 async move {
                     let target = Claim {
                         namespace: &claim.namespace,
@@ -278,6 +287,8 @@ async fn write_all(
                         Err(_) => format!("no answer within {APPLY_TIMEOUT:?}"),
                     };
                     tracing::warn!(%claim, driver, %error, "could not write the claim's device status; retrying");
+                    let claim_ref = claim.clone();
+                    errors.report(BackgroundError::DeviceStatus { claim: claim_ref, error });
                     Err((claim, devices))
                 }
             })

@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod api_support;
+pub mod background;
 pub use node_io::authority;
 pub mod builder;
 pub mod cdi;
@@ -40,6 +41,7 @@ pub mod service;
 pub mod slices;
 pub mod vanished;
 
+pub use background::BackgroundError;
 pub use builder::{Builder, KUBELET_DIR, Plugin};
 pub use checkpoint::{PreparedClaim, PreparedDevice};
 pub use claim::{Claim, ClaimError, ClaimRef, Prepared};

@@ -12,6 +12,7 @@
 //! pass published, which left the slices as they still are, reads and writes nothing: a
 //! driver may publish on every resync at no cost to the API server.
 
+use crate::background::{BackgroundError, Errors};
 use crate::slices::{Error, PoolScope, Published, SlicePublisher};
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use kube::api::{Api, ListParams};
@@ -194,11 +195,14 @@ impl NodePools {
 
     /// Watches this driver's slices on this node and syncs after each burst of changes, until
     /// the pools are dropped.
-    pub(crate) fn spawn_repair(pools: &Arc<NodePools>) -> tokio::task::JoinHandle<()> {
+    pub(crate) fn spawn_repair(
+        pools: &Arc<NodePools>,
+        errors: Errors,
+    ) -> tokio::task::JoinHandle<()> {
         let fields = format!("spec.driver={},spec.nodeName={}", pools.driver, pools.node);
         let api = Api::<PartialObjectMeta<ResourceSlice>>::all(pools.client.clone());
         (pools.repairing).store(true, std::sync::atomic::Ordering::Relaxed);
-        tokio::spawn(repair(api, fields, Arc::downgrade(pools)))
+        tokio::spawn(repair(api, fields, Arc::downgrade(pools), errors))
     }
 }
 
@@ -206,6 +210,7 @@ async fn repair(
     api: Api<PartialObjectMeta<ResourceSlice>>,
     fields: String,
     pools: Weak<NodePools>,
+    errors: Errors,
 ) {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};
@@ -254,7 +259,8 @@ async fn repair(
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change")
+                tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change");
+                errors.report(BackgroundError::SliceRepair(error.to_string()));
             }
         }
     }

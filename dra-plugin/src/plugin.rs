@@ -1,6 +1,7 @@
 //! A running kubelet plugin: the driver's service socket (DRA v1 + v1beta1 + health) and its
 //! registration, kept registered across kubelet restarts.
 
+use crate::background::{BackgroundError, Errors};
 use crate::health::HealthReporter;
 use crate::registration::{self, PluginInfo, Registration, RegistrationStatus};
 use crate::service::{DraService, Driver};
@@ -123,6 +124,7 @@ impl KubeletPlugin {
             config.registration_socket(),
             info,
             registration.clone(),
+            service.errors(),
         ));
         tracing::info!(driver = %config.driver_name, socket = %socket.display(), "serving DRA plugin");
         Ok(KubeletPlugin {
@@ -172,6 +174,7 @@ async fn keep_registered(
     socket: PathBuf,
     info: PluginInfo,
     registration: Arc<Mutex<Option<Registration>>>,
+    errors: Errors,
 ) {
     let registry_dir = socket.parent().map(Path::to_path_buf).unwrap_or_default();
     let mut interval = tokio::time::interval(REGISTRATION_CHECK);
@@ -185,11 +188,16 @@ async fn keep_registered(
         registration.lock().expect("registration lock").take();
         if let Err(error) = std::fs::create_dir_all(&registry_dir) {
             tracing::warn!(%error, dir = %registry_dir.display(), "cannot create the registry directory");
+            let error = format!("cannot create {}: {error}", registry_dir.display());
+            errors.report(BackgroundError::Registration(error));
             continue;
         }
         match Registration::serve_at(socket.clone(), info.clone()) {
             Ok(fresh) => *registration.lock().expect("registration lock") = Some(fresh),
-            Err(error) => tracing::warn!(%error, "registering again failed; retrying"),
+            Err(error) => {
+                tracing::warn!(%error, "registering again failed; retrying");
+                errors.report(BackgroundError::Registration(error.to_string()));
+            }
         }
     }
 }

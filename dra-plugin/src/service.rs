@@ -61,6 +61,15 @@ pub trait Driver: Send + Sync + 'static {
         claim: &ClaimRef,
         prepared: Option<&PreparedClaim>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+
+    /// An error of the plugin's background work, which no kubelet call returns
+    /// ([`BackgroundError`](crate::BackgroundError)). The library has logged it and retries;
+    /// a driver that wants to count it, report it or stop does that here (what upstream's Go
+    /// helper calls `HandleError`). Called on the runtime's threads: return quickly. By
+    /// default nothing more is done.
+    fn background_error(&self, error: &crate::BackgroundError) {
+        let _ = error;
+    }
 }
 
 /// Errors of setting the service up.
@@ -208,6 +217,11 @@ enum Outcome {
 }
 
 impl<D: Driver> DraService<D> {
+    /// The driver's hook for background errors.
+    pub(crate) fn errors(&self) -> crate::background::Errors {
+        crate::background::Errors::of(&self.driver)
+    }
+
     /// The service of `driver`, reading claims from `source` (a [`kube::Client`]), with its
     /// checkpoint at `checkpoint_path`, which it opens or creates. A checkpoint that is
     /// corrupt is set aside ([`Checkpoint::open_or_set_aside`]; see

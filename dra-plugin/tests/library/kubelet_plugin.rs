@@ -680,3 +680,70 @@ async fn two_plugin_pods_of_one_driver_hand_over_through_the_shared_checkpoint()
     assert!(new.service().prepared().await.is_empty());
     assert_eq!(published().await, before, "no slice replaced or rewritten");
 }
+
+/// The example driver, and the background errors it heard of.
+struct Hearing {
+    inner: GadgetDriver,
+    heard: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl dra_plugin::Driver for Hearing {
+    type Error = <GadgetDriver as dra_plugin::Driver>::Error;
+
+    async fn prepare(
+        &self,
+        claim: &dra_plugin::Claim,
+    ) -> Result<dra_plugin::Prepared, Self::Error> {
+        self.inner.prepare(claim).await
+    }
+
+    async fn unprepare(
+        &self,
+        claim: &ClaimRef,
+        prepared: Option<&dra_plugin::PreparedClaim>,
+    ) -> Result<(), Self::Error> {
+        self.inner.unprepare(claim, prepared).await
+    }
+
+    fn background_error(&self, error: &dra_plugin::BackgroundError) {
+        self.heard.lock().unwrap().push(error.to_string());
+    }
+}
+
+/// A failure of the plugin's background work, which no kubelet call returns, reaches the
+/// driver (as `HandleError` does a Go driver on upstream's helper): the kubelet's registry
+/// directory gone and a file in its place, the plugin cannot register again, and the driver
+/// hears why.
+#[tokio::test]
+async fn background_errors_reach_the_driver() {
+    let cp = ControlPlane::shared_api_server().await.unwrap();
+    let client = cp.client().await.unwrap();
+    let node = ControlPlane::unique_name("node");
+    cp.create_node(&node).await.unwrap();
+    let driver = format!("{}.gadgets.example.com", ControlPlane::unique_name("b"));
+    let dir = tempfile::tempdir().unwrap();
+    let registry = dir.path().join("registry");
+    let heard = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _plugin = Plugin::builder(&driver, &node)
+        .registry_dir(&registry)
+        .plugin_dir(dir.path().join("plugin"))
+        .start(
+            client.clone(),
+            Hearing {
+                inner: GadgetDriver {
+                    cdi: CdiRoot::new(dir.path().join("cdi"), CDI_VENDOR).unwrap(),
+                },
+                heard: heard.clone(),
+            },
+        )
+        .await
+        .unwrap();
+    assert!(heard.lock().unwrap().is_empty(), "{heard:?}");
+    std::fs::remove_dir_all(&registry).unwrap();
+    std::fs::write(&registry, "not a directory").unwrap();
+    wait_until("the driver hears of the failed registration", async || {
+        (heard.lock().unwrap().iter())
+            .any(|e| e.starts_with("could not register with the kubelet again"))
+    })
+    .await;
+}
