@@ -66,6 +66,7 @@ hack/images.sh
 tag=$(cat _output/images/TAG)
 [ "$tag" = "$version" ] || fail "hack/images.sh tagged the images $tag, not $version"
 cp -r _output/images "$out/images"
+rm -f "$out/images/.lock"
 
 echo "== the chart"
 helm=$(hack/helm.sh | tail -1)
