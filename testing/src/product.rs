@@ -154,6 +154,16 @@ pub fn kubectl<S: AsRef<std::ffi::OsStr>>(cp: &ControlPlane, args: &[S]) -> Resu
 /// `tools` (e.g. the control plane's `kubectl`) first on `PATH`: how a test runs the docs'
 /// blocks as written. What it printed, or an error with that.
 pub async fn shell(kubeconfig: &Path, tools: &[&Path], script: &str) -> Result<String, Error> {
+    shell_in(&repo(), kubeconfig, tools, script).await
+}
+
+/// [`shell`], from directory `dir` (where a section's files should land, e.g. an export).
+pub async fn shell_in(
+    dir: &Path,
+    kubeconfig: &Path,
+    tools: &[&Path],
+    script: &str,
+) -> Result<String, Error> {
     let helm = Helm::new()?;
     let dirs = (tools.iter().copied().chain([helm.bin()]))
         .map(|b| b.parent().unwrap_or(Path::new(".")).to_path_buf());
@@ -163,7 +173,7 @@ pub async fn shell(kubeconfig: &Path, tools: &[&Path], script: &str) -> Result<S
     .map_err(|e| Error::Other(format!("PATH: {e}")))?;
     let output = tokio::process::Command::new("sh")
         .args(["-c", &format!("set -e\n{script}")])
-        .current_dir(repo())
+        .current_dir(dir)
         .env("PATH", path)
         .env("KUBECONFIG", kubeconfig)
         .envs(helm.env())

@@ -9,7 +9,7 @@
 //! configuration's; turning legacy mode off at the end replaces nothing either.
 
 use akri_api::v0::{Configuration, Instance};
-use akri_testing::product::{Helm, Images, repo};
+use akri_testing::product::{Images, repo, shell_in};
 use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -233,9 +233,8 @@ struct Doc {
     lines: Vec<String>,
     next: usize,
     dir: tempfile::TempDir,
-    path: String,
+    tools: Vec<PathBuf>,
     kubeconfig: PathBuf,
-    helm: Helm,
     /// Appended to `helm install`: the embedded debugEcho handler's shared
     /// devices (the Instances Akri wrote are of shared devices), a short reclaim grace.
     install_values: Vec<String>,
@@ -259,18 +258,11 @@ impl Doc {
             "no akri-migrate in {}: run hack/images.sh",
             migrate.display()
         );
-        let helm = Helm::new().unwrap();
-        let kubectl = cp.bins().require("kubectl").unwrap();
-        let path = [
-            kubectl.parent().unwrap(),
-            helm.bin().parent().unwrap(),
-            migrate.as_path(),
-        ]
-        .iter()
-        .map(|p| p.display().to_string())
-        .chain(std::env::var("PATH").ok())
-        .collect::<Vec<_>>()
-        .join(":");
+        // The section's tools: kubectl, akri-migrate (and Helm, which the shell adds).
+        let tools = vec![
+            cp.bins().require("kubectl").unwrap(),
+            migrate.join("akri-migrate"),
+        ];
         let install_values = Vec::from([
             "kubeletPlugin.debugEcho.enabled=true".to_string(),
             "kubeletPlugin.debugEcho.shared=true".to_string(),
@@ -280,9 +272,8 @@ impl Doc {
             lines,
             next: 0,
             dir,
-            path,
+            tools,
             kubeconfig: cp.kubeconfig().to_path_buf(),
-            helm,
             install_values,
         }
     }
@@ -326,21 +317,10 @@ impl Doc {
         } else if line.starts_with("helm upgrade ") {
             line += " --wait --timeout 3m";
         }
-        let output = tokio::process::Command::new("sh")
-            .args(["-c", &line])
-            .current_dir(self.dir.path())
-            .env("PATH", &self.path)
-            .env("KUBECONFIG", &self.kubeconfig)
-            .envs(self.helm.env())
-            .output()
+        let tools: Vec<&std::path::Path> = self.tools.iter().map(|t| t.as_path()).collect();
+        shell_in(self.dir.path(), &self.kubeconfig, &tools, &line)
             .await
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "{line}: {}\n{}",
-            String::from_utf8_lossy(&output.stdout),
-            String::from_utf8_lossy(&output.stderr)
-        );
+            .unwrap_or_else(|e| panic!("{e}"));
         eprintln!("ran: {line}");
     }
 }

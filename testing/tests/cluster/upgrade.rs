@@ -276,31 +276,38 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         tokio::time::sleep(Duration::from_secs(35)).await;
         churn.round(&format!("after-{round}")).await;
         assert_eq!(
-            kubelet_failures(&client).await,
-            failed_before,
-            "a prepare or unprepare failed; the kubelet said:\n{}",
-            failed_calls(&node)
-        );
-        assert_eq!(
             published(&client).await,
             slices,
             "a slice was replaced or rewritten"
         );
-        assert_eq!(
-            Some(running(&pods, "holder").await),
-            holder,
-            "the claim's pod was disturbed"
-        );
     }
-    assert_eq!(
-        running(&pods, "slot-holder").await,
-        slot_holder,
-        "the slot's pod was disturbed"
-    );
-    assert!(
-        held().await.contains(&slot),
-        "the legacy slot {slot:?} moved"
-    );
+    // What neither the upgrade nor the rollback may change: no failed prepare or unprepare
+    // (the kubelet's own counters), the pods holding a claim and a slot, the slot's holder.
+    let undisturbed = async |when: &str| {
+        if dra {
+            assert_eq!(
+                kubelet_failures(&client).await,
+                failed_before,
+                "a prepare or unprepare failed {when}; the kubelet said:\n{}",
+                failed_calls(&node)
+            );
+            assert_eq!(
+                Some(running(&pods, "holder").await),
+                holder,
+                "the claim's pod was disturbed {when}"
+            );
+        }
+        assert_eq!(
+            running(&pods, "slot-holder").await,
+            slot_holder,
+            "the slot's pod was disturbed {when}"
+        );
+        assert!(
+            held().await.contains(&slot),
+            "the legacy slot {slot:?} moved {when}"
+        );
+    };
+    undisturbed("in the upgrade").await;
     // The running components export every metric the chart's alerts and dashboard query of
     // them (the broker-controller's, which this install leaves out: the demo's check). With
     // DRA: a family is exported once it has a sample (claims prepared, pools published).
@@ -352,24 +359,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .await;
     }
     churn.round("after-rollback").await;
-    if dra {
-        assert_eq!(
-            kubelet_failures(&client).await,
-            failed_before,
-            "a prepare or unprepare failed in the rollback; the kubelet said:\n{}",
-            failed_calls(&node)
-        );
-        assert_eq!(
-            Some(running(&pods, "holder").await),
-            holder,
-            "the claim's pod was disturbed by the rollback"
-        );
-    }
-    assert_eq!(
-        running(&pods, "slot-holder").await,
-        slot_holder,
-        "the slot's pod was disturbed by the rollback"
-    );
+    undisturbed("in the rollback").await;
 
     at_rest.print("at rest");
     during.print("during the upgrade");
