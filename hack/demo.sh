@@ -8,8 +8,9 @@
 # Kubernetes, containerd, runc, the CNI plugins and Helm from the Go module proxy the first
 # time: several minutes; our binaries and images with cargo), then runs akri-demo: a local
 # control plane and two nodes. Run as root, the nodes are real (containerd + kubelet) and get
-# the product as users install it: our images loaded into each node's containerd, then
-# `helm install` of charts/akri (the kubelet-plugin DaemonSet, the driver-controller and the
+# the product as users install it: our images and chart pushed to a registry on localhost:5000
+# (hack/registry.sh, hack/push.sh), each node's containerd pulling from it, `helm install` of
+# the chart from it (the kubelet-plugin DaemonSet, the driver-controller and the
 # broker-controller as pods). Otherwise, or with `--simulated-nodes`, the nodes are simulated
 # (the kubelet's own DRA code) and our binaries run as processes beside them. Then the
 # examples in examples/debug-echo/ are applied with kubectl.
@@ -35,6 +36,12 @@ if $real; then
   hack/helm.sh >/dev/null
   echo "== our images (static release binaries; reused when up to date)"
   hack/images.sh >/dev/null
+  # The README's Quickstart: a registry on localhost:5000 (stopped on exit when this run started
+  # it), our images and chart pushed to it; the nodes pull from it.
+  echo "== the registry (hack/registry.sh start), our images and chart pushed to it (hack/push.sh)"
+  registry=$(hack/registry.sh start | tail -1)
+  echo "   $registry"
+  hack/push.sh localhost:5000/akri --plain-http >/dev/null
 fi
 echo "== akri binaries"
 cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo
@@ -44,7 +51,9 @@ if $real; then
   echo "== host settings the real nodes' kubelets change (hack/host-settings.sh)"
   settings=$(mktemp)
   hack/host-settings.sh save "$settings"
-  trap 'hack/host-settings.sh restore "$settings"' EXIT
+  stop_registry=true
+  case "$registry" in started*) ;; *) stop_registry=false ;; esac
+  trap 'hack/host-settings.sh restore "$settings"; ! $stop_registry || hack/registry.sh stop' EXIT
 fi
 echo "== demo"
 "$target/debug/akri-demo" "$@"

@@ -2,7 +2,8 @@
 # Builds what a real test node runs besides the kubelet (hack/k8s-bins.sh builds that):
 # containerd 2.x with its runc shim and ctr, runc, the CNI plugins the node's network uses
 # (loopback, bridge, host-local), all from the Go module proxy; and the two images its pods
-# use, as OCI archives for `ctr images import` (no registry, no pull, ever):
+# use before any registry, as OCI archives for `ctr images import` (our own images the nodes
+# pull from hack/registry.sh's registry):
 #
 #   pause   the sandbox image: hack/node/pause, a static Go program that sleeps and reaps
 #   busybox Debian's busybox-static (/bin/busybox) with its applets as symlinks in /bin

@@ -20,9 +20,9 @@
 #   dra-plugin), built and checked from the packaged sources alone; `cargo publish -p
 #   kubelet-proto -p node-io -p dra-plugin` publishes them;
 # - NOTES.md: the CHANGELOG's section.
-# With --push <registry> (e.g. ghcr.io/<owner>): every image to <registry>/<image>:<version>
-# (`skopeo copy --all`, both platforms) and the chart to oci://<registry>/charts (`helm push`);
-# --plain-http for a registry without TLS (a local one). Users then install the chart by
+# With --push <registry> (e.g. ghcr.io/<owner>): hack/push.sh, every image to
+# <registry>/<image>:<version> (`skopeo copy --all`, both platforms) and the chart to
+# oci://<registry>/charts (`helm push`); --plain-http for a registry without TLS (a local one). Users then install the chart by
 # version: `helm install akri oci://<registry>/charts/akri --version <version> --set
 # image.registry=<registry>`.
 #
@@ -87,16 +87,10 @@ cp target/package/{kubelet-proto,node-io,dra-plugin}-"$version".crate "$out/crat
 echo "$notes" >"$out/NOTES.md"
 
 if [ -n "$push" ]; then
-  echo "== pushing to $push"
-  tls=()
-  $plain_http && tls=(--dest-tls-verify=false)
-  for layout in _output/images/*/; do
-    image=$(basename "$layout")
-    skopeo copy --all "${tls[@]}" "oci:$layout:$version" "docker://$push/$image:$version"
-  done
+  echo "== pushing to $push (hack/push.sh)"
   http=()
   $plain_http && http=(--plain-http)
-  "$helm" push "$out/akri-$version.tgz" "oci://$push/charts" "${http[@]}"
+  hack/push.sh "$push" "${http[@]}"
 fi
 
 echo "== release $version:"

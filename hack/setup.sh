@@ -23,6 +23,8 @@ command -v aarch64-linux-gnu-gcc >/dev/null || missing+=(gcc-aarch64-linux-gnu)
 command -v qemu-aarch64-static >/dev/null || missing+=(qemu-user-static)
 command -v umoci >/dev/null || missing+=(umoci)
 command -v skopeo >/dev/null || missing+=(skopeo)
+# curl: hack/registry.sh asks whether a registry answers.
+command -v curl >/dev/null || missing+=(curl)
 command -v jq >/dev/null || missing+=(jq)
 command -v file >/dev/null || missing+=(file)
 [ -f /usr/lib/x86_64-linux-gnu/libseccomp.a ] || missing+=(libseccomp-dev)
@@ -73,7 +75,7 @@ go_needed=1.26
 [ "$(go env GOTOOLCHAIN)" = local ] || go_needed=1.21
 at_least "$go_have" "$go_needed" ||
   { echo "setup: Go $go_have is older than $go_needed: install a newer Go, or GOTOOLCHAIN=auto with Go 1.21 or newer" >&2; exit 1; }
-disk_needed_gb=${AKRI_SETUP_DISK_GB:-20}
+disk_needed_gb=${AKRI_SETUP_DISK_GB:-25}
 disk_free_gb=$(( $(df --output=avail -k "$repo" | tail -1) / 1024 / 1024 ))
 [ "$disk_free_gb" -ge "$disk_needed_gb" ] ||
   { echo "setup: ${disk_free_gb} GB free where the build goes ($repo), a cold build needs about ${disk_needed_gb} GB: free some (cargo clean, go clean -cache -modcache), or set AKRI_SETUP_DISK_GB to go on with less" >&2; exit 1; }

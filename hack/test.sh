@@ -8,8 +8,10 @@
 # images (low priority; the demo needs them after the tests). Each step that needs one waits
 # for it (`wait_for`), and a failed build fails the run there, its output shown.
 #
-# K8S_BINS_CLEAN_GO_CACHES=1 (CI: its disk) clears Go's build and module caches after each
-# Kubernetes version and after the node's binaries and Helm, so the disk holds one at a time.
+# K8S_BINS_CLEAN_GO_CACHES=1 (CI: its disk) clears Go's module cache after each Kubernetes
+# version and after the tools, and the build cache once every Go build is done: the builds
+# share the standard library and the modules of the same version (a third of 1.34.4's sources
+# after 1.33.13, a fifth of 1.33.13's after 1.37.2), compiled once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -73,8 +75,12 @@ counted() {
   fi
   echo "counted: ran all $ran tests listed by: $*"
 }
-# Go's caches, cleared between builds in CI (see above).
-clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache -modcache; }
+# Go's caches in CI (see above): the modules between builds, the build cache at the end. The
+# timeline records the disk left.
+clean_go_caches() {
+  echo "disk free before clearing Go's caches ($*): $(df -h --output=avail . | tail -1)" >>"$background/timeline"
+  [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean "$@"
+}
 (
   # hack/go-compile.sh: the Go compiler spends less CPU (it says how much), for more memory.
   build k8s hack/go-compile.sh hack/k8s-bins.sh
@@ -83,14 +89,16 @@ clean_go_caches() { [ "${K8S_BINS_CLEAN_GO_CACHES:-}" != 1 ] || go clean -cache 
   # promtool shares Helm's client-go (v0.37.1) and so most of its build: before the caches go.
   build promtool hack/go-compile.sh hack/promtool.sh
   build actionlint hack/go-compile.sh hack/actionlint.sh
-  clean_go_caches
+  # distribution's registry: what the images and the chart are pushed to, the nodes pull from.
+  build registry hack/go-compile.sh hack/registry.sh
+  clean_go_caches -modcache
   # 1.33 first: its steps come after the demo, the move and the upgrade, one after another,
   # and end the run, while the 1.34 lane runs beside them. 1.34 runs no kube-proxy and no
   # kubectl in its steps.
   build k8s-1.33.13 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.33.13
   build k8s-1.34.4 nice -n 19 ionice -c 3 hack/go-compile.sh hack/k8s-bins.sh 1.34.4 \
     kube-apiserver kubelet kube-scheduler kube-controller-manager
-  clean_go_caches
+  clean_go_caches -cache -modcache
 ) &
 go_builds=$!
 build images nice -n 10 ionice -c 3 hack/images.sh &
@@ -124,7 +132,7 @@ stop_tree() {
 # The real nodes' kubelets change host settings; they are put back at the end.
 step "host settings the real nodes' kubelets change (hack/host-settings.sh)"
 hack/host-settings.sh save "$background/host-settings"
-trap 'for pid in $go_builds $images_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done; hack/host-settings.sh restore "$background/host-settings"' EXIT
+trap 'for pid in $go_builds $images_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done; hack/registry.sh stop; hack/host-settings.sh restore "$background/host-settings"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -156,14 +164,14 @@ wait_for helm "$go_builds"
 # The node agent's suite (8 of the 16 minutes of tests here) beside all the others: both mostly
 # wait on timers. Real nodes and control planes of two test processes keep apart (their own
 # directories, ports and network blocks); the suites with kube-proxy run one at a time below.
-step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade:: and reachability:: run after the images are built, legacy_only:: on Kubernetes 1.33 below, monitoring:: once promtool is built)"
+step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade::, reachability::, uninstall:: and the docs' helm lines run once the images and chart are in the registry, legacy_only:: on Kubernetes 1.33 below, monitoring:: once promtool is built)"
 beside node_agent_suite counted cargo test --workspace --test node_agent
 other_tests=()
 for target in $(cargo metadata --no-deps --format-version 1 |
   jq -r '.packages[].targets[] | select(.kind | index("test")) | .name' | sort -u); do
   [ "$target" = node_agent ] || other_tests+=(--test "$target")
 done
-counted cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability:: --skip monitoring::
+counted cargo test --workspace --lib --bins "${other_tests[@]}" -- --skip legacy_only:: --skip akri_move:: --skip upgrade:: --skip reachability:: --skip monitoring:: --skip uninstall:: --skip chart::the_documented_helm_commands_work
 counted cargo test --workspace --doc
 joined node_agent_suite
 # Two lanes from here: the suites on 1.34 (no kube-proxy) beside the demo, the move off Akri,
@@ -180,7 +188,8 @@ k8s_1_34_steps() {
   AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test library slices_apiserver:: || return
   step "the real node (containerd + kubelet) on Kubernetes 1.34: devices reach containers through CDI and Allocate"
   AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test node_agent real_node:: || return
-  step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step)"
+  step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step), once the chart is in the registry"
+  wait_for pushed "$$" || return
   AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test cluster chart:: || return
   step "promtool (built from the Go module proxy after Helm, reused when up to date)"
   wait_for promtool "$go_builds" || return
@@ -195,10 +204,15 @@ beside k8s_1_34_lane k8s_1_34_steps
 step "OCI images: static release binaries, packed without a Docker engine and checked (the demo installs them)"
 wait_for images "$images_build"
 cat "$background/images.log"
+step "the README's registry and push lines: distribution's registry (built from the Go module proxy) on localhost:5000, our images and chart pushed to it"
+wait_for registry "$go_builds"
+hack/registry.sh start
+hack/push.sh localhost:5000/akri --plain-http
+echo 0 >"$background/pushed.status"
 step "the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
-step "the move off Akri and an upgrade as docs/operations.md give them, and binding conditions on two nodes: the chart with our images on real nodes (one at a time: each runs kube-proxy)"
-counted cargo test --workspace --test cluster -- akri_move:: upgrade:: reachability:: --test-threads=1
+step "the move off Akri and an upgrade as docs/operations.md give them, and binding conditions on two nodes: the chart and our images from the registry on real nodes (one at a time: each runs kube-proxy); every helm line of the docs"
+counted cargo test --workspace --test cluster -- akri_move:: upgrade:: reachability:: uninstall:: chart::the_documented_helm_commands_work --test-threads=1
 step "Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
 wait_for k8s-1.33.13 "$go_builds"
 step "the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"

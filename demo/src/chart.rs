@@ -1,12 +1,12 @@
-//! The product as a user installs it, on the demo's real nodes: the images
-//! ([`akri_testing::product`]) in each node's containerd, the release namespace with the Pod
-//! Security label the chart needs, and `helm install` of `charts/akri` with the values such a
-//! user sets: the registry and the tag of every image at once, and the embedded debugEcho
-//! handler.
+//! The product as a user installs it, on the demo's real nodes: the images and the chart in
+//! the registry ([`akri_testing::product`]; `hack/demo.sh` pushed them as the Quickstart
+//! says), the release namespace with the Pod Security label the chart needs, and `helm
+//! install` of the chart from the registry by version with the values such a user sets: the
+//! registry of every image at once, and the embedded debugEcho handler.
 
 use crate::cluster::NAMESPACE;
 use akri_testing::product::Helm;
-pub use akri_testing::product::{Images, REGISTRY, repo, shell};
+pub use akri_testing::product::{CHART, Images, REGISTRY, repo, shell};
 use std::path::Path;
 
 /// The release's name.
@@ -14,19 +14,20 @@ pub const RELEASE: &str = "akri";
 
 /// `helm install`, as the Quickstart says, waiting until every component's pods are ready.
 pub async fn install(kubeconfig: &Path, images: &Images) -> anyhow::Result<()> {
-    let [image_registry, image_tag] = images.values();
+    let [image_registry, _] = images.values();
     helm(
         kubeconfig,
         &[
             "install",
             RELEASE,
-            "charts/akri",
+            CHART,
+            "--version",
+            &images.tag,
+            "--plain-http",
             "--namespace",
             NAMESPACE,
             "--set",
             &image_registry,
-            "--set",
-            &image_tag,
             "--set",
             "kubeletPlugin.debugEcho.enabled=true",
             "--set",

@@ -100,7 +100,7 @@ impl Cluster {
         let logs = dir.path().join("logs");
         std::fs::create_dir_all(&logs)?;
 
-        let real = match (kind, real_nodes_available()) {
+        let real = match (kind, real_nodes_available().await) {
             (NodeKind::Simulated, _) => None,
             (_, Ok(images)) => Some(images),
             (NodeKind::Real, Err(why)) => {
@@ -147,7 +147,7 @@ impl Cluster {
         Ok(cluster)
     }
 
-    /// Real nodes with the images, then the chart, as the Quickstart says.
+    /// Real nodes pulling from the registry, then the chart from it, as the Quickstart says.
     async fn install_chart(&mut self, images: &Images) -> anyhow::Result<()> {
         step(
             &format!("namespace {NAMESPACE}, labelled for the chart's Pod Security level"),
@@ -161,14 +161,12 @@ impl Cluster {
         for (name, hidden) in NODES {
             let node = step(
                 &format!(
-                    "{name}: containerd, kubelet, our images {REGISTRY}/*:{}",
-                    images.tag,
+                    "{name}: containerd (pulling from {REGISTRY}), kubelet",
                     REGISTRY = chart::REGISTRY
                 ),
                 async {
                     let node = RealNode::start(&self.cp, name).await?;
                     node.tag_image("busybox", EXAMPLE_IMAGE).await?;
-                    images.load(&node).await?;
                     // What the node's debugEcho devices do not see: the chart keeps the
                     // availability file on the node (docs/discovery-handlers.md).
                     node.host_shell(&format!(
@@ -181,7 +179,11 @@ impl Cluster {
             real_nodes.push(node);
         }
         step(
-            "helm install akri charts/akri: kubelet-plugin DaemonSet, driver-controller, broker-controller",
+            &format!(
+                "helm install akri {} --version {}: kubelet-plugin DaemonSet, driver-controller, broker-controller",
+                chart::CHART,
+                images.tag
+            ),
             chart::install(self.cp.kubeconfig(), images),
         )
         .await
@@ -413,8 +415,8 @@ impl Node {
 }
 
 /// Whether real nodes can run here, with the images they run: `Err` says what is missing.
-fn real_nodes_available() -> Result<Images, String> {
+async fn real_nodes_available() -> Result<Images, String> {
     let bins = BinDir::from_env().map_err(|e| e.to_string())?;
     RealNode::available(&bins)?;
-    Images::built().map_err(|e| format!("{e:#}"))
+    Images::pushed().await.map_err(|e| format!("{e:#}"))
 }

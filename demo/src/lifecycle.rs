@@ -105,14 +105,10 @@ pub async fn upgrade(cluster: &Cluster, images: &Images) -> anyhow::Result<Vec<S
     let before = published(cluster).await?;
 
     let tag = format!("{}-rebuilt", images.tag);
-    step(&format!("our images tagged {tag} on every node"), async {
-        for node in &cluster.nodes {
-            if let Kubelet::Real(real) = &node.kubelet {
-                images.tag_as(real, &tag).await?;
-            }
-        }
-        anyhow::Ok(())
-    })
+    step(
+        &format!("our images pushed again as {tag}"),
+        images.push_as(&tag),
+    )
     .await?;
     step(
         &format!(

@@ -143,7 +143,10 @@ impl Report {
             let _ = writeln!(out, "  {line}");
         }
         if let Some(installed) = &self.installed {
-            let _ = writeln!(out, "\nThe chart's pods (helm install akri charts/akri):");
+            let _ = writeln!(
+                out,
+                "\nThe chart's pods (helm install akri from the registry):"
+            );
             for (pod, component, node, phase, ready) in &installed.pods {
                 let ready = if *ready { "ready" } else { "NOT READY" };
                 let _ = writeln!(out, "  {pod:<44} {component:<18} {node:<7} {phase} {ready}");

@@ -1,14 +1,17 @@
-//! The product as a user installs it: the images `hack/images.sh` built, made present in a
-//! real node's containerd under a private registry's names (as if pulled from it; nothing is
-//! pulled), and Helm (built by `hack/helm.sh`) run on `charts/akri`. Shared by the chart tests,
-//! the legacy-only cluster tests and the demo.
+//! The product as a user installs it: the images `hack/images.sh` built and the chart, pushed
+//! to a real registry on this machine (`hack/registry.sh`, `hack/push.sh`: the README's
+//! Quickstart), the real nodes' containerd pulling from it, and Helm (built by `hack/helm.sh`)
+//! installing the chart from it by version. Shared by the cluster tests and the demo.
 
-use crate::{ControlPlane, Error, RealNode};
+use crate::Error;
 use std::path::{Path, PathBuf};
 
-/// The registry the images are named after (`image.registry`): on loopback, so a kubelet that
-/// ever tried to pull would reach nothing but this machine.
+/// The registry's host, as its clients name it (`hack/registry.sh` serves it on loopback).
+pub const REGISTRY_HOST: &str = "localhost:5000";
+/// The registry the images are pushed to (`image.registry`).
 pub const REGISTRY: &str = "localhost:5000/akri";
+/// The chart in the registry (`helm install akri <CHART> --version <tag>`).
+pub const CHART: &str = "oci://localhost:5000/akri/charts/akri";
 
 /// The repository (the chart, the images, the examples).
 pub fn repo() -> PathBuf {
@@ -18,14 +21,30 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
-/// The images `hack/images.sh` wrote (`_output/images/<name>`, OCI layouts) and their tag.
+/// What a node's containerd is told about the registry (`certs.d/localhost:5000/hosts.toml`):
+/// the README's Quickstart block, as a user writes it.
+pub fn hosts_toml() -> Result<String, Error> {
+    let readme = repo().join("README.md");
+    let blocks = crate::docs::section_blocks(&readme, "Quickstart", &["toml"])
+        .map_err(Error::io("read the README's Quickstart"))?;
+    match &blocks[..] {
+        [hosts] => Ok(hosts.clone()),
+        _ => Err(Error::Other(format!(
+            "the README's Quickstart has {} toml blocks, want the one hosts.toml",
+            blocks.len()
+        ))),
+    }
+}
+
+/// Our images in the registry: their names and the tag `hack/images.sh` gave them.
 pub struct Images {
-    layouts: Vec<PathBuf>,
+    names: Vec<String>,
     pub tag: String,
 }
 
 impl Images {
-    /// The built images; an error that says to run `hack/images.sh` when there are none.
+    /// The images `hack/images.sh` built (`_output/images/<name>`, tagged `_output/images/TAG`),
+    /// without asking the registry; an error that says to build them.
     pub fn built() -> Result<Images, Error> {
         let dir = repo().join("_output/images");
         let missing = || {
@@ -34,85 +53,50 @@ impl Images {
                 dir.display()
             ))
         };
-        let mut layouts = Vec::new();
-        let mut tags = std::collections::BTreeSet::new();
-        for entry in std::fs::read_dir(&dir).map_err(|_| missing())?.flatten() {
-            let path = entry.path();
-            let Ok(index) = std::fs::read(path.join("index.json")) else {
-                continue;
-            };
-            let index: serde_json::Value = serde_json::from_slice(&index)
-                .map_err(|e| Error::Other(format!("{}: {e}", path.display())))?;
-            for manifest in index["manifests"].as_array().into_iter().flatten() {
-                if let Some(tag) =
-                    manifest["annotations"]["org.opencontainers.image.ref.name"].as_str()
-                {
-                    tags.insert(tag.to_string());
-                }
-            }
-            layouts.push(path);
-        }
-        if layouts.is_empty() {
+        let tag = std::fs::read_to_string(dir.join("TAG")).map_err(|_| missing())?;
+        let mut names: Vec<String> = (std::fs::read_dir(&dir).map_err(|_| missing())?.flatten())
+            .filter(|entry| entry.path().join("index.json").is_file())
+            .map(|entry| entry.file_name().to_string_lossy().into_owned())
+            .collect();
+        if names.is_empty() {
             return Err(missing());
         }
-        if tags.len() != 1 {
-            return Err(Error::Other(format!(
-                "the images in {} carry tags {tags:?}, want one: run hack/images.sh",
-                dir.display()
-            )));
-        }
-        layouts.sort();
+        names.sort();
         Ok(Images {
-            layouts,
-            tag: tags.into_iter().next().expect("one tag"),
+            names,
+            tag: tag.trim().to_string(),
         })
     }
 
-    /// Only the images named (e.g. `akri-kubelet-plugin`): less to load on a node that runs
-    /// nothing else of ours.
-    pub fn only(mut self, names: &[&str]) -> Images {
-        self.layouts.retain(|layout| {
-            layout
-                .file_name()
-                .is_some_and(|name| names.iter().any(|n| name == *n))
-        });
-        self
-    }
-
-    fn names(&self) -> impl Iterator<Item = (&Path, String)> {
-        self.layouts.iter().map(|layout| {
-            let name = layout.file_name().expect("a layout directory");
-            (layout.as_path(), name.to_string_lossy().into_owned())
-        })
-    }
-
-    /// Starts real node `name` of `cp` with every image present, as the chart's pods need.
-    pub async fn on_new_node(&self, cp: &ControlPlane, name: &str) -> Result<RealNode, Error> {
-        let node = RealNode::start(cp, name).await?;
-        self.load(&node).await?;
-        Ok(node)
-    }
-
-    /// Makes every image present on `node` as `<REGISTRY>/<name>:<tag>`.
-    pub async fn load(&self, node: &RealNode) -> Result<(), Error> {
-        for (layout, name) in self.names() {
-            node.import_image_layout(layout, &format!("{REGISTRY}/{name}"))
-                .await
-                .map_err(|e| {
-                    Error::Other(format!("load image {name} into {}: {e}", node.node_name()))
-                })?;
+    /// The images `hack/images.sh` built, each served by the registry under its tag (the
+    /// chart too): an error that says how to push them when one is not.
+    pub async fn pushed() -> Result<Images, Error> {
+        let images = Images::built()?;
+        let chart = CHART.trim_start_matches("oci://");
+        let wanted = (images.names.iter().map(|name| format!("{REGISTRY}/{name}")))
+            .chain([chart.to_string()])
+            .map(|repository| format!("docker://{repository}:{}", images.tag));
+        for reference in wanted {
+            if let Err(error) =
+                skopeo(&["inspect", "--raw", "--tls-verify=false", &reference]).await
+            {
+                return Err(Error::Other(format!(
+                    "{error}: run `hack/registry.sh start` and `hack/push.sh {REGISTRY} \
+                     --plain-http` (the README's Quickstart)"
+                )));
+            }
         }
-        Ok(())
+        Ok(images)
     }
 
-    /// Makes every image, already loaded, present on `node` under another tag too: what a
-    /// rebuilt image looks like to the node.
-    pub async fn tag_as(&self, node: &RealNode, tag: &str) -> Result<(), Error> {
-        for (_, name) in self.names() {
-            let source = format!("{REGISTRY}/{name}:{}", self.tag);
-            let target = format!("{REGISTRY}/{name}:{tag}");
-            node.ctr(&["images", "tag", "--force", &source, &target])
-                .await?;
+    /// Pushes every image again under `tag` as well (a copy inside the registry: same
+    /// digests), e.g. a release before this one.
+    pub async fn push_as(&self, tag: &str) -> Result<(), Error> {
+        for name in &self.names {
+            let from = format!("docker://{REGISTRY}/{name}:{}", self.tag);
+            let to = format!("docker://{REGISTRY}/{name}:{tag}");
+            let args = ["copy", "--quiet", "--all", "--src-tls-verify=false"];
+            skopeo(&[&args[..], &["--dest-tls-verify=false", &from, &to]].concat()).await?;
         }
         Ok(())
     }
@@ -126,9 +110,29 @@ impl Images {
     }
 }
 
+/// Runs skopeo with `args`; an error with the command and what it printed when it fails.
+async fn skopeo(args: &[&str]) -> Result<(), Error> {
+    let output = tokio::process::Command::new("skopeo")
+        .args(args)
+        .output()
+        .await
+        .map_err(Error::io("run skopeo (hack/setup.sh installs it)"))?;
+    match output.status.success() {
+        true => Ok(()),
+        false => Err(Error::Other(format!(
+            "skopeo {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))),
+    }
+}
+
 /// Runs `cp`'s kubectl with `args` from the repository root (relative paths, as the docs write
 /// them, work); its stdout, or an error with what it printed.
-pub fn kubectl<S: AsRef<std::ffi::OsStr>>(cp: &ControlPlane, args: &[S]) -> Result<String, Error> {
+pub fn kubectl<S: AsRef<std::ffi::OsStr>>(
+    cp: &crate::ControlPlane,
+    args: &[S],
+) -> Result<String, Error> {
     let output = std::process::Command::new(cp.bins().require("kubectl")?)
         .args(args)
         .current_dir(repo())

@@ -37,6 +37,13 @@ impl Containerd {
             std::fs::create_dir_all(sub).map_err(Error::io(format!("create {}", sub.display())))?;
         }
         let pause = bins.image_name("pause")?;
+        // The registry our images are pulled from (hack/registry.sh), plain HTTP on loopback:
+        // said in its hosts.toml, as a user of such a registry tells containerd.
+        let registries = dir.join("containerd/certs.d");
+        let local = registries.join(crate::product::REGISTRY_HOST);
+        std::fs::create_dir_all(&local).map_err(Error::io("create the registry's hosts dir"))?;
+        std::fs::write(local.join("hosts.toml"), crate::product::hosts_toml()?)
+            .map_err(Error::io("write the registry's hosts.toml"))?;
         let runc = bins.require("runc")?;
         // Config version 3 (containerd 2.x). CDI is always on in 2.x; only the spec directories
         // are ours. Network namespaces are mounted under the state directory so that the
@@ -58,6 +65,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   address = "{socket}.debug"
 [plugins.'io.containerd.cri.v1.images']
   snapshotter = 'overlayfs'
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = '{registries}'
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = '{pause}'
 [plugins.'io.containerd.cri.v1.runtime']
@@ -85,6 +94,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             runc = runc.display(),
             cni_bin = bins.cni_dir().display(),
             cni_conf = cni_conf.display(),
+            registries = registries.display(),
         );
         let config_path = dir.join("containerd/config.toml");
         std::fs::write(&config_path, config).map_err(Error::io("write containerd's config"))?;

@@ -63,8 +63,8 @@ impl Kubelet {
             "failSwapOn": false,
             // The machine's disk is shared with the build and may be nearly full (CI once had
             // under 1% free): eviction would reject every new pod with DiskPressure, and image
-            // GC would take the imported images (which cannot be pulled back) away. The kubelet
-            // ignores a "0%" threshold, so these turn each signal off rather than lowering it;
+            // GC would take the imported images (pause and busybox, which cannot be pulled
+            // back) away. The kubelet ignores a "0%" threshold, so these turn each signal off rather than lowering it;
             // signals left out of the map are not defaulted back in.
             "evictionHard": {
                 "memory.available": "0%",

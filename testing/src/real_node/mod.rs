@@ -197,37 +197,6 @@ impl RealNode {
             .map(drop)
     }
 
-    /// Imports the OCI image layout `layout` (one directory, as `hack/images.sh` writes them)
-    /// into the node's containerd as `<base_name>:<tag>`, for each tag the layout's index
-    /// names: a chart's image, present on the node as if pulled from `base_name`'s registry.
-    pub async fn import_image_layout(&self, layout: &Path, base_name: &str) -> Result<(), Error> {
-        let name = layout
-            .file_name()
-            .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-        let archive = self.dir.path().join(format!("image-{name}.tar"));
-        run(
-            "tar",
-            &[
-                "-C",
-                &layout.display().to_string(),
-                "-cf",
-                &archive.display().to_string(),
-                ".",
-            ],
-        )?;
-        let imported = self
-            .ctr(&[
-                "images",
-                "import",
-                "--base-name",
-                base_name,
-                &archive.display().to_string(),
-            ])
-            .await;
-        let _ = std::fs::remove_file(&archive);
-        imported.map(drop)
-    }
-
     /// Runs `script` with `sh -c` as the node's host sees it (its mount namespace: its own
     /// `/var/lib/kubelet`, `/var/run/cdi`, ...), as an operator's shell on that node would;
     /// its stdout, or an error with its stderr.

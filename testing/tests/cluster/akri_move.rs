@@ -10,7 +10,7 @@
 
 use akri_api::v0::{Configuration, Instance};
 use akri_testing::product::{Images, repo, shell_in};
-use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
+use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -37,12 +37,8 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    let images = Images::built().unwrap().only(&[
-        "akri-kubelet-plugin",
-        "akri-driver-controller",
-        "akri-broker-controller",
-    ]);
-    let node = images.on_new_node(&cp, NODE).await.expect("real node");
+    Images::pushed().await.unwrap();
+    let node = RealNode::start(&cp, NODE).await.expect("real node");
     let busybox = node.busybox_image().unwrap();
     let mut doc = Doc::new(&cp);
 
@@ -113,7 +109,8 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
     // 5. The chart in legacy mode.
     doc.run("kubectl apply -f examples/akri-namespace.yaml")
         .await;
-    doc.run("helm install akri charts/akri").await;
+    doc.run("helm install akri oci://localhost:5000/akri/charts/akri")
+        .await;
     let v0 = Api::<Configuration>::namespaced(client.clone(), USERS);
     let v0_instances = Api::<Instance>::namespaced(client.clone(), USERS);
     for config in [DOCUMENTED, OTHER] {
@@ -215,7 +212,7 @@ async fn a_cluster_moves_off_akri_as_documented_and_no_device_is_held_twice() {
 
     // 7. Legacy mode off: the plugins restart (the test waits for the rollout), the brokers
     // stay.
-    doc.run("helm upgrade akri charts/akri --namespace akri --reuse-values")
+    doc.run("helm upgrade akri oci://localhost:5000/akri/charts/akri")
         .await;
     doc.done();
     for (broker, seen) in &moved {

@@ -35,7 +35,6 @@ const WAIT: Duration = Duration::from_secs(120);
 /// (each with configurations of its own).
 struct Shared {
     cp: ControlPlane,
-    images: Images,
     nodes: Vec<RealNode>,
     /// The users' namespace: Configurations, their Instances and the pods.
     ns: String,
@@ -63,17 +62,13 @@ async fn cluster() -> Cluster {
                 .await
                 .expect("control plane");
             let client = cp.client().await.unwrap();
-            let images = Images::built().unwrap().only(&[
-                "akri-kubelet-plugin",
-                "akri-driver-controller",
-                "akri-opcua-discovery-handler",
-            ]);
+            Images::pushed().await.unwrap();
             let mut nodes = Vec::new();
             for name in NODES {
-                nodes.push(images.on_new_node(&cp, name).await.expect("real node"));
+                nodes.push(RealNode::start(&cp, name).await.expect("real node"));
             }
             // The commands docs/operations.md gives for clusters without DRA, as written (the
-            // images are on the nodes under the registry and tag they name), plus what the
+            // chart from the registry, whose images the nodes pull from it), plus what the
             // tests need: a short reclaim grace, the embedded debugEcho handler's devices shared
             // between the nodes, and a handler as its own DaemonSet, for its containment (no
             // configuration uses it).
@@ -101,7 +96,6 @@ async fn cluster() -> Cluster {
             );
             Shared {
                 cp,
-                images,
                 nodes,
                 ns,
             }
@@ -606,7 +600,7 @@ async fn two_nodes_racing_for_a_shared_slot_never_both_get_it() {
 async fn the_slots_of_a_node_that_went_are_freed_by_the_driver_controller() {
     let c = &cluster().await;
     let name = "legacy-gone";
-    let node = c.images.on_new_node(&c.cp, name).await.expect("real node");
+    let node = RealNode::start(&c.cp, name).await.expect("real node");
     let pods = Api::<Pod>::namespaced(c.client.clone(), NAMESPACE);
     akri_testing::eventually_within(
         "a kubelet-plugin pod ready on the new node",

@@ -9,7 +9,7 @@
 //! the other suites that install the chart on real nodes (`hack/test.sh`).
 
 use akri_testing::product::{Helm, Images, kubectl};
-use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
+use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
@@ -26,14 +26,10 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    let images = Images::built().unwrap().only(&[
-        "akri-kubelet-plugin",
-        "akri-driver-controller",
-        "akri-opcua-discovery-handler",
-    ]);
+    let images = Images::pushed().await.unwrap();
     let mut nodes = Vec::new();
     for name in NODES {
-        nodes.push(images.on_new_node(&cp, name).await.expect("real node"));
+        nodes.push(RealNode::start(&cp, name).await.expect("real node"));
     }
     let (reaching, refused) = (&nodes[0], &nodes[1]);
 

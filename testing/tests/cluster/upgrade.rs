@@ -13,8 +13,8 @@
 //! device-plugin client per resource, see `device_plugin::server`).
 
 use akri_api::v0::Instance;
-use akri_testing::product::{Helm, Images, kubectl, repo, shell};
-use akri_testing::{ControlPlane, ControlPlaneOptions, from_json};
+use akri_testing::product::{CHART, Helm, Images, kubectl, repo, shell};
+use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, LogParams, PostParams};
@@ -27,8 +27,8 @@ const USERS: &str = "apps";
 const WAIT: Duration = Duration::from_secs(180);
 /// The DiscoveryConfiguration the chart installs with `discoveryConfigurations.debugEcho`.
 const CLASS: &str = "akri-debug-echo";
-/// The previous release's image tag on the node.
-const PREVIOUS: &str = "previous";
+/// The previous release: its chart's version and appVersion, its images' tag.
+const PREVIOUS: &str = "0.0.0-previous";
 
 #[tokio::test]
 async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_slice() {
@@ -36,12 +36,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         .await
         .expect("control plane");
     let client = cp.client().await.unwrap();
-    let images = Images::built().unwrap().only(&[
-        "akri-kubelet-plugin",
-        "akri-driver-controller",
-        "akri-debug-echo-discovery-handler",
-    ]);
-    let node = images.on_new_node(&cp, NODE).await.expect("real node");
+    let images = Images::pushed().await.unwrap();
+    let node = RealNode::start(&cp, NODE).await.expect("real node");
     let busybox = node.busybox_image().unwrap();
 
     // The previous release as the README installs it, with legacy mode on too, four debugEcho
@@ -49,25 +45,27 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     let kubeconfig = cp.kubeconfig().display().to_string();
     kubectl(&cp, &["apply", "-f", "examples/akri-namespace.yaml"]).unwrap();
     let helm = Helm::new().unwrap();
+    // Pushed as a release is: its images under its version, its chart by version.
     let previous = PreviousRelease::new();
-    images.tag_as(&node, PREVIOUS).await.unwrap();
+    images.push_as(PREVIOUS).await.unwrap();
+    previous.push(&helm).await;
     let registry = images.values()[0].clone();
-    let tag = format!("image.tag={PREVIOUS}");
     // The users' namespace, whose v0 Configuration the legacy device plugins serve.
     let users = cp.create_namespace(USERS).await.unwrap();
     let served = format!("legacyDevicePlugin.namespaces={{{users}}}");
     helm.ok(&[
         "install",
         "akri",
-        &previous.chart(),
+        CHART,
+        "--version",
+        PREVIOUS,
+        "--plain-http",
         "--namespace",
         "akri",
         "--kubeconfig",
         &kubeconfig,
         "--set",
         &registry,
-        "--set",
-        &tag,
         "--set",
         "discoveryHandlers.debugEcho.enabled=true",
         "--set",
@@ -674,12 +672,10 @@ impl PreviousRelease {
         let release = PreviousRelease { dir };
         let chart_yaml = release.path("Chart.yaml");
         let text = std::fs::read_to_string(&chart_yaml).unwrap();
-        let chart: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-        let version = format!("{}-previous", chart["version"].as_str().unwrap());
         let text = (text.lines())
             .map(|line| match line.split_once(':') {
-                Some(("version", _)) => format!("version: {version}"),
-                Some(("appVersion", _)) => format!("appVersion: \"{version}\""),
+                Some(("version", _)) => format!("version: {PREVIOUS}"),
+                Some(("appVersion", _)) => format!("appVersion: \"{PREVIOUS}\""),
                 _ => line.to_string(),
             })
             .collect::<Vec<_>>()
@@ -697,8 +693,18 @@ impl PreviousRelease {
         self.dir.path().join("akri").join(file)
     }
 
-    fn chart(&self) -> String {
-        self.path("").display().to_string()
+    /// `helm package` and `helm push` to the registry, as hack/push.sh does a build.
+    async fn push(&self, helm: &Helm) {
+        let chart = self.path("").display().to_string();
+        let out = self.dir.path().display().to_string();
+        helm.ok(&["package", &chart, "--destination", &out])
+            .await
+            .unwrap();
+        let package = format!("{out}/akri-{PREVIOUS}.tgz");
+        let registry = CHART.trim_end_matches("/akri");
+        helm.ok(&["push", &package, registry, "--plain-http"])
+            .await
+            .unwrap();
     }
 
     /// How this checkout's BrokerTemplate CRD describes its spec.
