@@ -48,7 +48,7 @@ impl Binaries {
 
 /// The image the example pod runs (`examples/debug-echo/03-claim-and-pod.yaml`). Nothing is
 /// pulled here: on a real node it is the test image (Debian's busybox-static) under this name.
-pub const EXAMPLE_IMAGE: &str = "docker.io/library/busybox:1.37";
+pub const EXAMPLE_IMAGE: &str = "registry.k8s.io/e2e-test-images/busybox:1.36.1-1";
 
 /// What a node's kubelet is.
 pub enum Kubelet {
