@@ -2989,3 +2989,37 @@ async fn only_the_driver_controller_writes_the_config_maps_nodes_read() {
             .expect("the driver-controller deletes it");
     }
 }
+
+/// The Quickstart's registry and push lines are the ones the demo and CI run, word for word:
+/// what they install is what a user who copies the Quickstart pushed.
+#[test]
+fn the_quickstarts_registry_lines_are_what_the_demo_and_ci_run() {
+    let blocks = akri_testing::docs::section_blocks(
+        &repo().join("README.md"),
+        "Quickstart on a real cluster",
+        &["sh"],
+    )
+    .unwrap();
+    let lines: Vec<&str> = (blocks.iter().flat_map(|b| b.lines()))
+        .filter(|l| l.starts_with("hack/"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "hack/registry.sh start",
+            "hack/push.sh localhost:5000/akri --plain-http"
+        ],
+        "{blocks:?}"
+    );
+    for script in ["hack/demo.sh", "hack/test.sh"] {
+        let text = std::fs::read_to_string(repo().join(script)).unwrap();
+        for line in &lines {
+            assert!(
+                text.lines().map(str::trim).any(|l| l == *line
+                    || l.starts_with(&format!("{line} "))
+                    || l.contains(&format!("$({line} "))),
+                "{script} does not run {line:?} as written"
+            );
+        }
+    }
+}
