@@ -34,6 +34,8 @@ struct Cluster {
     driver: tokio::task::JoinHandle<()>,
     brokers: tokio::task::JoinHandle<()>,
     metrics: Metrics,
+    /// The device each node does not see.
+    offline: [String; 2],
 }
 
 impl Drop for Cluster {
@@ -71,6 +73,7 @@ impl Cluster {
             driver,
             brokers,
             metrics,
+            offline: offline.map(String::from),
         }
     }
 
@@ -82,8 +85,9 @@ impl Cluster {
         (self.brokers, self.metrics) = support::spawn_broker_controller(&client, &self.akri);
     }
 
-    /// A debugEcho DiscoveryConfiguration; waits for its Instances and returns the nodes
-    /// reaching each one.
+    /// A debugEcho DiscoveryConfiguration; waits for its Instances, each with every node that
+    /// sees its device (a shared Instance's second node can join after it exists), and
+    /// returns the nodes reaching each one.
     async fn discovery(&self, name: &str, descriptions: &str) -> BTreeMap<String, Vec<String>> {
         Api::<DiscoveryConfiguration>::all(self.client.clone())
             .create(
@@ -96,8 +100,15 @@ impl Cluster {
             )
             .await
             .unwrap();
-        let count = descriptions.split(',').count();
-        support::instances(&self.client, &self.akri, name, |found| found.len() == count).await
+        let described: Vec<&str> = descriptions.split(',').map(str::trim).collect();
+        // Each node sees every device but the one its availability file hides.
+        let entries: usize = (described.iter())
+            .map(|d| self.offline.iter().filter(|hidden| hidden != d).count())
+            .sum();
+        support::instances(&self.client, &self.akri, name, |found| {
+            found.len() == described.len() && found.values().map(Vec::len).sum::<usize>() == entries
+        })
+        .await
     }
 
     fn instances(&self) -> Api<Instance> {
