@@ -41,7 +41,7 @@ fn v0_configuration() -> Value {
             "capacity": 2,
             "brokerProperties": { "RESOLUTION": "1080p" },
             "brokerSpec": { "brokerPodSpec": { "containers": [{
-                "name": "broker", "image": "busybox:1.37",
+                "name": "broker", "image": "registry.k8s.io/e2e-test-images/busybox:1.36.1-1",
                 "command": ["sh", "-c", "env; sleep infinity"],
                 "resources": { "limits": { "{{PLACEHOLDER}}": "1" } },
             }]}},
