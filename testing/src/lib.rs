@@ -55,6 +55,18 @@ pub use proxy::{TcpProxy, UnixRelay};
 pub use real_node::{RealNode, Refusal};
 pub use slow_lists::SlowLists;
 
+/// Logs of the components a test runs in its own runtime go to the test's output, shown when
+/// it fails (`RUST_LOG`, warnings by default): a controller's failed reconciliations say why a
+/// wait timed out. Every control plane sets it up; the first call wins.
+pub fn test_logs() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_test_writer()
+        .try_init();
+}
+
 /// A free TCP port on 127.0.0.1, for a component the harness starts (bound and released;
 /// tests run on one machine).
 ///

@@ -24,14 +24,8 @@ pub use akri_testing::eventually;
 pub use akri_testing::from_json;
 
 /// A full control plane of its own with the akri.sh CRDs, a client and a namespace for
-/// Instances; test logs go to the test's output (`RUST_LOG`).
+/// Instances.
 pub async fn control_plane() -> (ControlPlane, kube::Client, String) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .with_test_writer()
-        .try_init();
     let cp = ControlPlane::start(ControlPlaneOptions {
         crds: akri_api::crds::all(),
         ..ControlPlaneOptions::full()
