@@ -53,10 +53,26 @@ wait_for() {
     exit "$status"
   fi
 }
+# The name filters of a `cargo test ...` command line: its positional arguments, before `--`
+# (after `cargo test`) and after it, without the values of the options that take one.
+filters_of() {
+  local skip_next=0 arg
+  shift 2 # cargo test
+  for arg in "$@"; do
+    if [ "$skip_next" = 1 ]; then skip_next=0; continue; fi
+    case "$arg" in
+      --) ;;
+      --test | --bench | --bin | --example | -p | --package | --features | --target | --skip | --test-threads | -j | --jobs | --exclude | --color | --format | -Z)
+        skip_next=1 ;;
+      -*) ;;
+      *) echo "$arg" ;;
+    esac
+  done
+}
 # Runs `cargo test ...` (the whole command line) and fails unless it ran every test the same
-# command lists (`--list`; ignored ones count as run) and at least one: a filter that
-# matches nothing after a rename, or a target that lost its tests, fails the step instead of
-# passing it empty.
+# command lists (`--list`; ignored ones count as run), at least one, and at least one per name
+# filter: a filter that matches nothing after a rename (alone, or beside others that still
+# match), or a target that lost its tests, fails the step instead of passing it empty.
 counted() {
   local out listed ran
   out=$(mktemp)
@@ -68,9 +84,19 @@ counted() {
   esac
   listed=$("${list[@]}" 2>/dev/null | awk '/^[0-9]+ tests?, [0-9]+ benchmarks?$/ { n += $1 } END { print n + 0 }')
   ran=$(awk '/^test result: / { n += $4 + $8 } END { print n + 0 }' "$out")
+  local filter unmatched=()
+  while read -r filter; do
+    [ -n "$filter" ] || continue
+    awk -v f="$filter" '/^test .* \.\.\. (ok|ignored)/ && index($2, f) { found = 1 } END { exit !found }' "$out" ||
+      unmatched+=("$filter")
+  done < <(filters_of "$@")
   rm -f "$out"
   if [ "$ran" -eq 0 ] || [ "$ran" -ne "$listed" ]; then
     echo "counted: ran $ran of the $listed tests listed by: $*" >&2
+    return 1
+  fi
+  if [ "${#unmatched[@]}" -gt 0 ]; then
+    echo "counted: no test ran for the filter(s) ${unmatched[*]} of: $*" >&2
     return 1
   fi
   echo "counted: ran all $ran tests listed by: $*"
