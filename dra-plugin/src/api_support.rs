@@ -111,7 +111,7 @@ pub async fn consumable_capacity(client: &kube::Client) -> Result<bool, Error> {
 /// Whether slices keep `perDeviceNodeSelection`. With the gate off the server drops it and
 /// the device's selector, then rejects the slice for naming no nodes at all. Needs `create`
 /// on resourceslices.
-pub async fn per_device_node_selection(client: &kube::Client) -> Result<bool, Error> {
+pub(crate) async fn per_device_node_selection(client: &kube::Client) -> Result<bool, Error> {
     let slices = Api::<ResourceSlice>::all(client.clone());
     let stored = create_or_rejected(
         &slices,
@@ -168,7 +168,7 @@ pub async fn binding_conditions(client: &kube::Client) -> Result<bool, Error> {
 }
 
 /// Whether slices keep `skipNodeOperations`. Needs `create` on resourceslices.
-pub async fn optional_node_operations(client: &kube::Client) -> Result<bool, Error> {
+pub(crate) async fn optional_node_operations(client: &kube::Client) -> Result<bool, Error> {
     let slices = Api::<ResourceSlice>::all(client.clone());
     let mut slice = probe_slice(false, false);
     slice.spec.skip_node_operations = Some(vec![crate::slices::SKIP_ALL_NODE_OPERATIONS.into()]);
@@ -177,7 +177,7 @@ pub async fn optional_node_operations(client: &kube::Client) -> Result<bool, Err
 }
 
 /// Whether DeviceClasses keep `extendedResourceName`. Needs `create` on deviceclasses.
-pub async fn extended_resource_name(client: &kube::Client) -> Result<bool, Error> {
+pub(crate) async fn extended_resource_name(client: &kube::Client) -> Result<bool, Error> {
     let classes = Api::<DeviceClass>::all(client.clone());
     let class = DeviceClass {
         metadata: ObjectMeta {

@@ -29,7 +29,7 @@ use crate::slices::Published;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::Device;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 /// The kubelet's root directory (its `--root-dir`), unless told otherwise.
@@ -162,7 +162,7 @@ impl Builder {
     /// `metadata.uid`), and another pod of the driver may run beside it on the node while one
     /// replaces the other (a DaemonSet with `maxSurge: 1`). Its sockets are named after the
     /// pod, so the kubelet (1.33 and later) takes both, and the two share the checkpoint,
-    /// each call locking `<plugin dir>/serialize.lock` ([`DraService::shared`]). Without it,
+    /// each call locking `<plugin dir>/serialize.lock` (`DraService::shared`). Without it,
     /// the plugin is alone on its node.
     pub fn rolling_update(mut self, pod_uid: impl Into<String>) -> Self {
         self.pod_uid = Some(pod_uid.into()).filter(|uid| !uid.is_empty());
@@ -208,7 +208,7 @@ impl Builder {
 
     /// Opens the checkpoint, serves the DRA services and health on
     /// `<plugin dir>/dra.sock`, registers with the kubelet (again whenever a restarted
-    /// kubelet forgets it), and readies the node's pools ([`NodePools`]).
+    /// kubelet forgets it), and readies the node's pools (`NodePools`).
     pub async fn start<D: Driver>(
         self,
         client: kube::Client,
@@ -361,7 +361,7 @@ impl<D: Driver> Plugin<D> {
     }
 
     /// The node's pools of this driver, e.g. to read what is
-    /// [`stored`](NodePools::stored).
+    /// `stored`.
     pub fn pools(&self) -> &NodePools {
         &self.pools
     }
@@ -379,11 +379,6 @@ impl<D: Driver> Plugin<D> {
     /// The driver.
     pub fn driver(&self) -> &D {
         self.service.driver()
-    }
-
-    /// The service socket the kubelet calls.
-    pub fn socket(&self) -> &Path {
-        self.served.socket()
     }
 
     /// The registration status the kubelet last reported.
@@ -410,7 +405,7 @@ mod tests {
             dirs(builder()),
             (
                 PathBuf::from(KUBELET_REGISTRY_DIR),
-                Path::new(KUBELET_PLUGINS_DIR).join("gadget.example.com")
+                std::path::Path::new(KUBELET_PLUGINS_DIR).join("gadget.example.com")
             )
         );
         assert_eq!(

@@ -8,7 +8,7 @@
 //! CDI device names must be unique across all spec files of one kind: the runtime's registry
 //! drops a device defined twice. One physical device can be in several claims at once (shared
 //! through consumable capacity), so each CDI device name is derived from the claim uid and the
-//! DRA device name ([`device_name`]), sanitized into CDI's alphabet.
+//! DRA device name (`device_name`), sanitized into CDI's alphabet.
 //!
 //! A spec is replaced atomically (readers see the old file or the new one) but not fsynced:
 //! the checkpoint records its content durably before the kubelet hears of the claim, and the
@@ -159,11 +159,6 @@ impl CdiRoot {
         })
     }
 
-    /// The directory the spec files are written to.
-    pub fn dir(&self) -> &Path {
-        &self.dir
-    }
-
     /// Where the spec for `claim_uid` and `class` is written.
     pub fn spec_path(&self, class: &str, claim_uid: &str) -> Result<PathBuf, Error> {
         validate_vendor_or_class("class", class)?;
@@ -249,7 +244,7 @@ pub fn remove_claim_spec(path: &Path) -> Result<(), Error> {
 /// every character CDI does not allow replaced by `_` and an `x` added at either end if the
 /// name would not start or end with a letter or digit. DRA device names (DNS labels) and
 /// claim uids (UUIDs) pass through unchanged.
-pub fn device_name(claim_uid: &str, device: &str) -> String {
+pub(crate) fn device_name(claim_uid: &str, device: &str) -> String {
     sanitize(&format!("{claim_uid}-{device}"))
 }
 
@@ -491,7 +486,7 @@ mod tests {
         );
         let mode = std::fs::metadata(&spec.path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, SPEC_FILE_MODE);
-        let names: Vec<_> = std::fs::read_dir(root.dir())
+        let names: Vec<_> = std::fs::read_dir(&root.dir)
             .unwrap()
             .map(|e| e.unwrap().file_name())
             .collect();

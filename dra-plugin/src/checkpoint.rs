@@ -17,11 +17,11 @@
 //! does not matter but any change to the data does. Every store writes a temporary file in the
 //! same directory, fsyncs it, renames it over the checkpoint and fsyncs the directory: a crash
 //! leaves either the old or the new checkpoint, never a mix (at worst a stray hidden `.tmp`
-//! file, which [`Checkpoint::open`] ignores).
+//! file, which `Checkpoint::open` ignores).
 //!
 //! A checkpoint that cannot be read (an I/O error) is an [`Error`]: the file may be fine and
 //! the disk briefly unhappy. One that does not parse, has an unknown version or a wrong
-//! checksum is set aside by [`Checkpoint::open_or_set_aside`]: renamed to
+//! checksum is set aside by `Checkpoint::open_or_set_aside`: renamed to
 //! `<name>.corrupt-<unix seconds>` for the operator to inspect, and the plugin starts with no
 //! recorded claims. That loses nothing a driver cannot rebuild: the kubelet prepares again
 //! every claim of a pod it (re)starts, and unprepare of a claim the checkpoint does not know
@@ -175,7 +175,8 @@ pub enum Error {
 
 impl Error {
     /// The checkpoint file, for a message telling the operator what to inspect.
-    pub fn path(&self) -> &Path {
+    #[cfg(test)]
+    pub(crate) fn path(&self) -> &Path {
         match self {
             Error::Read { path, .. }
             | Error::Parse { path, .. }
@@ -187,13 +188,13 @@ impl Error {
     }
 }
 
-/// The file on disk. Reading happens once, in [`Checkpoint::open`]; the plugin keeps the
-/// claims in memory and calls [`Checkpoint::store`] after every change.
+/// The file on disk. Reading happens once, in `Checkpoint::open`; the plugin keeps the
+/// claims in memory and writes them after every change (`encode`, then `write`).
 ///
 /// The calls block on file I/O (a few small writes and fsyncs); from async code run them in
 /// `tokio::task::spawn_blocking` (as [`crate::service::DraService`] does) if that matters.
 #[derive(Clone, Debug)]
-pub struct Checkpoint {
+pub(crate) struct Checkpoint {
     path: PathBuf,
 }
 
@@ -226,7 +227,7 @@ impl Checkpoint {
     /// wrong checksum is renamed to `<name>.corrupt-<unix seconds>` and the plugin starts
     /// without recorded claims (see the module documentation for why that is safe). The caller
     /// should tell the operator, loudly, what was set aside.
-    pub fn open_or_set_aside(
+    pub(crate) fn open_or_set_aside(
         path: impl Into<PathBuf>,
     ) -> Result<(Checkpoint, PreparedClaims, Option<SetAside>), Error> {
         let path = path.into();
@@ -253,7 +254,7 @@ impl Checkpoint {
     }
 
     /// Reads the checkpoint at `path`; a missing file means no claims are prepared.
-    pub fn open(path: impl Into<PathBuf>) -> Result<(Checkpoint, PreparedClaims), Error> {
+    pub(crate) fn open(path: impl Into<PathBuf>) -> Result<(Checkpoint, PreparedClaims), Error> {
         let path = path.into();
         let bytes = match std::fs::read(&path) {
             Ok(bytes) => bytes,
@@ -291,7 +292,8 @@ impl Checkpoint {
     }
 
     /// Replaces the checkpoint with `claims`, atomically; creates the directory if missing.
-    pub fn store(&self, claims: &PreparedClaims) -> Result<(), Error> {
+    #[cfg(test)]
+    pub(crate) fn store(&self, claims: &PreparedClaims) -> Result<(), Error> {
         self.write(&self.encode(claims)?)
     }
 
@@ -327,7 +329,7 @@ impl Checkpoint {
     }
 
     /// The checkpoint file.
-    pub fn path(&self) -> &Path {
+    pub(crate) fn path(&self) -> &Path {
         &self.path
     }
 }

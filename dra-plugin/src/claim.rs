@@ -218,7 +218,7 @@ impl ClaimSource for std::sync::Arc<dyn ClaimSource> {
 pub const READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Reads `claim` from `source` and checks it for `driver` on `node`.
-pub async fn read_and_check(
+pub(crate) async fn read_and_check(
     source: &dyn ClaimSource,
     claim: &ClaimRef,
     driver: &str,
@@ -246,7 +246,7 @@ pub async fn read_and_check(
 }
 
 /// The checks of [`read_and_check`] on a claim already read. Pure, so unit-tested.
-pub fn check(
+pub(crate) fn check(
     object: ResourceClaim,
     claim: &ClaimRef,
     driver: &str,

@@ -68,13 +68,6 @@ impl Default for HealthReporter {
 }
 
 impl HealthReporter {
-    /// Resends every `interval` instead of [`RESEND_INTERVAL`] (tests); a `set` then keeps a
-    /// device in the resends for two such intervals.
-    pub fn with_resend_interval(mut self, interval: Duration) -> Self {
-        self.resend = interval;
-        self
-    }
-
     fn confirmed_for(&self) -> Duration {
         2 * self.resend
     }
@@ -121,7 +114,8 @@ impl HealthReporter {
     }
 
     /// The last health recorded for a device, vouched for recently or not.
-    pub fn get(&self, pool: &str, device: &str) -> Option<Health> {
+    #[cfg(test)]
+    pub(crate) fn get(&self, pool: &str, device: &str) -> Option<Health> {
         self.devices
             .borrow()
             .get(&(pool.to_string(), device.to_string()))
@@ -134,7 +128,7 @@ impl HealthReporter {
     }
 
     /// The gRPC service, `v1alpha1` (the kubelets before 1.37).
-    pub fn service_v1alpha1(
+    pub(crate) fn service_v1alpha1(
         &self,
     ) -> v1alpha1::dra_resource_health_server::DraResourceHealthServer<Self> {
         v1alpha1::dra_resource_health_server::DraResourceHealthServer::new(self.clone())

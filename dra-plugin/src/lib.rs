@@ -14,7 +14,7 @@
 //!   exactly what it prepared and prepares again with the same CDI ids.
 //! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
 //! - [`slices`]: publishing pools of devices as ResourceSlices, generation by generation.
-//! - [`node_pools`]: a node's pools of one driver, kept as wanted and repaired.
+//! - [`Plugin::publish_pools`]: a node's pools of one driver, kept as wanted and repaired.
 //! - [`health`]: the device health stream the kubelet reads.
 //! - [`metadata`]: device metadata, a file per request that containers read (KEP-5304).
 //! - [`registration`], [`plugin`], [`authority`]: the sockets the kubelet finds and calls.
@@ -34,7 +34,7 @@ pub mod claim;
 pub mod device_status;
 pub mod health;
 pub mod metadata;
-pub mod node_pools;
+mod node_pools;
 pub mod plugin;
 pub mod registration;
 pub mod service;

@@ -83,7 +83,7 @@ impl Version {
     pub const LATEST: Version = Version::V1beta1;
 
     /// The `apiVersion` of the objects of this version.
-    pub fn api_version(self) -> &'static str {
+    pub(crate) fn api_version(self) -> &'static str {
         match self {
             Version::V1alpha1 => "metadata.resource.k8s.io/v1alpha1",
             Version::V1beta1 => "metadata.resource.k8s.io/v1beta1",

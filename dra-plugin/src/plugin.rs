@@ -27,7 +27,7 @@ pub struct PluginConfig {
 impl PluginConfig {
     /// The service socket: `dra.sock`, or per pod `dra-<pod UID>.sock` (a hash of the UID
     /// where the path would be too long for a socket).
-    pub fn socket(&self) -> PathBuf {
+    pub(crate) fn socket(&self) -> PathBuf {
         let name = match &self.pod_uid {
             Some(uid) => registration::fitting(
                 &self.plugin_dir,
@@ -42,7 +42,7 @@ impl PluginConfig {
     }
 
     /// The registration socket ([`registration::socket_name`]).
-    pub fn registration_socket(&self) -> PathBuf {
+    pub(crate) fn registration_socket(&self) -> PathBuf {
         (self.registry_dir).join(registration::socket_name(
             &self.registry_dir,
             &self.driver_name,
@@ -80,7 +80,7 @@ pub struct KubeletPlugin {
 
 impl KubeletPlugin {
     /// Serves `service` and `health` (unless `None`: the driver reports no health) on
-    /// [`PluginConfig::socket`] and registers with the kubelet.
+    /// `PluginConfig::socket` and registers with the kubelet.
     pub fn start<D: Driver>(
         config: &PluginConfig,
         service: &DraService<D>,
@@ -132,11 +132,6 @@ impl KubeletPlugin {
             registration,
             tasks: vec![server, keeper],
         })
-    }
-
-    /// The service socket.
-    pub fn socket(&self) -> &Path {
-        &self.socket
     }
 
     /// Withdraws the registration (its socket goes, and is not made again): the kubelet

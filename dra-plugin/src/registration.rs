@@ -99,16 +99,10 @@ pub struct Registration {
 }
 
 impl Registration {
-    /// Serves `GetInfo` / `NotifyRegistrationStatus` on `<registry_dir>/<driver>-reg.sock`,
-    /// replacing a stale socket file from an earlier run.
-    pub fn serve(registry_dir: &Path, info: PluginInfo) -> Result<Self, Error> {
-        let socket = registry_dir.join(socket_name(registry_dir, &info.driver_name, None));
-        Self::serve_at(socket, info)
-    }
-
-    /// [`serve`](Self::serve) on `socket`, e.g. one per pod during a rolling update
-    /// ([`socket_name`]).
-    pub fn serve_at(socket: PathBuf, info: PluginInfo) -> Result<Self, Error> {
+    /// Serves `GetInfo` / `NotifyRegistrationStatus` on `socket` (`<registry_dir>/<driver>-reg.sock`,
+    /// or one per pod during a rolling update: [`socket_name`]), replacing a stale socket file
+    /// from an earlier run.
+    pub(crate) fn serve_at(socket: PathBuf, info: PluginInfo) -> Result<Self, Error> {
         let socket_error = |cause| Error::Socket {
             path: socket.clone(),
             cause,
@@ -131,19 +125,9 @@ impl Registration {
         })
     }
 
-    /// The socket file the kubelet's plugin watcher sees.
-    pub fn socket(&self) -> &Path {
-        &self.socket
-    }
-
     /// The last status the kubelet reported.
-    pub fn status(&self) -> RegistrationStatus {
+    pub(crate) fn status(&self) -> RegistrationStatus {
         self.status.borrow().clone()
-    }
-
-    /// Changes of the status, e.g. to wait for `Registered`.
-    pub fn watch(&self) -> watch::Receiver<RegistrationStatus> {
-        self.status.clone()
     }
 }
 

@@ -122,7 +122,7 @@ pub enum ClaimFailure {
     #[error(transparent)]
     Metadata(crate::metadata::Error),
     /// The checkpoint shared with another process of the driver could not be locked or read
-    /// ([`DraService::shared`]): nothing was done.
+    /// (`DraService::shared`): nothing was done.
     #[error("the shared checkpoint: {0}")]
     Shared(Arc<SharedError>),
     /// Storing the checkpoint failed: the claim is not prepared (or still prepared).
@@ -168,7 +168,7 @@ pub struct DriverOnNode {
 }
 
 /// The kubelet-facing service of one driver: serve [`v1`](Self::v1) and
-/// [`v1beta1`](Self::v1beta1) on the driver's socket.
+/// `v1beta1` on the driver's socket.
 pub struct DraService<D> {
     driver: Arc<D>,
     claims: Arc<dyn ClaimSource>,
@@ -224,7 +224,7 @@ impl<D: Driver> DraService<D> {
 
     /// The service of `driver`, reading claims from `source` (a [`kube::Client`]), with its
     /// checkpoint at `checkpoint_path`, which it opens or creates. A checkpoint that is
-    /// corrupt is set aside ([`Checkpoint::open_or_set_aside`]; see
+    /// corrupt is set aside (`Checkpoint::open_or_set_aside`; see
     /// [`set_aside`](Self::set_aside)); one that cannot be read at all is an error.
     ///
     /// [`Plugin::builder`](crate::Plugin::builder) does this and the
@@ -264,7 +264,7 @@ impl<D: Driver> DraService<D> {
     /// exclusive lock on the file `lock` (created if missing) across both processes, and reads
     /// what the other stored before it acts, as upstream's helper serializes calls with
     /// `flock` in that case.
-    pub fn shared(mut self, lock: std::path::PathBuf) -> Self {
+    pub(crate) fn shared(mut self, lock: std::path::PathBuf) -> Self {
         self.shared = Some(Arc::new(lock));
         self
     }
@@ -621,7 +621,7 @@ impl<D: Driver> DraService<D> {
     }
 
     /// The `v1beta1.DRAPlugin` gRPC service (kubelets before 1.34).
-    pub fn v1beta1(&self) -> v1beta1::dra_plugin_server::DraPluginServer<V1beta1<D>> {
+    pub(crate) fn v1beta1(&self) -> v1beta1::dra_plugin_server::DraPluginServer<V1beta1<D>> {
         v1beta1::dra_plugin_server::DraPluginServer::new(V1beta1(self.clone()))
     }
 }

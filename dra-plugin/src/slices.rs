@@ -235,11 +235,6 @@ impl SlicePublisher {
         }
     }
 
-    /// The pool this publisher writes.
-    pub fn template(&self) -> &PoolTemplate {
-        &self.template
-    }
-
     /// Changes where the pool's devices are (e.g. a pool-wide node selector that followed the
     /// device's nodes); the next [`publish`](Self::publish) writes it.
     pub fn set_scope(&mut self, scope: PoolScope) {
@@ -265,7 +260,7 @@ impl SlicePublisher {
     /// Found by the fields the API server selects on (`spec.driver`, and `spec.nodeName` for
     /// a node's pool), then by pool name: no label of ours is needed, so slices written by
     /// anyone under this driver and pool name count (and are repaired).
-    pub async fn list(&self) -> Result<Vec<ResourceSlice>, Error> {
+    pub(crate) async fn list(&self) -> Result<Vec<ResourceSlice>, Error> {
         let mut fields = format!("spec.driver={}", self.template.driver);
         if let PoolScope::Node { name, .. } = &self.template.scope {
             fields.push_str(&format!(",spec.nodeName={name}"));
@@ -544,7 +539,7 @@ fn slice(
 }
 
 /// `<pool>-<driver>-<index>`, made a valid object name (lower case, at most 253 characters).
-pub fn slice_name(driver: &str, pool: &str, index: usize) -> String {
+pub(crate) fn slice_name(driver: &str, pool: &str, index: usize) -> String {
     let raw = format!("{pool}-{driver}");
     let mut name: String = raw
         .to_ascii_lowercase()

@@ -146,7 +146,8 @@ impl VanishedDevices {
     }
 
     /// Whether `name` is kept only because a claim holds it.
-    pub fn is_vanished(&self, name: &str) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_vanished(&self, name: &str) -> bool {
         self.gone.contains_key(name)
     }
 

@@ -133,6 +133,7 @@ pub fn agent_command(
 pub async fn akri_and_apps(
     options: ControlPlaneOptions,
 ) -> (ControlPlane, kube::Client, String, String) {
+    crate::test_logs();
     let cp = ControlPlane::start(ControlPlaneOptions {
         crds: akri_api::crds::all(),
         ..options

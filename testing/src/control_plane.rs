@@ -165,7 +165,6 @@ impl ControlPlane {
 
     /// Starts a control plane of its own.
     pub async fn start(options: ControlPlaneOptions) -> Result<ControlPlane, Error> {
-        crate::test_logs();
         let started = Instant::now();
         let bins = BinDir::from_env()?;
         sweep_orphans();

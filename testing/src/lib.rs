@@ -57,7 +57,8 @@ pub use slow_lists::SlowLists;
 
 /// Logs of the components a test runs in its own runtime go to the test's output, shown when
 /// it fails (`RUST_LOG`, warnings by default): a controller's failed reconciliations say why a
-/// wait timed out. Every control plane sets it up; the first call wins.
+/// wait timed out. A global subscriber, so the suites that start controllers call it (the
+/// first call wins) and a suite with a global subscriber of its own does not.
 pub fn test_logs() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(

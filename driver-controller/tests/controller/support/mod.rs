@@ -24,8 +24,9 @@ pub use akri_testing::eventually;
 pub use akri_testing::from_json;
 
 /// A full control plane of its own with the akri.sh CRDs, a client and a namespace for
-/// Instances.
+/// Instances; component logs go to the test's output ([`akri_testing::test_logs`]).
 pub async fn control_plane() -> (ControlPlane, kube::Client, String) {
+    akri_testing::test_logs();
     let cp = ControlPlane::start(ControlPlaneOptions {
         crds: akri_api::crds::all(),
         ..ControlPlaneOptions::full()
