@@ -195,6 +195,35 @@ pub async fn shell_in(
     }
 }
 
+/// The test's own step after a documented `helm install` line, which it runs as written: the
+/// release's workloads roll out as the docs installed them (`kubectl rollout status`, so a
+/// doc line that installs something broken fails here), then the release is upgraded with
+/// the test's `fixtures` (`--reuse-values --set ...`, e.g. the embedded debugEcho handler's
+/// devices, which no user enables) and waited for. A script for [`shell`].
+pub fn fixtures_after(install_line: &str, fixtures: &[String]) -> String {
+    let words: Vec<&str> = install_line.split_whitespace().collect();
+    assert!(
+        words.starts_with(&["helm", "install"]) && words.len() > 3,
+        "not a helm install line: {install_line}"
+    );
+    let release = words[2];
+    let namespace = (words.windows(2))
+        .find(|w| w[0] == "--namespace" || w[0] == "-n")
+        .map_or("default", |w| w[1]);
+    let rollout = |kind: &str| {
+        format!(
+            "kubectl --namespace {namespace} rollout status {kind} --selector app.kubernetes.io/instance={release} --timeout 3m"
+        )
+    };
+    let sets: String = fixtures.iter().map(|f| format!(" --set {f}")).collect();
+    format!(
+        "{}\n{}\n{} --reuse-values{sets} --wait --timeout 3m",
+        rollout("daemonset"),
+        rollout("deployment"),
+        install_line.replacen("helm install ", "helm upgrade ", 1)
+    )
+}
+
 /// Helm as a process, with its own config, cache and data directories, run from the
 /// repository root (relative chart paths, as the docs write them, work).
 pub struct Helm {

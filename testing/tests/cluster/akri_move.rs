@@ -9,7 +9,7 @@
 //! configuration's; turning legacy mode off at the end replaces nothing either.
 
 use akri_api::v0::{Configuration, Instance};
-use akri_testing::product::{Images, repo, shell_in};
+use akri_testing::product::{Images, fixtures_after, repo, shell_in};
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -232,9 +232,10 @@ struct Doc {
     dir: tempfile::TempDir,
     tools: Vec<PathBuf>,
     kubeconfig: PathBuf,
-    /// Appended to `helm install`: the embedded debugEcho handler's shared
-    /// devices (the Instances Akri wrote are of shared devices), a short reclaim grace.
-    install_values: Vec<String>,
+    /// Given to the release after the documented `helm install`: the embedded debugEcho
+    /// handler's shared devices (the Instances Akri wrote are of shared devices), a short
+    /// reclaim grace.
+    fixtures: Vec<String>,
 }
 
 impl Doc {
@@ -260,7 +261,7 @@ impl Doc {
             cp.bins().require("kubectl").unwrap(),
             migrate.join("akri-migrate"),
         ];
-        let install_values = Vec::from([
+        let fixtures = Vec::from([
             "kubeletPlugin.debugEcho.enabled=true".to_string(),
             "kubeletPlugin.debugEcho.shared=true".to_string(),
             format!("legacyDevicePlugin.slotReclaimGraceSeconds={RECLAIM_GRACE_SECONDS}"),
@@ -271,7 +272,7 @@ impl Doc {
             dir,
             tools,
             kubeconfig: cp.kubeconfig().to_path_buf(),
-            install_values,
+            fixtures,
         }
     }
 
@@ -305,20 +306,18 @@ impl Doc {
         );
     }
 
-    async fn sh(&self, mut line: String) {
-        if line.starts_with("helm install ") {
-            for value in &self.install_values {
-                line += &format!(" --set {value}");
-            }
-            line += " --wait --timeout 3m";
-        } else if line.starts_with("helm upgrade ") {
-            line += " --wait --timeout 3m";
-        }
+    /// Runs `line` as written; after a `helm install`, the test's fixtures as a step of its
+    /// own ([`fixtures_after`]).
+    async fn sh(&self, line: String) {
         let tools: Vec<&std::path::Path> = self.tools.iter().map(|t| t.as_path()).collect();
-        shell_in(self.dir.path(), &self.kubeconfig, &tools, &line)
+        let mut script = line.clone();
+        if line.starts_with("helm install ") {
+            script = format!("{line}\n{}", fixtures_after(&line, &self.fixtures));
+        }
+        shell_in(self.dir.path(), &self.kubeconfig, &tools, &script)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
-        eprintln!("ran: {line}");
+        eprintln!("ran: {script}");
     }
 }
 

@@ -10,7 +10,7 @@
 //! DaemonSet, to show how the chart contains a handler pod.
 
 use akri_api::v0::{Configuration, Instance};
-use akri_testing::product::{Images, repo, shell};
+use akri_testing::product::{Images, fixtures_after, repo, shell};
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -68,20 +68,25 @@ async fn cluster() -> Cluster {
                 nodes.push(RealNode::start(&cp, name).await.expect("real node"));
             }
             // The commands docs/operations.md gives for clusters without DRA, as written (the
-            // chart from the registry, whose images the nodes pull from it), plus what the
-            // tests need: a short reclaim grace, the embedded debugEcho handler's devices shared
-            // between the nodes, and a handler as its own DaemonSet, for its containment (no
-            // configuration uses it).
+            // chart from the registry, whose images the nodes pull from it); once they run,
+            // what the tests need, as their own upgrade: a short reclaim grace, the embedded
+            // debugEcho handler's devices shared between the nodes, and a handler as its own
+            // DaemonSet, for its containment (no configuration uses it).
             // The namespace the documented install lists (legacyDevicePlugin.namespaces): a
             // user's, there before the install (the chart grants the driver-controller its
             // Instances there).
             let ns = cp.create_namespace_named(USERS).await.unwrap();
             let [kubectl_line, helm_line] = documented_commands();
             let kubectl_bin = cp.bins().require("kubectl").unwrap();
+            let fixtures = [
+                format!("legacyDevicePlugin.slotReclaimGraceSeconds={RECLAIM_GRACE_SECONDS}"),
+                "kubeletPlugin.debugEcho.enabled=true".to_string(),
+                "kubeletPlugin.debugEcho.shared=true".to_string(),
+                "discoveryHandlers.opcua.enabled=true".to_string(),
+            ];
             let install = format!(
-                "{kubectl_line}\n{helm_line} --set legacyDevicePlugin.slotReclaimGraceSeconds={RECLAIM_GRACE_SECONDS} \
-                 --set kubeletPlugin.debugEcho.enabled=true --set kubeletPlugin.debugEcho.shared=true \
-                 --set discoveryHandlers.opcua.enabled=true --wait --timeout 3m"
+                "{kubectl_line}\n{helm_line}\n{}",
+                fixtures_after(&helm_line, &fixtures)
             );
             let started = std::time::Instant::now();
             let installed = shell(cp.kubeconfig(), &[&kubectl_bin], &install).await;
@@ -94,11 +99,7 @@ async fn cluster() -> Cluster {
                 cp.serves_dra(),
                 started.elapsed()
             );
-            Shared {
-                cp,
-                nodes,
-                ns,
-            }
+            Shared { cp, nodes, ns }
         })
         .await;
     Cluster {

@@ -7,18 +7,24 @@
 //! network a broker gets: a pod that may go to either node is bound on A, and one that may only
 //! go to B is not bound, the scheduler saying B's reason. Runs kube-proxy: one at a time with
 //! the other suites that install the chart on real nodes (`hack/test.sh`).
+//!
+//! Node A is an edge node as many are: tainted `NoSchedule` for the workloads meant for it.
+//! The chart's defaults run the kubelet-plugin and the handler there untold, and the broker
+//! that tolerates the taint is prepared and runs there.
 
 use akri_testing::product::{Helm, Images, kubectl};
 use akri_testing::{ControlPlane, ControlPlaneOptions, RealNode, from_json};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use std::time::Duration;
 
 const NODES: [&str; 2] = ["reach-a", "reach-b"];
 const WAIT: Duration = Duration::from_secs(120);
+/// Node A's taint: a node kept for the workloads that tolerate it.
+const EDGE_TAINT: &str = "edge.example.com/dedicated";
 
 #[tokio::test]
 async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
@@ -32,6 +38,16 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
         nodes.push(RealNode::start(&cp, name).await.expect("real node"));
     }
     let (reaching, refused) = (&nodes[0], &nodes[1]);
+    Api::<Node>::all(client.clone())
+        .patch(
+            reaching.node_name(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "taints": [
+                { "key": EDGE_TAINT, "value": "plcs", "effect": "NoSchedule" },
+            ] } })),
+        )
+        .await
+        .unwrap();
 
     // A discovery server and a server registered with it, on the address pods reach this
     // machine at; node B's pods are refused the server's port.
@@ -145,6 +161,7 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
             "metadata": { "name": name },
             "spec": {
                 "affinity": affinity,
+                "tolerations": [{ "key": EDGE_TAINT, "operator": "Exists", "effect": "NoSchedule" }],
                 "automountServiceAccountToken": false,
                 "terminationGracePeriodSeconds": 1,
                 "resourceClaims": [{ "name": "plc", "resourceClaimTemplateName": "plc" }],
@@ -202,6 +219,15 @@ async fn a_shared_device_binds_on_the_node_whose_pods_reach_it() {
     )
     .await;
     assert_eq!(node, reaching.node_name(), "bound where the server answers");
+    akri_testing::eventually_within(
+        "the free pod running on the tainted node",
+        WAIT,
+        async || {
+            let phase = pods.get("free").await.ok()?.status?.phase?;
+            (phase == "Running").then_some(())
+        },
+    )
+    .await;
     let claim = akri_testing::eventually_within("the free pod's claim", WAIT, async || {
         let pod = pods.get("free").await.ok()?;
         pod.status?
