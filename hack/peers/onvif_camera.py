@@ -16,8 +16,9 @@ now, in UTC: what clients ask first, to compute digests). With --username/--pass
 call but GetSystemDateAndTime needs a WS-Security UsernameToken with the password digest
 (base64(sha1(nonce + created + password))), as ONVIF cameras do; a wrong or missing one gets
 a SOAP fault `NotAuthorized` with HTTP 400. Each request's action and whether it was
-authenticated is printed ("request <action> authenticated=<bool>"). Prints "ready" once both
-are up; stops on SIGTERM.
+authenticated is printed ("request <action> authenticated=<bool>"). With --ignore-probes it
+answers no probe (WS-Discovery off, as on many cameras): only its device service runs. Prints
+"ready" once both are up; stops on SIGTERM.
 """
 
 import argparse
@@ -111,6 +112,7 @@ def main() -> None:
     parser.add_argument("--mac", required=True)
     parser.add_argument("--username")
     parser.add_argument("--password")
+    parser.add_argument("--ignore-probes", action="store_true")
     args = parser.parse_args()
     host = multicast_source()
     service_url = f"http://{host}:{args.port}/onvif/device_service"
@@ -191,19 +193,22 @@ def main() -> None:
 
     server = http.server.ThreadingHTTPServer((host, args.port), Handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    publishing = ThreadedWSPublishing(uuid_=f"urn:uuid:{args.uuid}")
-    publishing.start()
-    publishing.publishService(
-        types=[NVT],
-        scopes=[Scope(s) for s in args.scope],
-        xAddrs=[service_url],
-    )
+    publishing = None
+    if not args.ignore_probes:
+        publishing = ThreadedWSPublishing(uuid_=f"urn:uuid:{args.uuid}")
+        publishing.start()
+        publishing.publishService(
+            types=[NVT],
+            scopes=[Scope(s) for s in args.scope],
+            xAddrs=[service_url],
+        )
     print("ready", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     stop.wait()
-    publishing.stop()
+    if publishing:
+        publishing.stop()
     server.shutdown()
 
 

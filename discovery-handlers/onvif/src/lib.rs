@@ -10,6 +10,9 @@
 //! scopes: {action: Include, items: [onvif://www.onvif.org/location/dock]}
 //! uuids: {action: Exclude, items: []}
 //! discoveryTimeoutSeconds: 1                               # how long answers are awaited
+//! cameras:                                                 # ours: cameras that ignore probes
+//!   - deviceServiceUrl: http://10.0.0.21/onvif/device_service
+//!     uuid: 5f1c0a2e-8f1e-4c55-9d0b-2f3a4b5c6d7e            # optional
 //! ```
 //!
 //! Every rescan (10 s, as Akri's) sends one multicast probe ([`probe`]) and waits
@@ -24,6 +27,15 @@
 //! when the camera tells it (never with user info). Credentials are never logged or
 //! reported, and go only to the address a camera's device service first answered at
 //! ([`pins`]). Devices are shared: every node reaching a camera reports the same id.
+//!
+//! Many cameras ignore WS-Discovery (it is off, or they sit on another subnet than the
+//! multicast reaches): `cameras` lists them by device-service URL (`http` or `https` at an IP
+//! address, the address their credential goes to). A listed camera is asked every rescan, as
+//! a found one, and is a device while its device service answers; the filters choose among
+//! the cameras that answer probes and leave listed ones alone. Its uuid is the one given, or
+//! else derived from its URL (a name-based UUID, version 5, in the URL namespace), so its
+//! credential is `username_<uuid>` or the default one. A probe answer with a listed camera's
+//! uuid is left out: the list says where that camera is.
 
 pub mod credentials;
 pub mod device;
@@ -84,6 +96,20 @@ pub struct Details {
     pub uuids: Option<FilterList>,
     #[serde(default = "one_second")]
     pub discovery_timeout_seconds: u64,
+    /// Cameras that do not answer probes, by device-service URL.
+    #[serde(default)]
+    pub cameras: Vec<ListedCamera>,
+}
+
+/// A camera the configuration lists (it does not answer WS-Discovery probes).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListedCamera {
+    /// Its device service, e.g. `http://10.0.0.21/onvif/device_service`.
+    pub device_service_url: String,
+    /// Its endpoint uuid, when known (it names its credential); else one derived from the URL.
+    #[serde(default)]
+    pub uuid: Option<String>,
 }
 
 fn one_second() -> u64 {
@@ -98,7 +124,37 @@ impl Details {
                 self.discovery_timeout_seconds
             ));
         }
-        Ok(())
+        self.listed().map(|_| ())
+    }
+
+    /// The listed cameras, in canonical form (the URL as parsed, the uuid lower case without
+    /// `urn:uuid:`), or what is wrong with the list.
+    fn listed(&self) -> Result<Vec<Camera>, String> {
+        let mut cameras: Vec<Camera> = Vec::new();
+        for listed in &self.cameras {
+            let url = &listed.device_service_url;
+            let parsed = url::Url::parse(url).map_err(|e| format!("cameras: {url:?}: {e}"))?;
+            if !matches!(parsed.scheme(), "http" | "https") || probe::host_of(url).is_none() {
+                return Err(format!(
+                    "cameras: {url:?}: an http or https URL at an IP address (the address the camera's credential goes to)"
+                ));
+            }
+            let uuid = match &listed.uuid {
+                Some(given) => uuid::Uuid::parse_str(&probe::uuid_of(given))
+                    .map_err(|e| format!("cameras: uuid {given:?}: {e}"))?,
+                None => uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, parsed.as_str().as_bytes()),
+            }
+            .to_string();
+            if cameras.iter().any(|c| c.uuid == uuid) {
+                return Err(format!("cameras: uuid {uuid} is listed twice"));
+            }
+            cameras.push(Camera {
+                uuid,
+                service_urls: vec![parsed.to_string()],
+                scopes: Vec::new(),
+            });
+        }
+        Ok(cameras)
     }
 
     fn admits_camera(&self, camera: &Camera) -> bool {
@@ -148,6 +204,7 @@ impl Discover for Onvif {
 async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut lists: DeviceLists) {
     let service = DeviceService::new(onvif.query_timeout);
     let credentials = Arc::new(credentials);
+    let listed = details.listed().expect("checked at start");
     // What each camera's device service said, kept while the camera answers probes.
     let mut known: BTreeMap<String, Info> = BTreeMap::new();
     let mut pins = pins::Pins::default();
@@ -165,7 +222,7 @@ async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut li
         };
         let admitted: Vec<Camera> = cameras
             .into_iter()
-            .filter(|c| details.admits_camera(c))
+            .filter(|c| details.admits_camera(c) && !listed.iter().any(|l| l.uuid == c.uuid))
             .collect();
         let (admitted, left_out) = pins.choose(admitted);
         for why in left_out.difference(&said) {
@@ -189,6 +246,22 @@ async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut li
                 (camera, info)
             });
         }
+        // A listed camera answers no probe: its device service answering is its sign of life.
+        let mut asked = tokio::task::JoinSet::new();
+        for camera in &listed {
+            let (service, credentials, camera) =
+                (service.clone(), credentials.clone(), camera.clone());
+            asked.spawn(async move {
+                let url = service_url(&camera);
+                match service.info(&url, credentials.get(&camera.uuid)).await {
+                    Ok(info) => Some(device(&camera, &info)),
+                    Err(error) => {
+                        tracing::debug!(%error, %url, "listed ONVIF camera");
+                        None
+                    }
+                }
+            });
+        }
         for (camera, info) in queries.join_all().await {
             // A camera that did not answer is asked again next time.
             if let Some(info) = info {
@@ -196,13 +269,14 @@ async fn report(details: Details, credentials: Credentials, onvif: Onvif, mut li
                 known.insert(camera.uuid, info);
             }
         }
-        let devices = admitted
+        let mut devices: Vec<proto::Device> = admitted
             .iter()
             .filter_map(|camera| {
                 let info = known.get(&camera.uuid).cloned().unwrap_or_default();
                 details.admits_info(&info).then(|| device(camera, &info))
             })
             .collect();
+        devices.extend(asked.join_all().await.into_iter().flatten());
         if !lists.send(devices).await {
             return;
         }
@@ -287,6 +361,48 @@ mod tests {
                 .unwrap_err()
                 .contains("Maybe")
         );
+    }
+
+    #[test]
+    fn listed_cameras_in_canonical_form_and_their_errors() {
+        let listed = details(
+            "cameras:\n- deviceServiceUrl: HTTP://10.0.0.21/onvif/device_service\n  uuid: urn:uuid:5F1C0A2E-8F1E-4C55-9D0B-2F3A4B5C6D7E\n- deviceServiceUrl: http://10.0.0.22:8080/onvif/device_service",
+        )
+        .unwrap()
+        .listed()
+        .unwrap();
+        assert_eq!(listed[0].uuid, "5f1c0a2e-8f1e-4c55-9d0b-2f3a4b5c6d7e");
+        assert_eq!(
+            listed[0].service_urls,
+            ["http://10.0.0.21/onvif/device_service"]
+        );
+        // Without a uuid: a name-based one of the URL, the same on every node and every run.
+        let derived = uuid::Uuid::new_v5(
+            &uuid::Uuid::NAMESPACE_URL,
+            b"http://10.0.0.22:8080/onvif/device_service",
+        );
+        assert_eq!(listed[1].uuid, derived.to_string());
+        let error = |text: &str| details(text).unwrap_err();
+        assert!(
+            error("cameras:\n- deviceServiceUrl: http://camera.local/onvif/device_service")
+                .contains("at an IP address")
+        );
+        assert!(
+            error("cameras:\n- deviceServiceUrl: rtsp://10.0.0.21/stream")
+                .contains("http or https")
+        );
+        assert!(
+            error("cameras:\n- deviceServiceUrl: 10.0.0.21").contains("cameras: \"10.0.0.21\"")
+        );
+        assert!(
+            error("cameras:\n- deviceServiceUrl: http://10.0.0.21/\n  uuid: not-a-uuid")
+                .contains("uuid \"not-a-uuid\"")
+        );
+        assert!(
+            error("cameras:\n- deviceServiceUrl: http://10.0.0.21/\n- deviceServiceUrl: http://10.0.0.21/")
+                .contains("listed twice")
+        );
+        assert!(error("cameras:\n- url: http://10.0.0.21/").contains("url"));
     }
 
     #[test]

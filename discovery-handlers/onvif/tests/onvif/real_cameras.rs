@@ -23,6 +23,18 @@ struct Camera {
 }
 
 fn camera(name: &str, location: &str, ip: &str, mac: &str, auth: bool) -> Camera {
+    camera_with(name, location, ip, mac, auth, &[])
+}
+
+/// [`camera`], with more of the peer's flags (`--ignore-probes`).
+fn camera_with(
+    name: &str,
+    location: &str,
+    ip: &str,
+    mac: &str,
+    auth: bool,
+    extra: &[&str],
+) -> Camera {
     let uuid = uuid_for(name);
     let port = akri_testing::free_port().unwrap();
     let mut args: Vec<String> = [
@@ -42,6 +54,7 @@ fn camera(name: &str, location: &str, ip: &str, mac: &str, auth: bool) -> Camera
     .iter()
     .map(|s| s.to_string())
     .collect();
+    args.extend(extra.iter().map(|s| s.to_string()));
     if auth {
         args.extend([
             "--username".into(),
@@ -200,6 +213,81 @@ async fn cameras_are_found_asked_with_their_credentials_and_filtered() {
     assert!(found.contains_key(&dock.uuid));
 }
 
+/// A camera that answers no probe (WS-Discovery off, as on many cameras) is found only where
+/// the configuration lists it, asked with its credential as a found one, and goes when its
+/// device service stops answering; without a uuid in the list, its uuid is derived from the URL.
+#[tokio::test]
+async fn a_camera_that_ignores_probes_is_found_where_it_is_listed() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let dir = tempfile::tempdir().unwrap();
+    let _served = serve(dir.path());
+    let socket = dir.path().join("onvif.sock");
+    let attic = camera_with(
+        "attic",
+        "attic",
+        "10.0.0.31",
+        "00:11:22:33:44:31",
+        true,
+        &["--ignore-probes"],
+    );
+    let url = service_url(&attic);
+    let username = format!("username_{}", attic.uuid);
+    let password = format!("password_{}", attic.uuid);
+    let credentials = [
+        (username.as_str(), b"admin".as_slice()),
+        (password.as_str(), PASSWORD.as_bytes()),
+    ];
+
+    // Not listed: the probe finds nothing of it (the first list comes after a whole probe
+    // window, in which a camera that answers is found, as the test above shows).
+    let mut stream = discover(&socket, &details(&[&attic], ""), &credentials)
+        .await
+        .unwrap();
+    assert!(
+        next(&mut stream).await.is_empty(),
+        "a camera that ignores probes"
+    );
+    drop(stream);
+
+    // Listed with its uuid: found, asked with its credential.
+    let listed = format!(
+        "cameras:\n- deviceServiceUrl: {url}\n  uuid: urn:uuid:{}",
+        attic.uuid.to_uppercase()
+    );
+    let mut stream = discover(&socket, &details(&[&attic], &listed), &credentials)
+        .await
+        .unwrap();
+    let found = devices(&mut stream, 1).await;
+    let d = &found[&attic.uuid];
+    assert_eq!(d["ONVIF_DEVICE_SERVICE_URL"], url);
+    assert_eq!(d["ONVIF_DEVICE_IP_ADDRESS"], "10.0.0.31");
+    assert_eq!(d["ONVIF_DEVICE_MAC_ADDRESS"], "00:11:22:33:44:31");
+    assert_eq!(
+        d["ONVIF_STREAM_URI"],
+        format!("rtsp://10.0.0.31:554/{}/main", attic.uuid)
+    );
+    drop(stream);
+
+    // Listed without a uuid: one derived from its URL names it and its credential.
+    let derived = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_URL, url.as_bytes()).to_string();
+    let (username, password) = (format!("username_{derived}"), format!("password_{derived}"));
+    let credentials = [
+        (username.as_str(), b"admin".as_slice()),
+        (password.as_str(), PASSWORD.as_bytes()),
+    ];
+    let listed = format!("cameras:\n- deviceServiceUrl: {url}");
+    let mut stream = discover(&socket, &details(&[&attic], &listed), &credentials)
+        .await
+        .unwrap();
+    let found = devices(&mut stream, 1).await;
+    assert_eq!(found[&derived]["ONVIF_DEVICE_IP_ADDRESS"], "10.0.0.31");
+
+    // Its device service gone: so is the device.
+    let mut attic = attic;
+    attic.peer.kill();
+    assert!(devices(&mut stream, 0).await.is_empty());
+}
+
 #[tokio::test]
 async fn bad_details_fail_the_call_with_what_is_wrong() {
     let dir = tempfile::tempdir().unwrap();
@@ -209,6 +297,10 @@ async fn bad_details_fail_the_call_with_what_is_wrong() {
         ("discoveryTimeoutSeconds: 0", "between 1 and 60"),
         ("ipAdresses: {items: [10.0.0.1]}", "ipAdresses"),
         ("scopes: {action: Maybe}", "Maybe"),
+        (
+            "cameras: [{deviceServiceUrl: 'http://camera.local/onvif/device_service'}]",
+            "at an IP address",
+        ),
     ] {
         let status = discover(&socket, details, &[]).await.unwrap_err();
         assert_eq!(status.code(), tonic::Code::InvalidArgument, "{details}");
