@@ -317,8 +317,9 @@ fn condition(outcome: &Outcome) -> Condition {
 }
 
 /// The network endpoint a device of `driver` is reached at, from its properties: ONVIF's
-/// device service URL, OPC UA's discovery URL. `None` for handlers whose devices have none
-/// that we know (debugEcho, udev, yours): the check is then that the handler reports it.
+/// device service URL, OPC UA's discovery URL, a static device's `endpoint`. `None` for
+/// handlers whose devices have none that we know (debugEcho, udev, yours) and static devices
+/// listed without one: the check is then that the handler reports it.
 pub fn endpoint(
     driver: &str,
     properties: &std::collections::BTreeMap<String, String>,
@@ -327,6 +328,7 @@ pub fn endpoint(
     let property = match handler {
         "onvif" => akri_onvif::SERVICE_URL_PROPERTY,
         "opcua" => akri_opcua::DISCOVERY_URL_PROPERTY,
+        "static" => akri_static::ENDPOINT_PROPERTY,
         _ => return None,
     };
     host_and_port(properties.get(property)?)
@@ -443,7 +445,7 @@ mod tests {
     }
 
     #[test]
-    fn endpoints_of_onvif_and_opcua_devices() {
+    fn endpoints_of_onvif_opcua_and_static_devices() {
         let props = |k: &str, v: &str| [(k.to_string(), v.to_string())].into();
         assert_eq!(
             endpoint(
@@ -468,6 +470,17 @@ mod tests {
                 &props("OPCUA_DISCOVERY_URL", "opc.tcp://user@plc-7:4842")
             ),
             Some(("plc-7".into(), 4842))
+        );
+        assert_eq!(
+            endpoint(
+                "static.akri.sh",
+                &props("STATIC_DEVICE_ENDPOINT", "tcp://10.1.3.7:502")
+            ),
+            Some(("10.1.3.7".into(), 502))
+        );
+        assert_eq!(
+            endpoint("static.akri.sh", &props("PLC_ADDRESS", "10.1.3.7:502")),
+            None
         );
         assert_eq!(
             endpoint("debugecho.akri.sh", &props("DEBUG_ECHO_DESCRIPTION", "x")),

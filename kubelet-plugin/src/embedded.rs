@@ -1,7 +1,8 @@
 //! Discovery handlers served inside the agent's process (besides debugEcho, which has its
 //! own settings): the same libraries as the handlers' own binaries, each on
 //! `<handlers directory>/<name>.sock` and registered through the registration socket like an
-//! external handler, so nothing downstream tells them apart.
+//! external handler, so nothing downstream tells them apart. The `static` handler (devices
+//! configurations list by hand) is always served: it reads nothing but their details.
 
 use crate::discovery::{Endpoint, RegisteredHandler, handler};
 use akri_discovery_handler::Served;
@@ -71,15 +72,37 @@ impl Embedded {
             Embedded::Onvif => Served::start(akri_onvif::Onvif::default(), &socket),
         }
         .map_err(|cause| Error::Serve { name, cause })?;
-        let registered = RegisteredHandler {
-            name: name.to_string(),
-            endpoint: Endpoint::Uds(socket),
-            shared: self.shared(),
-        };
-        handler::register(registration_socket, &registered)
-            .await
-            .map_err(|cause| Error::Register { name, cause })?;
-        tracing::info!(name, "serving an embedded discovery handler");
+        register(registration_socket, name, socket, self.shared()).await?;
         Ok(served)
     }
+}
+
+/// Serves the `static` handler for `node` and registers it.
+pub async fn start_static(registration_socket: &Path, node: &str) -> Result<Served, Error> {
+    let name = akri_static::NAME;
+    let socket = registration_socket.with_file_name(format!("{name}.sock"));
+    let handler = akri_static::Static {
+        node: node.to_string(),
+    };
+    let served = Served::start(handler, &socket).map_err(|cause| Error::Serve { name, cause })?;
+    register(registration_socket, name, socket, akri_static::SHARED).await?;
+    Ok(served)
+}
+
+async fn register(
+    registration_socket: &Path,
+    name: &'static str,
+    socket: std::path::PathBuf,
+    shared: bool,
+) -> Result<(), Error> {
+    let registered = RegisteredHandler {
+        name: name.to_string(),
+        endpoint: Endpoint::Uds(socket),
+        shared,
+    };
+    handler::register(registration_socket, &registered)
+        .await
+        .map_err(|cause| Error::Register { name, cause })?;
+    tracing::info!(name, "serving an embedded discovery handler");
+    Ok(())
 }

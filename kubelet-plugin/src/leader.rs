@@ -54,7 +54,8 @@ pub(crate) async fn lead(
         }
         None => None,
     };
-    let mut embedded = Vec::new();
+    let mut embedded =
+        vec![crate::embedded::start_static(registry.socket(), &config.node_name).await?];
     for handler in &config.embedded_handlers {
         embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
     }

@@ -262,7 +262,7 @@ impl NodeDiscovery {
             DiscoveryEvent::Devices(devices) => {
                 let configured = (wanted.container_access.as_ref())
                     .or_else(|| self.handler_access.get(&wanted.handler));
-                let access = Access::of(configured, &wanted.handler);
+                let access = Access::of(configured, &wanted.handler).with_listed(&wanted.details);
                 let (devices, refused) = admitted(devices, &access, &self.host_dev);
                 if sink == Sink::Dra {
                     match refused {

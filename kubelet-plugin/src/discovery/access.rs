@@ -190,6 +190,10 @@ pub struct Access {
     mounts: Vec<Prefix>,
     /// Environment names besides the handler kind's known properties.
     environment: BTreeSet<String>,
+    /// Device nodes the configuration itself lists (the `static` handler's), by the path
+    /// listed: allowed read-write as they resolve (block and memory devices still only
+    /// where `containerAccess` says).
+    listed_nodes: BTreeSet<String>,
     block_devices: bool,
     memory_devices: bool,
 }
@@ -229,6 +233,7 @@ impl Access {
                 device_nodes: access.device_nodes.iter().map(Prefix::from).collect(),
                 mounts: access.mounts.iter().map(Prefix::from).collect(),
                 environment: access.environment.iter().cloned().collect(),
+                listed_nodes: BTreeSet::new(),
                 block_devices: access.block_devices,
                 memory_devices: access.memory_devices,
             },
@@ -244,10 +249,26 @@ impl Access {
                 handler,
                 mounts: Vec::new(),
                 environment: BTreeSet::new(),
+                listed_nodes: BTreeSet::new(),
                 block_devices: false,
                 memory_devices: false,
             },
         }
+    }
+
+    /// The `static` handler's devices are the configuration's own words, not a handler pod's:
+    /// the property names and device nodes its `details` list may come into containers (what
+    /// else a handler under that name reported is still refused). Other handlers: unchanged.
+    pub fn with_listed(mut self, details: &str) -> Access {
+        if self.handler != akri_static::NAME {
+            return self;
+        }
+        // Details that do not parse fail the handler's own Discover call, saying why.
+        for device in akri_static::details(details).map_or(Vec::new(), |d| d.devices) {
+            self.environment.extend(device.properties().into_keys());
+            self.listed_nodes.extend(device.device_nodes);
+        }
+        self
     }
 
     /// `device` as it may be handed to containers (device nodes by their canonical host
@@ -284,8 +305,15 @@ impl Access {
         } else {
             format!("{asked} ({path})")
         };
-        let prefix = allowed(&self.device_nodes, &path)
-            .ok_or_else(|| format!("device node {shown} is not under an allowed prefix"))?;
+        let listed = Prefix {
+            path: asked.clone(),
+            writable: true,
+        };
+        let prefix = match self.listed_nodes.contains(asked) {
+            true => &listed,
+            false => allowed(&self.device_nodes, &path)
+                .ok_or_else(|| format!("device node {shown} is not under an allowed prefix"))?,
+        };
         match kind {
             DeviceKind::Block if !self.block_devices => {
                 return Err(format!(
@@ -425,6 +453,27 @@ mod tests {
             environment: env.iter().map(|e| e.to_string()).collect(),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn static_devices_bring_what_their_configuration_lists_and_no_more() {
+        let details = "devices:\n- {id: tty, nodes: [n], properties: {BAUD: '9600'}, deviceNodes: [/dev/tty]}\n- {id: disk, nodes: [n], deviceNodes: [/dev/loop0]}";
+        let listed = Access::of(None, akri_static::NAME).with_listed(details);
+        assert_eq!(
+            check(&listed, &device(&["BAUD"], &[("/dev/tty", "rw")], &[])),
+            Ok(())
+        );
+        // Not listed: refused as from any handler.
+        assert!(check(&listed, &device(&["LD_PRELOAD"], &[], &[])).is_err());
+        assert!(check(&listed, &device(&[], &[("/dev/null", "rw")], &[])).is_err());
+        // Listed, but a block device: only where containerAccess says.
+        if Path::new("/dev/loop0").exists() {
+            let refused = check(&listed, &device(&[], &[("/dev/loop0", "rw")], &[]));
+            assert!(refused.unwrap_err().contains("block device"));
+        }
+        // Another handler's details list nothing it may bring.
+        let onvif = Access::of(None, "onvif").with_listed(details);
+        assert!(check(&onvif, &device(&["BAUD"], &[], &[])).is_err());
     }
 
     #[test]

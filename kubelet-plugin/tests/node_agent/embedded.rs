@@ -42,3 +42,47 @@ async fn embedded_handlers_register_beside_the_registration_socket_and_serve() {
         );
     }
 }
+
+/// The `static` handler, always embedded: a configuration's hand-listed devices become
+/// Instances on the nodes they list (a device node is each node's own), with their properties;
+/// a list that is wrong shows in the configuration's status for the node.
+#[tokio::test]
+async fn static_devices_become_instances_where_they_are_listed() {
+    use akri_kubelet_plugin::agent::{self, AgentConfig};
+    use akri_testing::discovery::AgentCluster;
+
+    let cluster = AgentCluster::start(&akri_api::crds::all()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = AgentConfig::embedded(&cluster.node, &cluster.namespace, dir.path());
+    let _agent = agent::start(cluster.client.clone(), config)
+        .await
+        .expect("agent starts");
+    let node = &cluster.node;
+    let details = format!(
+        "devices:
+- {{id: line-3-plc, nodes: [{node}, edge-2], properties: {{PLC_ADDRESS: '10.1.3.7:502'}}}}
+- {{id: elsewhere, nodes: [edge-2], properties: {{PLC_ADDRESS: '10.1.3.8:502'}}}}
+- {{id: console, nodes: [{node}], properties: {{BAUD: '9600'}}, deviceNodes: [/dev/tty]}}
+"
+    );
+    cluster
+        .apply_configuration("plcs", "static", &details)
+        .await;
+    let found = akri_testing::eventually("the listed devices' Instances", async || {
+        let found = cluster.instance_properties("plcs").await;
+        (found.len() == 2).then_some(found)
+    })
+    .await;
+    let mut values: Vec<&str> = (found.iter())
+        .filter_map(|p| p.get("PLC_ADDRESS").or(p.get("BAUD")).map(String::as_str))
+        .collect();
+    values.sort();
+    assert_eq!(values, ["10.1.3.7:502", "9600"], "{found:?}");
+    assert_eq!(cluster.discovery_error("plcs").await, None);
+
+    cluster
+        .apply_configuration("plcs", "static", "devices: [{id: a, nodes: []}]")
+        .await;
+    let message = cluster.error_appears("plcs").await;
+    assert!(message.contains("nodes lists no node"), "{message}");
+}

@@ -725,6 +725,40 @@ async fn an_opcua_server_behind_a_discovery_server_reaches_a_container_as_a_shar
     );
 }
 
+/// A serial port no handler finds, listed by hand (the `static` handler the agent always
+/// embeds): the container gets the node's device node and the listed property, with no
+/// `containerAccess` (the configuration's own list is what it may bring); a device listed
+/// for another node is not this node's.
+#[tokio::test]
+async fn a_serial_port_listed_by_hand_reaches_the_container() {
+    let c = Cluster::start().await;
+    let _controller = c.driver_controller();
+    let config = ControlPlane::unique_name("serial");
+    let node = c.node.node_name();
+    let details = format!(
+        "devices:\n\
+         - {{id: scale, nodes: [{node}], properties: {{BAUD: '9600'}}, deviceNodes: [/dev/ttyS0]}}\n\
+         - {{id: elsewhere, nodes: [another-node], properties: {{BAUD: '115200'}}}}\n"
+    );
+    c.shared_configuration(&config, "static", &details, json!([]))
+        .await;
+    c.script_pod(
+        "serial",
+        &config,
+        "env | grep '^BAUD'; stat -c 'device %n: %F %t:%T' /dev/ttyS0",
+    )
+    .await;
+    let output = c.output("serial").await;
+    assert_shows(
+        &output,
+        &[
+            "BAUD=9600".to_string(),
+            "device /dev/ttyS0: character special file 4:40".to_string(),
+        ],
+    );
+    assert!(!output.contains("115200"), "{output}");
+}
+
 #[tokio::test]
 async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_secret_reveals() {
     const PASSWORD: &str = "from-a-secret-only";
