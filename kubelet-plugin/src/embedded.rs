@@ -1,8 +1,7 @@
 //! Discovery handlers served inside the agent's process (besides debugEcho, which has its
 //! own settings): the same libraries as the handlers' own binaries, each on
 //! `<handlers directory>/<name>.sock` and registered through the registration socket like an
-//! external handler, so nothing downstream tells them apart. The `static` handler (devices
-//! configurations list by hand) is always served: it reads nothing but their details.
+//! external handler, so nothing downstream tells them apart.
 
 use crate::discovery::{Endpoint, RegisteredHandler, handler};
 use akri_discovery_handler::Served;
@@ -18,6 +17,8 @@ pub enum Embedded {
     Opcua,
     /// ONVIF cameras (WS-Discovery multicast: the pod needs the cameras' network).
     Onvif,
+    /// Devices configurations list by hand (reads nothing but their details).
+    Static,
 }
 
 /// Errors of starting an embedded handler.
@@ -42,6 +43,7 @@ impl Embedded {
             Embedded::Udev => akri_udev::NAME,
             Embedded::Opcua => akri_opcua::NAME,
             Embedded::Onvif => akri_onvif::NAME,
+            Embedded::Static => akri_static::NAME,
         }
     }
 
@@ -50,15 +52,18 @@ impl Embedded {
             Embedded::Udev => akri_udev::SHARED,
             Embedded::Opcua => akri_opcua::SHARED,
             Embedded::Onvif => akri_onvif::SHARED,
+            Embedded::Static => akri_static::SHARED,
         }
     }
 
     /// Serves it next to the registration socket and registers it there. `state_dir` keeps
-    /// what a handler writes (the OPC UA client's trust lists).
+    /// what a handler writes (the OPC UA client's trust lists); `node` is this node's name
+    /// (the static handler's devices list nodes).
     pub async fn start(
         self,
         registration_socket: &Path,
         state_dir: &Path,
+        node: &str,
     ) -> Result<Served, Error> {
         let name = self.name();
         let socket = registration_socket.with_file_name(format!("{name}.sock"));
@@ -70,39 +75,23 @@ impl Embedded {
                 Served::start(opcua, &socket)
             }
             Embedded::Onvif => Served::start(akri_onvif::Onvif::default(), &socket),
+            Embedded::Static => Served::start(
+                akri_static::Static {
+                    node: node.to_string(),
+                },
+                &socket,
+            ),
         }
         .map_err(|cause| Error::Serve { name, cause })?;
-        register(registration_socket, name, socket, self.shared()).await?;
+        let registered = RegisteredHandler {
+            name: name.to_string(),
+            endpoint: Endpoint::Uds(socket),
+            shared: self.shared(),
+        };
+        handler::register(registration_socket, &registered)
+            .await
+            .map_err(|cause| Error::Register { name, cause })?;
+        tracing::info!(name, "serving an embedded discovery handler");
         Ok(served)
     }
-}
-
-/// Serves the `static` handler for `node` and registers it.
-pub async fn start_static(registration_socket: &Path, node: &str) -> Result<Served, Error> {
-    let name = akri_static::NAME;
-    let socket = registration_socket.with_file_name(format!("{name}.sock"));
-    let handler = akri_static::Static {
-        node: node.to_string(),
-    };
-    let served = Served::start(handler, &socket).map_err(|cause| Error::Serve { name, cause })?;
-    register(registration_socket, name, socket, akri_static::SHARED).await?;
-    Ok(served)
-}
-
-async fn register(
-    registration_socket: &Path,
-    name: &'static str,
-    socket: std::path::PathBuf,
-    shared: bool,
-) -> Result<(), Error> {
-    let registered = RegisteredHandler {
-        name: name.to_string(),
-        endpoint: Endpoint::Uds(socket),
-        shared,
-    };
-    handler::register(registration_socket, &registered)
-        .await
-        .map_err(|cause| Error::Register { name, cause })?;
-    tracing::info!(name, "serving an embedded discovery handler");
-    Ok(())
 }

@@ -54,10 +54,10 @@ pub(crate) async fn lead(
         }
         None => None,
     };
-    let mut embedded =
-        vec![crate::embedded::start_static(registry.socket(), &config.node_name).await?];
+    let mut embedded = Vec::new();
     for handler in &config.embedded_handlers {
-        embedded.push(handler.start(registry.socket(), &config.state_dir).await?);
+        embedded
+            .push((handler.start(registry.socket(), &config.state_dir, &config.node_name)).await?);
     }
     Ok(Leader {
         _registry: registry,

@@ -68,7 +68,8 @@ struct Args {
     debug_echo_shared: bool,
     /// Discovery handlers to run inside this process (comma separated), each serving on
     /// <discovery socket's directory>/<name>.sock, instead of DaemonSets of their own: udev
-    /// (mount the host's /run/udev), opcua, onvif (needs the cameras' network).
+    /// (mount the host's /run/udev), opcua, onvif (needs the cameras' network), static
+    /// (devices configurations list by hand; it has no DaemonSet).
     #[arg(long, value_enum, value_delimiter = ',')]
     embed_handlers: Vec<akri_kubelet_plugin::embedded::Embedded>,
     /// Whether the API server keeps consumable capacity (DRAConsumableCapacity): `auto` asks

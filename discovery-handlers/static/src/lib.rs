@@ -1,7 +1,7 @@
 //! The `static` discovery handler: devices a configuration lists by hand, for what no handler
 //! can find (a camera that answers no probe and speaks no ONVIF, a PLC on a fieldbus gateway, a
-//! serial port a vendor driver made), each with the nodes that reach it. Always embedded in the
-//! kubelet-plugin, which tells it its node.
+//! serial port a vendor driver made), each with the nodes that reach it. Embedded in the
+//! kubelet-plugin (`--embed-handlers=static`), which tells it its node.
 //!
 //! Discovery details:
 //!

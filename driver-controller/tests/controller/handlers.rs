@@ -12,7 +12,7 @@ async fn a_configuration_naming_a_handler_no_node_has_is_not_ready_and_says_why(
     let c = Cluster::start(2, false).await;
     let configs = Api::<DiscoveryConfiguration>::all(c.client.clone());
     let name = akri_testing::ControlPlane::unique_name("typo");
-    // The agents embed `debugEcho` (the tests') and `static` (always).
+    // The agents' embedded handler is `debugEcho`.
     configs
         .create(
             &PostParams::default(),
@@ -41,7 +41,7 @@ async fn a_configuration_naming_a_handler_no_node_has_is_not_ready_and_says_why(
     assert_eq!(status, "False");
     assert_eq!(
         message,
-        "no node has a discovery handler named 'debugecho' (the 2 nodes that run the agent have: debugEcho, static); did you mean 'debugEcho'? (names are case-sensitive): nothing can be discovered for it"
+        "no node has a discovery handler named 'debugecho' (the 2 nodes that run the agent have: debugEcho); did you mean 'debugEcho'? (names are case-sensitive): nothing can be discovered for it"
     );
 
     // A configuration naming the handler the nodes have discovers and is Ready.

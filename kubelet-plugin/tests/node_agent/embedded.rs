@@ -16,7 +16,12 @@ async fn embedded_handlers_register_beside_the_registration_socket_and_serve() {
     let state = dir.path().join("state");
     let mut served = Vec::new();
     for handler in [Embedded::Udev, Embedded::Opcua, Embedded::Onvif] {
-        served.push(handler.start(registry.socket(), &state).await.unwrap());
+        served.push(
+            handler
+                .start(registry.socket(), &state, "node-a")
+                .await
+                .unwrap(),
+        );
     }
     let handlers = registry.handlers();
     for (name, shared, says) in [
@@ -43,8 +48,8 @@ async fn embedded_handlers_register_beside_the_registration_socket_and_serve() {
     }
 }
 
-/// The `static` handler, always embedded: a configuration's hand-listed devices become
-/// Instances on the nodes they list (a device node is each node's own), with their properties;
+/// The `static` handler, embedded (`--embed-handlers=static`): a configuration's hand-listed
+/// devices become Instances on the nodes they list (a device node is each node's own), with their properties;
 /// a list that is wrong shows in the configuration's status for the node.
 #[tokio::test]
 async fn static_devices_become_instances_where_they_are_listed() {
@@ -53,7 +58,8 @@ async fn static_devices_become_instances_where_they_are_listed() {
 
     let cluster = AgentCluster::start(&akri_api::crds::all()).await.unwrap();
     let dir = tempfile::tempdir().unwrap();
-    let config = AgentConfig::embedded(&cluster.node, &cluster.namespace, dir.path());
+    let mut config = AgentConfig::embedded(&cluster.node, &cluster.namespace, dir.path());
+    config.embedded_handlers = vec![Embedded::Static];
     let _agent = agent::start(cluster.client.clone(), config)
         .await
         .expect("agent starts");

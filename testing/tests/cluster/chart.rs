@@ -389,7 +389,7 @@ async fn template_renders_every_option_of_the_full_values() {
         "--debug-echo-socket=/var/lib/akri/debugEcho.sock",
         "--debug-echo-availability-file=/var/lib/akri/debug-echo-availability.txt",
         "--debug-echo-shared",
-        "--embed-handlers=udev",
+        "--embed-handlers=udev,static",
         "--consumable-capacity=on",
         "--property-namespaces=akri-credentials,cameras",
         "--property-secrets=camera-credentials",

@@ -725,13 +725,17 @@ async fn an_opcua_server_behind_a_discovery_server_reaches_a_container_as_a_shar
     );
 }
 
-/// A serial port no handler finds, listed by hand (the `static` handler the agent always
-/// embeds): the container gets the node's device node and the listed property, with no
+/// A serial port no handler finds, listed by hand (the `static` handler, embedded): the
+/// container gets the node's device node and the listed property, with no
 /// `containerAccess` (the configuration's own list is what it may bring); a device listed
 /// for another node is not this node's.
 #[tokio::test]
 async fn a_serial_port_listed_by_hand_reaches_the_container() {
-    let c = Cluster::start().await;
+    let mut c = Cluster::without_agent().await;
+    c.start_agent(|config| {
+        (config.embedded_handlers).push(akri_kubelet_plugin::embedded::Embedded::Static)
+    })
+    .await;
     let _controller = c.driver_controller();
     let config = ControlPlane::unique_name("serial");
     let node = c.node.node_name();
