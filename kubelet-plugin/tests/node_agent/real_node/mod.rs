@@ -763,6 +763,65 @@ async fn a_serial_port_listed_by_hand_reaches_the_container() {
     assert!(!output.contains("115200"), "{output}");
 }
 
+/// A camera with WS-Discovery off, listed in the configuration by its device service: a pod
+/// on the real node gets it with what its device service says, as a camera found by probes.
+#[tokio::test]
+async fn an_onvif_camera_that_ignores_probes_reaches_a_container_where_it_is_listed() {
+    let c = Cluster::start().await;
+    let _controller = c.driver_controller();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("onvif.sock");
+    let onvif = akri_onvif::Onvif {
+        rescan: Duration::from_secs(1),
+        ..Default::default()
+    };
+    let _served = akri_discovery_handler::Served::start(onvif, &socket).unwrap();
+    c.register_handler("onvif", &socket, true).await;
+    let uuid = "7e57ca4e-0000-4000-8000-0000000051e7";
+    let port = akri_testing::free_port().unwrap();
+    let _camera = akri_testing::peers::Peer::start(
+        "quiet-camera",
+        "onvif_camera.py",
+        &[
+            "--port",
+            &port.to_string(),
+            "--uuid",
+            uuid,
+            "--ip",
+            "10.20.30.41",
+            "--mac",
+            "00:0a:0b:0c:0d:0f",
+            "--ignore-probes",
+        ]
+        .map(String::from),
+    )
+    .unwrap();
+    let url = format!(
+        "http://{}:{port}/onvif/device_service",
+        akri_testing::peers::multicast_source()
+    );
+    let config = ControlPlane::unique_name("quiet");
+    // The uuid filter keeps other tests' cameras out; this one answers no probe anyway.
+    let details = format!(
+        "uuids: {{items: [{uuid}]}}\ncameras:\n- deviceServiceUrl: {url}\n  uuid: {uuid}\n"
+    );
+    c.shared_configuration(&config, "onvif", &details, json!([]))
+        .await;
+    c.script_pod("quiet", &config, "env | grep '^ONVIF_' | sort")
+        .await;
+    let output = c.output("quiet").await;
+    assert_shows(
+        &output,
+        &[
+            format!("ONVIF_DEVICE_SERVICE_URL={url}"),
+            format!("ONVIF_DEVICE_UUID={uuid}"),
+            "ONVIF_DEVICE_IP_ADDRESS=10.20.30.41".to_string(),
+            "ONVIF_DEVICE_MAC_ADDRESS=00:0a:0b:0c:0d:0f".to_string(),
+            format!("ONVIF_STREAM_URI=rtsp://10.20.30.41:554/{uuid}/main"),
+        ],
+    );
+}
+
 #[tokio::test]
 async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_secret_reveals() {
     const PASSWORD: &str = "from-a-secret-only";
