@@ -15,8 +15,8 @@
 # this project's machines, and a glibc armv7 build would not be static.
 #
 # Output: one OCI image layout per image in _output/images/<image>, and the tag they carry in
-# _output/images/TAG (printed last); akri-migrate's static binaries in
-# _output/bin/linux-<arch>/akri-migrate (with a .sha256). The tag names the build: the workspace version alone for
+# _output/images/TAG (printed last); akri-migrate's and kubectl-akri's static binaries in
+# _output/bin/linux-<arch>/ (each with a .sha256). The tag names the build: the workspace version alone for
 # a release (the tree is exactly at git tag v<version>, nothing changed), else
 # <version>-g<commit> (e.g. 0.1.0-g1cd037c4a2b3), with -dirty.<hash of the changes> for a tree
 # with changes, so two different builds never share a tag. Push or convert one with skopeo:
@@ -64,7 +64,7 @@ COMPONENTS=(
   "akri-opcua-discovery-handler|65532:65532|akri-opcua-discovery-handler|nonroot: serves and registers in a directory of its own that the kubelet-plugin makes for this user"
   "akri-onvif-discovery-handler|65532:65532|akri-onvif-discovery-handler|nonroot: serves and registers in a directory of its own that the kubelet-plugin makes for this user"
   "akri-debug-echo-discovery-handler|65532:65532|akri-debug-echo-discovery-handler|nonroot: serves and registers in a directory of its own that the kubelet-plugin makes for this user"
-  "akri-migrate|65532:65532|akri-migrate|nonroot: a command-line tool that reads files and talks to the API server"
+  "akri-migrate|65532:65532|akri-migrate kubectl-akri|nonroot: command-line tools that read files and talk to the API server"
 )
 
 check_only=false
@@ -225,11 +225,14 @@ if ! $check_only; then
     build_image "$name" "$user" "$bins" "$note"
   done
   echo "$tag" >"$OUT/TAG"
-  # akri-migrate is also a command for an operator's machine: its static binary per platform.
+  # akri-migrate and kubectl-akri are also commands for an operator's machine: their static
+  # binaries per platform.
   for p in "${PLATFORMS[@]}"; do
     IFS='|' read -r arch target _ _ <<<"$p"
-    install -D -m 0755 "$target_dir/$target/release/akri-migrate" "_output/bin/linux-$arch/akri-migrate"
-    (cd "_output/bin/linux-$arch" && sha256sum akri-migrate >akri-migrate.sha256)
+    for command in akri-migrate kubectl-akri; do
+      install -D -m 0755 "$target_dir/$target/release/$command" "_output/bin/linux-$arch/$command"
+      (cd "_output/bin/linux-$arch" && sha256sum "$command" >"$command.sha256")
+    done
   done
 fi
 

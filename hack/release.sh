@@ -15,7 +15,7 @@
 # - images/: hack/images.sh's OCI layouts (linux/amd64 and linux/arm64, tagged <version>: the
 #   tag it gives a clean tree at the release tag);
 # - akri-<version>.tgz: the chart, `helm package`d;
-# - akri-migrate-linux-amd64, akri-migrate-linux-arm64 and SHA256SUMS;
+# - akri-migrate-linux-{amd64,arm64}, kubectl-akri-linux-{amd64,arm64} and SHA256SUMS;
 # - crates/: `cargo package` of the crates meant for others (kubelet-proto, node-io,
 #   dra-plugin), built and checked from the packaged sources alone; `cargo publish -p
 #   kubelet-proto -p node-io -p dra-plugin` publishes them;
@@ -74,11 +74,13 @@ helm=$(hack/helm.sh | tail -1)
 "$helm" package charts/akri --destination "$out" >/dev/null
 [ -f "$out/akri-$version.tgz" ] || fail "helm package made no akri-$version.tgz"
 
-echo "== akri-migrate"
+echo "== akri-migrate and kubectl-akri"
 for arch in amd64 arm64; do
-  cp "_output/bin/linux-$arch/akri-migrate" "$out/akri-migrate-linux-$arch"
+  for command in akri-migrate kubectl-akri; do
+    cp "_output/bin/linux-$arch/$command" "$out/$command-linux-$arch"
+  done
 done
-(cd "$out" && sha256sum akri-migrate-linux-* "akri-$version.tgz" >SHA256SUMS)
+(cd "$out" && sha256sum akri-migrate-linux-* kubectl-akri-linux-* "akri-$version.tgz" >SHA256SUMS)
 
 echo "== the crates meant for others (cargo package, checked by building them from the package)"
 cargo package -p kubelet-proto -p node-io -p dra-plugin
