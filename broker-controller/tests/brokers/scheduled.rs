@@ -494,3 +494,79 @@ async fn a_camera_rebooting_within_the_shared_grace_keeps_its_brokers() {
         gone_at.elapsed()
     );
 }
+
+/// A BrokerTemplate on devices listed by hand (the `static` handler, embedded): a broker Pod
+/// per Instance, bound to the node the device is listed for, its claim allocated that device,
+/// and the kubelet's prepare handing the container the listed property.
+#[tokio::test]
+async fn brokers_work_on_devices_listed_by_hand() {
+    let (cp, client, akri, apps) = support::akri_and_apps(ControlPlaneOptions::full()).await;
+    let node = support::start_node(&cp, &client, &akri, |config, _| {
+        (config.embedded_handlers).push(akri_kubelet_plugin::embedded::Embedded::Static);
+    })
+    .await;
+    let _driver = AbortOnDrop(support::spawn_driver_controller(&client, &akri));
+    let _brokers = AbortOnDrop(support::spawn_broker_controller(&client, &akri).0);
+    let details = format!(
+        "devices:\n- {{id: plc, nodes: [{}], properties: {{PLC_ADDRESS: '10.1.3.7:502'}}}}\n",
+        node.name
+    );
+    Api::<DiscoveryConfiguration>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
+                "metadata": { "name": "line-3" },
+                "spec": { "discoveryHandler": { "name": "static", "discoveryDetails": details } },
+            })),
+        )
+        .await
+        .unwrap();
+    let found = support::instances(&client, &akri, "line-3", |found| found.len() == 1).await;
+    let instance = found.keys().next().unwrap().clone();
+    Api::<BrokerTemplate>::namespaced(client.clone(), &apps)
+        .create(
+            &PostParams::default(),
+            &from_json(json!({
+                "apiVersion": "akri.sh/v1", "kind": "BrokerTemplate",
+                "metadata": { "name": "plc-brokers" },
+                "spec": {
+                    "discoveryReference": { "name": "line-3" },
+                    "instanceBrokerResources": [{
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": { "name": "$(AKRI_INSTANCE)-pod" },
+                        "spec": { "containers": [{
+                            "name": "broker", "image": "registry.k8s.io/e2e-test-images/busybox:1.36.1-1",
+                            "command": ["sh", "-c", "env | grep PLC_; sleep infinity"],
+                        }] },
+                    }],
+                },
+            })),
+        )
+        .await
+        .unwrap();
+    let pod = format!("{instance}-pod");
+    let bound = akri_testing::bound_pod(&client, &apps, &pod, EVENTUALLY).await;
+    assert_eq!(
+        bound.spec.and_then(|s| s.node_name),
+        Some(node.name.clone())
+    );
+    let containers = node.peer.prepare(&apps, &pod).await.expect("prepared");
+    let edits = (node.peer.cdi_inject(&containers["broker"]))
+        .await
+        .expect("CDI resolves");
+    let env: Vec<String> = serde_json::from_value(edits["env"].clone()).unwrap();
+    assert!(
+        env.contains(&"PLC_ADDRESS=10.1.3.7:502".to_string()),
+        "{env:?}"
+    );
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
