@@ -1,5 +1,6 @@
 //! Serving `v0.DiscoveryHandler` for a [`Discover`] implementation on a Unix socket.
 
+use crate::health::DiscoveryMetrics;
 use crate::proto;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,6 +25,8 @@ pub trait Discover: Send + Sync + 'static {
 pub struct DeviceLists {
     tx: mpsc::Sender<Result<proto::DiscoverResponse, Status>>,
     last: Option<Vec<proto::Device>>,
+    /// Counted while it is open (a stream), with its last list's devices.
+    metrics: Option<DiscoveryMetrics>,
 }
 
 impl DeviceLists {
@@ -33,7 +36,31 @@ impl DeviceLists {
         ReceiverStream<Result<proto::DiscoverResponse, Status>>,
     ) {
         let (tx, rx) = mpsc::channel(4);
-        (DeviceLists { tx, last: None }, ReceiverStream::new(rx))
+        let lists = DeviceLists {
+            tx,
+            last: None,
+            metrics: None,
+        };
+        (lists, ReceiverStream::new(rx))
+    }
+
+    /// [`channel`](Self::channel), counted in `metrics` while open.
+    fn counted(
+        metrics: Option<DiscoveryMetrics>,
+    ) -> (
+        Self,
+        ReceiverStream<Result<proto::DiscoverResponse, Status>>,
+    ) {
+        let (mut lists, stream) = Self::channel();
+        if let Some(metrics) = &metrics {
+            metrics.streams.inc();
+        }
+        lists.metrics = metrics;
+        (lists, stream)
+    }
+
+    fn sent_devices(&self) -> i64 {
+        self.last.as_ref().map_or(0, |l| l.len() as i64)
     }
 
     /// Sends `devices` (sorted by id, so that order never counts as a change) unless they
@@ -49,6 +76,12 @@ impl DeviceLists {
         if self.tx.send(Ok(response)).await.is_err() {
             return false;
         }
+        if let Some(metrics) = &self.metrics {
+            metrics.lists.inc();
+            metrics
+                .devices
+                .inc_by(devices.len() as i64 - self.sent_devices());
+        }
         self.last = Some(devices);
         true
     }
@@ -62,6 +95,15 @@ impl DeviceLists {
     /// Completes when the agent has gone away.
     pub async fn closed(&self) {
         self.tx.closed().await
+    }
+}
+
+impl Drop for DeviceLists {
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.streams.dec();
+            metrics.devices.dec_by(self.sent_devices());
+        }
     }
 }
 
@@ -104,9 +146,20 @@ impl Served {
 
     /// Serves `handler` on `listener`, bound at `socket` by [`bind`]. Needs a Tokio runtime.
     pub fn on<D: Discover>(handler: D, listener: UnixListener, socket: &Path) -> Self {
-        let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service(
-            Arc::new(handler),
-        ));
+        Self::counted(handler, listener, socket, None)
+    }
+
+    /// [`on`](Self::on), its discovery counted in `metrics` (a handler binary's `/metrics`).
+    pub fn counted<D: Discover>(
+        handler: D,
+        listener: UnixListener,
+        socket: &Path,
+        metrics: Option<DiscoveryMetrics>,
+    ) -> Self {
+        let service = proto::discovery_handler_server::DiscoveryHandlerServer::new(Service {
+            handler: Arc::new(handler),
+            metrics,
+        });
         let router = tonic::transport::Server::builder().add_service(service);
         let server = node_io::authority::spawn(listener, router, "discovery handler server");
         Served {
@@ -128,7 +181,10 @@ impl Drop for Served {
     }
 }
 
-struct Service<D>(Arc<D>);
+struct Service<D> {
+    handler: Arc<D>,
+    metrics: Option<DiscoveryMetrics>,
+}
 
 #[tonic::async_trait]
 impl<D: Discover> proto::discovery_handler_server::DiscoveryHandler for Service<D> {
@@ -138,8 +194,12 @@ impl<D: Discover> proto::discovery_handler_server::DiscoveryHandler for Service<
         &self,
         request: Request<proto::DiscoverRequest>,
     ) -> Result<Response<Self::DiscoverStream>, Status> {
-        let (lists, stream) = DeviceLists::channel();
-        self.0.start(request.into_inner(), lists)?;
+        let (lists, stream) = DeviceLists::counted(self.metrics.clone());
+        let started = self.handler.start(request.into_inner(), lists);
+        if let Some(metrics) = &self.metrics {
+            metrics.called(if started.is_ok() { "ok" } else { "refused" });
+        }
+        started?;
         Ok(Response::new(stream))
     }
 }
@@ -168,6 +228,19 @@ mod tests {
             .collect()
             .await;
         assert_eq!(sent, [vec!["a", "b"], vec!["a"]]);
+    }
+
+    #[tokio::test]
+    async fn a_counted_stream_says_what_it_sent_until_it_closes() {
+        let metrics = DiscoveryMetrics::default();
+        let (mut lists, _stream) = DeviceLists::counted(Some(metrics.clone()));
+        assert_eq!(metrics.streams.get(), 1);
+        assert!(lists.send(vec![device("a"), device("b")]).await);
+        assert!(lists.send(vec![device("a"), device("b")]).await);
+        assert!(lists.send(vec![device("a")]).await);
+        assert_eq!((metrics.devices.get(), metrics.lists.get()), (1, 2));
+        drop(lists);
+        assert_eq!((metrics.streams.get(), metrics.devices.get()), (0, 0));
     }
 
     #[tokio::test]

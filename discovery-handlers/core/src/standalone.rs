@@ -105,7 +105,7 @@ pub async fn run<D: Discover>(
         }
         None => None,
     };
-    let served = Served::on(handler, listener, &socket);
+    let served = Served::counted(handler, listener, &socket, Some(health.discovery.clone()));
     tracing::info!(name, socket = %socket.display(), shared, "serving the discovery handler");
     let registered = RegisteredHandler {
         name: name.to_string(),

@@ -95,6 +95,38 @@ async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
         }
         other => panic!("expected a device list, got {other:?}"),
     }
+    // Details it cannot use: refused, and counted as such.
+    let refused = akri_discovery_handler::client::discover(&socket, "descriptions: 7", &[]).await;
+    assert!(refused.is_err(), "garbage details are refused");
+    // Its discovery in its metrics: the call, the open stream, its two devices, the list.
+    let value = |metrics: &str, series: &str| {
+        (metrics.lines())
+            .find_map(|l| l.strip_prefix(&format!("{series} ")))
+            .and_then(|n| n.parse::<i64>().ok())
+    };
+    let metrics = akri_testing::eventually("the discovery in the metrics", async || {
+        let (_, metrics) = akri_testing::http_get(health, "/metrics").await.ok()?;
+        (value(&metrics, "akri_discovery_handler_devices") == Some(2)).then_some(metrics)
+    })
+    .await;
+    for (series, expected) in [
+        (
+            "akri_discovery_handler_discover_calls_total{result=\"ok\"}",
+            1,
+        ),
+        (
+            "akri_discovery_handler_discover_calls_total{result=\"refused\"}",
+            1,
+        ),
+        ("akri_discovery_handler_streams", 1),
+        ("akri_discovery_handler_device_lists_total", 1),
+    ] {
+        assert_eq!(
+            value(&metrics, series),
+            Some(expected),
+            "{series}:\n{metrics}"
+        );
+    }
 
     let pid = handler.id().unwrap().to_string();
     let killed = std::process::Command::new("kill")
