@@ -505,8 +505,8 @@ async fn brokers_work_on_devices_listed_by_hand() {
         (config.embedded_handlers).push(akri_kubelet_plugin::embedded::Embedded::Static);
     })
     .await;
-    let _driver = AbortOnDrop(support::spawn_driver_controller(&client, &akri));
-    let _brokers = AbortOnDrop(support::spawn_broker_controller(&client, &akri).0);
+    let _driver = akri_runtime::AbortOnDrop(support::spawn_driver_controller(&client, &akri));
+    let _brokers = akri_runtime::AbortOnDrop(support::spawn_broker_controller(&client, &akri).0);
     let details = format!(
         "devices:\n- {{id: plc, nodes: [{}], properties: {{PLC_ADDRESS: '10.1.3.7:502'}}}}\n",
         node.name
@@ -560,13 +560,4 @@ async fn brokers_work_on_devices_listed_by_hand() {
         env.contains(&"PLC_ADDRESS=10.1.3.7:502".to_string()),
         "{env:?}"
     );
-}
-
-/// A task aborted when this is dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }

@@ -134,6 +134,20 @@ impl Cluster {
         .await;
     }
 
+    /// The ONVIF handler, external (its own socket, registered like Akri's), rescanning every
+    /// second; served until the returned value is dropped.
+    async fn onvif_handler(&self) -> (akri_discovery_handler::Served, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("onvif.sock");
+        let onvif = akri_onvif::Onvif {
+            rescan: Duration::from_secs(1),
+            ..Default::default()
+        };
+        let served = akri_discovery_handler::Served::start(onvif, &socket).unwrap();
+        self.register_handler("onvif", &socket, true).await;
+        (served, dir)
+    }
+
     /// A pod whose container holds one claim from template `template` and runs `script`.
     async fn script_pod(&self, name: &str, template: &str, script: &str) {
         self.pod(
@@ -769,14 +783,7 @@ async fn a_serial_port_listed_by_hand_reaches_the_container() {
 async fn an_onvif_camera_that_ignores_probes_reaches_a_container_where_it_is_listed() {
     let c = Cluster::start().await;
     let _controller = c.driver_controller();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("onvif.sock");
-    let onvif = akri_onvif::Onvif {
-        rescan: Duration::from_secs(1),
-        ..Default::default()
-    };
-    let _served = akri_discovery_handler::Served::start(onvif, &socket).unwrap();
-    c.register_handler("onvif", &socket, true).await;
+    let _handler = c.onvif_handler().await;
     let uuid = "7e57ca4e-0000-4000-8000-0000000051e7";
     let port = akri_testing::free_port().unwrap();
     let _camera = akri_testing::peers::Peer::start(
@@ -827,14 +834,7 @@ async fn an_onvif_camera_reaches_a_container_with_what_its_credential_from_a_sec
     const PASSWORD: &str = "from-a-secret-only";
     let c = Cluster::start().await;
     let _controller = c.driver_controller();
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("onvif.sock");
-    let onvif = akri_onvif::Onvif {
-        rescan: Duration::from_secs(1),
-        ..Default::default()
-    };
-    let _served = akri_discovery_handler::Served::start(onvif, &socket).unwrap();
-    c.register_handler("onvif", &socket, true).await;
+    let _handler = c.onvif_handler().await;
     // A real WS-Discovery camera whose device service wants the credential.
     let uuid = "7e57ca4e-0000-4000-8000-00000000e2e0";
     let port = akri_testing::free_port().unwrap();
