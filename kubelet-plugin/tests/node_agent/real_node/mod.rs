@@ -752,10 +752,14 @@ async fn a_serial_port_listed_by_hand_reaches_the_container() {
     .await;
     let _controller = c.driver_controller();
     let config = ControlPlane::unique_name("serial");
+    // A serial port's device node (major 4, minor 64: ttyS0's numbers), made for the test so
+    // that it does not depend on this machine's hardware, and removed after it.
+    let serial = DeviceNode::make(&format!("/dev/{config}"), 4, 64);
+    let path = &serial.0;
     let node = c.node.node_name();
     let details = format!(
         "devices:\n\
-         - {{id: scale, nodes: [{node}], properties: {{BAUD: '9600'}}, deviceNodes: [/dev/ttyS0]}}\n\
+         - {{id: scale, nodes: [{node}], properties: {{BAUD: '9600'}}, deviceNodes: [{path}]}}\n\
          - {{id: elsewhere, nodes: [another-node], properties: {{BAUD: '115200'}}}}\n"
     );
     c.shared_configuration(&config, "static", &details, json!([]))
@@ -763,7 +767,7 @@ async fn a_serial_port_listed_by_hand_reaches_the_container() {
     c.script_pod(
         "serial",
         &config,
-        "env | grep '^BAUD'; stat -c 'device %n: %F %t:%T' /dev/ttyS0",
+        &format!("env | grep '^BAUD'; stat -c 'device %n: %F %t:%T' {path}"),
     )
     .await;
     let output = c.output("serial").await;
@@ -771,10 +775,33 @@ async fn a_serial_port_listed_by_hand_reaches_the_container() {
         &output,
         &[
             "BAUD=9600".to_string(),
-            "device /dev/ttyS0: character special file 4:40".to_string(),
+            format!("device {path}: character special file 4:40"),
         ],
     );
     assert!(!output.contains("115200"), "{output}");
+}
+
+/// A character device node the test makes (`mknod`), removed when dropped.
+struct DeviceNode(String);
+
+impl DeviceNode {
+    fn make(path: &str, major: u32, minor: u32) -> DeviceNode {
+        let made = std::process::Command::new("mknod")
+            .args([path, "c", &major.to_string(), &minor.to_string()])
+            .status()
+            .expect("run mknod");
+        assert!(
+            made.success(),
+            "mknod {path} (the real node's tests run as root)"
+        );
+        DeviceNode(path.to_string())
+    }
+}
+
+impl Drop for DeviceNode {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
 }
 
 /// A camera with WS-Discovery off, listed in the configuration by its device service: a pod
