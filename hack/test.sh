@@ -182,17 +182,19 @@ cargo test --workspace --no-run
 # test-util, akri-testing's components) their features differ, so most crates compile again:
 # here, while the Go builds run, rather than in the demo's step.
 step "the demo's build (hack/demo.sh below finds it done)"
-cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo
+cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo -p akri-inventory
 step "Kubernetes binaries (built from the Go module proxy, reused when up to date)"
 wait_for k8s "$go_builds"
 step "containerd, runc, CNI plugins and images for the real test node (reused when up to date)"
 wait_for node-bins "$go_builds"
 step "Helm, for the chart tests (built from the Go module proxy, reused when up to date)"
 wait_for helm "$go_builds"
+step "promtool (built from the Go module proxy after Helm, reused when up to date): the suites judge the chart's alerts with it on what the components' /metrics say"
+wait_for promtool "$go_builds"
 # The node agent's suite (8 of the 16 minutes of tests here) beside all the others: both mostly
 # wait on timers. Real nodes and control planes of two test processes keep apart (their own
 # directories, ports and network blocks); the suites with kube-proxy run one at a time below.
-step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade::, reachability::, uninstall:: and the docs' helm lines run once the images and chart are in the registry, legacy_only:: on Kubernetes 1.33 below, monitoring:: once promtool is built)"
+step "cargo test: the node agent's suite beside all the others (akri_move::, upgrade::, reachability::, uninstall:: and the docs' helm lines run once the images and chart are in the registry, legacy_only:: on Kubernetes 1.33 below, monitoring:: in the 1.34 lane)"
 beside node_agent_suite counted cargo test --workspace --test node_agent
 other_tests=()
 for target in $(cargo metadata --no-deps --format-version 1 |
@@ -219,8 +221,6 @@ k8s_1_34_steps() {
   step "the Helm chart on Kubernetes 1.34, the oldest release with DRA (1.33: the legacy_only step), once the chart is in the registry"
   wait_for pushed "$$" || return
   AKRI_K8S_VERSION=1.34.4 counted cargo test --workspace --test cluster chart:: || return
-  step "promtool (built from the Go module proxy after Helm, reused when up to date)"
-  wait_for promtool "$go_builds" || return
   step "the chart's alerts (promtool check rules, promtool test rules) and its dashboard"
   counted cargo test --workspace --test cluster monitoring:: || return
   step "actionlint (built from the Go module proxy after promtool): the release workflow"

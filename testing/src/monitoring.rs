@@ -1,7 +1,8 @@
 //! The chart's alerts (`charts/akri/files/prometheus-rules.yaml`) and dashboard
 //! (`charts/akri/files/grafana-dashboard.json`) as tests read them: the metrics they query, by
 //! the component that exports them, checked against what a running component's `/metrics`
-//! declares; and promtool (built by `hack/promtool.sh`).
+//! declares; promtool (built by `hack/promtool.sh`); and [`Alert`], each alert judged by
+//! promtool on what the real components' `/metrics` said while the failure it names lasted.
 
 use crate::Error;
 use crate::product::repo;
@@ -122,9 +123,214 @@ pub fn promtool() -> Result<PathBuf, Error> {
     }
 }
 
+/// The namespace [`Alert`] puts on every scraped sample, as a ServiceMonitor's scrape does
+/// (with `pod`): the chart's namespace in the docs.
+pub const SCRAPED_NAMESPACE: &str = "akri";
+
+/// One of the chart's alerts, as its rule file says it, judged on what real components'
+/// `/metrics` said: each step is one scrape per component (`pod`, text), a minute apart for
+/// promtool, and says which label sets the alert must be pending for then (none: silent).
+/// promtool evaluates the rule file and is asked for `ALERTS` at every step: the alert's
+/// expression, names and labels, not a copy of them, meet what the components export. Its
+/// `for` and text are unit-tested on synthetic series (`testing/alerts/akri.test.yaml`).
+pub struct Alert {
+    name: String,
+    steps: Vec<Step>,
+}
+
+/// One step of an [`Alert`]: every component's scrape (pod, text), and the label sets the
+/// alert must be pending for then.
+struct Step {
+    scrapes: Vec<(String, String)>,
+    pending: Vec<BTreeMap<String, String>>,
+}
+
+impl Alert {
+    pub fn named(name: &str) -> Alert {
+        Alert {
+            name: name.to_string(),
+            steps: Vec::new(),
+        }
+    }
+
+    /// A step at which the alert must be silent.
+    pub fn silent(self, scrapes: &[(&str, String)]) -> Alert {
+        self.pending(scrapes, &[])
+    }
+
+    /// A step at which the alert must be pending for exactly `for_each` (each its labels
+    /// beside `alertname`, `alertstate`, the rule's own and [`SCRAPED_NAMESPACE`]).
+    pub fn pending(mut self, scrapes: &[(&str, String)], for_each: &[&[(&str, &str)]]) -> Alert {
+        let scrapes = (scrapes.iter()).map(|(pod, text)| (pod.to_string(), text.clone()));
+        let expected = (for_each.iter())
+            .map(|labels| {
+                (labels.iter())
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect()
+            })
+            .collect();
+        self.steps.push(Step {
+            scrapes: scrapes.collect(),
+            pending: expected,
+        });
+        self
+    }
+
+    /// promtool's verdict; panics with its output (what it expected and got, at which step).
+    pub fn check(self) {
+        if let Err(e) = self.try_check() {
+            panic!("alert {}: {e}", self.name);
+        }
+    }
+
+    fn try_check(&self) -> Result<(), Error> {
+        let rules_file = repo().join("charts/akri/files/prometheus-rules.yaml");
+        let rules: serde_yaml::Value = serde_yaml::from_str(
+            &std::fs::read_to_string(&rules_file).map_err(Error::io("read the rule file"))?,
+        )
+        .map_err(|e| Error::Other(format!("prometheus-rules.yaml: {e}")))?;
+        let rule = (rules["groups"].as_sequence().into_iter().flatten())
+            .flat_map(|g| g["rules"].as_sequence().into_iter().flatten())
+            .find(|r| r["alert"].as_str() == Some(self.name.as_str()))
+            .ok_or_else(|| Error::Other("no such alert in prometheus-rules.yaml".into()))?;
+        let own: BTreeMap<String, String> =
+            serde_yaml::from_value(rule["labels"].clone()).unwrap_or_default();
+        // Every sample of every step, as one series each with its value per step.
+        let mut series: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (at, step) in self.steps.iter().enumerate() {
+            for (pod, text) in &step.scrapes {
+                for (name, value) in samples(text, pod)? {
+                    let values = series.entry(name).or_default();
+                    values.resize(at, "_".to_string());
+                    values.push(value);
+                }
+            }
+        }
+        let input_series: Vec<serde_json::Value> = (series.into_iter())
+            .map(|(name, mut values)| {
+                values.resize(self.steps.len(), "_".to_string());
+                serde_json::json!({"series": name, "values": values.join(" ")})
+            })
+            .collect();
+        let tests: Vec<serde_json::Value> = (self.steps.iter().enumerate())
+            .map(|(at, step)| {
+                let samples: Vec<serde_json::Value> = (step.pending.iter())
+                    .map(|labels| {
+                        let mut all = own.clone();
+                        all.extend(labels.clone());
+                        all.insert("alertname".into(), self.name.clone());
+                        all.insert("alertstate".into(), "pending".into());
+                        all.insert("namespace".into(), SCRAPED_NAMESPACE.into());
+                        serde_json::json!({"labels": selector("ALERTS", &all), "value": 1})
+                    })
+                    .collect();
+                serde_json::json!({
+                    "expr": format!("ALERTS{{alertname=\"{}\"}}", self.name),
+                    "eval_time": format!("{at}m"),
+                    "exp_samples": samples,
+                })
+            })
+            .collect();
+        let test = serde_json::json!({
+            "rule_files": ["rules.yaml"],
+            "evaluation_interval": "1m",
+            "tests": [{
+                "interval": "1m",
+                "input_series": input_series,
+                "promql_expr_test": tests,
+            }],
+        });
+        let dir = tempfile::tempdir().map_err(Error::io("a temporary directory"))?;
+        std::fs::copy(&rules_file, dir.path().join("rules.yaml"))
+            .map_err(Error::io("copy the rule file"))?;
+        let text = serde_yaml::to_string(&test).map_err(|e| Error::Other(e.to_string()))?;
+        std::fs::write(dir.path().join("test.yaml"), &text)
+            .map_err(Error::io("write promtool's test"))?;
+        let run = std::process::Command::new(promtool()?)
+            .args(["test", "rules", "test.yaml"])
+            .current_dir(dir.path())
+            .output()
+            .map_err(Error::io("run promtool"))?;
+        match run.status.success() {
+            true => Ok(()),
+            false => Err(Error::Other(format!(
+                "promtool test rules:\n{}{}\nits test:\n{text}",
+                String::from_utf8_lossy(&run.stdout),
+                String::from_utf8_lossy(&run.stderr)
+            ))),
+        }
+    }
+}
+
+/// `name{labels}` in PromQL's series notation, labels in order.
+fn selector(name: &str, labels: &BTreeMap<String, String>) -> String {
+    let labels: Vec<String> = (labels.iter())
+        .map(|(k, v)| format!("{k}={}", serde_json::Value::from(v.as_str())))
+        .collect();
+    format!("{name}{{{}}}", labels.join(", "))
+}
+
+/// The samples of a `/metrics` text as promtool's input series name them, each with the
+/// labels a ServiceMonitor's scrape adds (`namespace`, `pod`), and its value.
+fn samples(text: &str, pod: &str) -> Result<Vec<(String, String)>, Error> {
+    let mut samples = Vec::new();
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let bad = || {
+            Error::Other(format!(
+                "a sample line promtool's series cannot take: {line}"
+            ))
+        };
+        let (name, labels, rest) = match line.find('{') {
+            Some(open) => {
+                let close = line.rfind('}').ok_or_else(bad)?;
+                (&line[..open], &line[open + 1..close], &line[close + 1..])
+            }
+            None => {
+                let (name, rest) = line.split_once(' ').ok_or_else(bad)?;
+                (name, "", rest)
+            }
+        };
+        let value = rest.split_whitespace().next().ok_or_else(bad)?;
+        let value = value.strip_prefix('+').unwrap_or(value);
+        let ours = format!("namespace=\"{SCRAPED_NAMESPACE}\", pod=\"{pod}\"");
+        let labels = match labels.trim() {
+            "" => ours,
+            labels => format!("{labels}, {ours}"),
+        };
+        samples.push((format!("{name}{{{labels}}}"), value.to_string()));
+    }
+    Ok(samples)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn samples_become_series_with_the_scrapes_labels() {
+        let text = "# TYPE akri_a counter\nakri_a_total{result=\"ok\"} 3\nakri_b 1.5\nakri_c_bucket{le=\"+Inf\"} +Inf\n# EOF\n";
+        assert_eq!(
+            samples(text, "p").unwrap(),
+            [
+                (
+                    r#"akri_a_total{result="ok", namespace="akri", pod="p"}"#.to_string(),
+                    "3".to_string()
+                ),
+                (
+                    r#"akri_b{namespace="akri", pod="p"}"#.to_string(),
+                    "1.5".to_string()
+                ),
+                (
+                    r#"akri_c_bucket{le="+Inf", namespace="akri", pod="p"}"#.to_string(),
+                    "Inf".to_string()
+                ),
+            ]
+        );
+        assert!(samples("akri_a_total{result=\"ok\"\n", "p").is_err());
+    }
 
     #[test]
     fn names_in_a_query_and_names_a_metrics_text_exports() {

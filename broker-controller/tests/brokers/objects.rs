@@ -3,6 +3,7 @@
 //! kubelet-plugins would) and the template, and the status says what happened.
 
 use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
+use akri_testing::monitoring::Alert;
 use akri_testing::{ControlPlane, ControlPlaneOptions};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -23,6 +24,8 @@ struct Setup {
     apps: String,
     node: String,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The broker-controller's metrics, as its `/metrics` serves them.
+    metrics: akri_broker_controller::metrics::Metrics,
 }
 
 impl Drop for Setup {
@@ -47,14 +50,14 @@ async fn setup_serving(only_apps: bool) -> Setup {
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();
     let served = [apps.as_str()];
+    let (brokers, metrics) = support::spawn_broker_controller_serving(
+        &client,
+        &instances_ns,
+        only_apps.then_some(&served[..]),
+    );
     let tasks = vec![
         support::spawn_driver_controller(&client, &instances_ns),
-        support::spawn_broker_controller_serving(
-            &client,
-            &instances_ns,
-            only_apps.then_some(&served[..]),
-        )
-        .0,
+        brokers,
     ];
     Setup {
         _cp: cp,
@@ -63,6 +66,7 @@ async fn setup_serving(only_apps: bool) -> Setup {
         apps,
         node,
         tasks,
+        metrics,
     }
 }
 
@@ -187,6 +191,8 @@ async fn objects_follow_instances_and_the_template() {
     // global Service: 7 objects.
     let (ready, message) = s.status("cams", 2, 7).await;
     assert_eq!(ready, "True", "{message}");
+    let scrape = || [("broker-controller", s.metrics.encode())];
+    let alert = Alert::named("AkriBrokerObjectsRefused").silent(&scrape());
     let pod = s.pods().get("cams-aaaaaa-pod").await.unwrap();
     let spec = serde_json::to_value(pod.spec.as_ref().unwrap()).unwrap();
     assert_eq!(spec["containers"][0]["env"][0]["value"], "1080p");
@@ -290,6 +296,7 @@ async fn objects_follow_instances_and_the_template() {
     );
 
     // An object the API server refuses shows in the status; the others are still managed.
+    let alert = alert.silent(&scrape());
     changed["instanceBrokerResources"]
         .as_array_mut()
         .unwrap()
@@ -306,6 +313,8 @@ async fn objects_follow_instances_and_the_template() {
         "the condition names the object and the API server's message: {message}"
     );
     s.pods().get("cams-aaaaaa-pod").await.unwrap();
+    // What the chart's alert of refused broker objects is about.
+    (alert.pending(&scrape(), &[&[]])).check();
 
     // The template deleted: the garbage collector deletes everything it made.
     s.templates()

@@ -47,6 +47,13 @@ async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
     })
     .await;
     assert_eq!(code, 503, "{why}");
+    let scrape = async || {
+        let (_, text) = akri_testing::http_get(health, "/metrics").await.unwrap();
+        [("debug-echo", text)]
+    };
+    // What the chart's alert of unregistered handlers is about.
+    let alert = akri_testing::monitoring::Alert::named("AkriDiscoveryHandlerNotRegistered")
+        .pending(&scrape().await, &[&[("pod", "debug-echo")]]);
     assert!(
         why.starts_with("not ready: not registered with the node agent: "),
         "{why}"
@@ -82,6 +89,7 @@ async fn registers_with_a_late_agent_serves_discovery_and_stops_on_sigterm() {
         "{metrics}"
     );
     assert!(registered.shared, "DEBUG_ECHO_INSTANCES_SHARED=true");
+    (alert.silent(&scrape().await)).check();
 
     let request = DiscoveryRequest {
         details: "descriptions: [foo0, foo1]".into(),

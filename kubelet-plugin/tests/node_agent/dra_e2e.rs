@@ -4,6 +4,7 @@
 
 use akri_kubelet_plugin::agent::AgentConfig;
 use akri_testing::components::SimNode;
+use akri_testing::monitoring::Alert;
 use akri_testing::{ControlPlane, ControlPlaneOptions, KubeletPeer};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
@@ -145,6 +146,55 @@ async fn broker_pod(client: &kube::Client, ns: &str, config: &str) {
         })).unwrap())
         .await
         .unwrap();
+}
+
+/// A claim whose device left the node between its allocation and its pod's start (its
+/// configuration deleted) fails to prepare, naming the device; the chart's alert of failing
+/// prepares is pending on what the node's /metrics then say, and silent before.
+#[tokio::test]
+async fn a_claim_whose_device_left_fails_to_prepare_and_the_alert_says_so() {
+    let (cp, client, ns, config) = cluster().await;
+    let node = start_node(&cp, &client, &ns).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    let scrape = || [(node.name.as_str(), node.agent.metrics().encode())];
+    let alert = Alert::named("AkriClaimPrepareFailing").silent(&scrape());
+    echo_configuration(&client, &config).await;
+    broker_pod(&client, &ns, &config).await;
+    // Bound: the scheduler allocated the claim.
+    eventually("the pod bound", async || {
+        Api::<Pod>::namespaced(client.clone(), &ns)
+            .get("broker")
+            .await
+            .ok()?
+            .spec?
+            .node_name
+    })
+    .await;
+    Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone())
+        .delete(&config, &Default::default())
+        .await
+        .unwrap();
+    eventually("the device unpublished", async || {
+        pool_devices(&client, &node.name)
+            .await
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let alert = alert.silent(&scrape());
+    let error = node.peer.prepare(&ns, "broker").await.unwrap_err();
+    assert!(
+        error.to_string().contains("is not available on node"),
+        "{error}"
+    );
+    (alert.pending(
+        &scrape(),
+        &[&[("pod", node.name.as_str()), ("driver", DRIVER)]],
+    ))
+    .check();
 }
 
 /// A container's CDI ids but those of device metadata files.
@@ -411,6 +461,8 @@ async fn discovery_errors_show_in_the_configurations_status() {
         .wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
+    let scrape = || [(node.name.as_str(), node.agent.metrics().encode())];
+    let alert = Alert::named("AkriDiscoveryFailing").silent(&scrape());
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
     let create = async |name: &str, handler: Value| {
         let config: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
@@ -509,6 +561,13 @@ async fn discovery_errors_show_in_the_configurations_status() {
     })
     .await;
     assert_eq!(error_of(&good).await, None);
+    // What the chart's alert of failing discovery is about, once the node counts it.
+    eventually("the node's failing configurations counted", async || {
+        let text = node.agent.metrics().encode();
+        (akri_testing::metric(&text, "akri_kubelet_plugin_discovery_errors")? >= 3.0).then_some(())
+    })
+    .await;
+    (alert.pending(&scrape(), &[&[("pod", node.name.as_str())]])).check();
     // Its status cannot take a write any more (the CRD's rules refuse the object), so the
     // node says it.
     let note = eventually("a Warning Event on the node names it", async || {

@@ -2,7 +2,10 @@
 //! and unit-tested with promtool (built by `hack/promtool.sh`, after the Kubernetes builds:
 //! `hack/test.sh` runs these tests once it is there), and the dashboard's ConfigMap. That
 //! the running components export every metric both query is checked where they run: the
-//! upgrade test (the node's components) and the demo (the controllers).
+//! upgrade test (the node's components) and the demo (the controllers). That each alert goes
+//! off on the failure it names is judged by promtool where the failure is made, on what the
+//! real components' `/metrics` said (`akri_testing::monitoring::Alert`): here, that every
+//! alert has such a test.
 
 use crate::chart::{Helm, find, names, of_kind};
 use akri_testing::product::repo;
@@ -68,6 +71,12 @@ async fn the_alerts_pass_promtool_and_the_dashboard_ships() {
         .filter_map(|t| t["alertname"].as_str().map(str::to_string))
         .collect();
     assert_eq!(alerts, tested, "alerts and the alerts tested");
+    let judged = judged_on_real_metrics();
+    let unjudged: Vec<&String> = alerts.iter().filter(|a| !judged.contains(*a)).collect();
+    assert!(
+        unjudged.is_empty(),
+        "alerts no test judges on real components' /metrics (Alert::named): {unjudged:?}"
+    );
     assert_eq!(alerts.len(), 7, "{alerts:?}");
 
     let dashboard = find(&objects, "ConfigMap", "akri-grafana-dashboard");
@@ -87,4 +96,30 @@ async fn the_alerts_pass_promtool_and_the_dashboard_ships() {
         "{:?}",
         names(&default)
     );
+}
+
+/// The alerts some test of the workspace judges on real components' `/metrics`: the names in
+/// its `Alert::named("...")` calls.
+fn judged_on_real_metrics() -> std::collections::BTreeSet<String> {
+    fn visit(dir: &std::path::Path, judged: &mut std::collections::BTreeSet<String>) {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            if path.is_dir() && name != "target" && name != "_output" && name != ".git" {
+                visit(&path, judged);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                let text = std::fs::read_to_string(&path).unwrap();
+                let mut rest = text.as_str();
+                while let Some(at) = rest.find("Alert::named(\"") {
+                    rest = &rest[at + "Alert::named(\"".len()..];
+                    if let Some(end) = rest.find('"') {
+                        judged.insert(rest[..end].to_string());
+                    }
+                }
+            }
+        }
+    }
+    let mut judged = std::collections::BTreeSet::new();
+    visit(&repo(), &mut judged);
+    judged
 }

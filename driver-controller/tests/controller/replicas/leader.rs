@@ -8,6 +8,7 @@ use akri_driver_controller::http::{self, Readiness};
 use akri_driver_controller::leader::LeaseConfig;
 use akri_driver_controller::metrics::Metrics;
 use akri_testing::TcpProxy;
+use akri_testing::monitoring::Alert;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::resource::v1::DeviceClass;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
@@ -80,9 +81,12 @@ async fn get(address: SocketAddr, path: &str) -> (u16, String) {
 }
 
 fn is_leader(replica: &Replica) -> bool {
-    replica
-        .metrics
-        .encode()
+    leads(&replica.metrics.encode())
+}
+
+/// Whether a replica's `/metrics` text says it leads.
+fn leads(metrics: &str) -> bool {
+    metrics
         .lines()
         .any(|l| l == "akri_driver_controller_leader 1")
 }
@@ -317,6 +321,14 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     .await;
 
     let lease = lease_config(&namespace, "bound");
+    let scrape = || {
+        [
+            ("first", first.metrics.encode()),
+            ("second", second.metrics.encode()),
+        ]
+    };
+    let alert = Alert::named("AkriDriverControllerNotOneLeader").silent(&scrape());
+    let mut none_leads = None;
     proxy.stall();
     let cut = Instant::now();
     let mut stopped = None;
@@ -325,7 +337,11 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     // A change only the new leader may act on (the cut-off one cannot see it).
     let during = configuration(&client, "during").await;
     let took_over = loop {
-        let (a, b) = (is_leader(&first), is_leader(&second));
+        let scraped = scrape();
+        let (a, b) = (leads(&scraped[0].1), leads(&scraped[1].1));
+        if !a && !b && none_leads.is_none() {
+            none_leads = Some(scraped);
+        }
         assert!(
             !(a && b),
             "both replicas act {:?} after the cut",
@@ -372,6 +388,9 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     );
     let unready = unready.expect("the cut-off replica reported not ready");
     assert!(unready <= stopped + SLACK, "unready after {unready:?}");
+    // Between the two, no replica led: what the chart's alert of "not one leader" is about.
+    let none_leads = none_leads.expect("a moment when neither replica led");
+    (alert.pending(&none_leads, &[&[]]).silent(&scrape())).check();
     let outcome = (&mut first.task).await.unwrap();
     assert!(
         matches!(outcome, Err(akri_driver_controller::Error::LostLeadership)),

@@ -377,3 +377,78 @@ async fn a_filter_too_long_for_the_api_server_fails_alone() {
     );
     controller.abort();
 }
+
+/// A DeviceClass write the API server forbids (an admission policy here, as a cluster's policy
+/// engine or a broken RBAC role would) fails that configuration's reconciliation, which is
+/// retried; the chart's alert of failing reconciliations is pending on what the controller's
+/// `/metrics` then say, and silent while every reconciliation succeeds.
+#[tokio::test]
+async fn forbidden_class_writes_fail_reconciliations_and_the_alert_says_so() {
+    use akri_testing::monitoring::Alert;
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+
+    let (_cp, client, namespace) = support::control_plane().await;
+    let metrics = Metrics::default();
+    let controller = controller_for(client.clone(), &namespace, metrics.clone());
+    let classes = Api::<DeviceClass>::all(client.clone());
+    let fine = configuration(&client, "fine").await;
+    eventually("the class of a configuration", async || {
+        classes.get_opt(&fine).await.ok()?
+    })
+    .await;
+    let scrape = || [("driver-controller", metrics.encode())];
+    let alert = Alert::named("AkriDriverControllerReconcileErrors").silent(&scrape());
+
+    let policy: ValidatingAdmissionPolicy = from_json(json!({
+        "metadata": { "name": "no-forbidden-classes" },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["deviceclasses"],
+            }] },
+            "validations": [{
+                "expression": "!object.metadata.name.startsWith('forbidden')",
+                "message": "no forbidden classes here",
+                "reason": "Forbidden",
+            }],
+        },
+    }));
+    Api::<ValidatingAdmissionPolicy>::all(client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = from_json(json!({
+        "metadata": { "name": "no-forbidden-classes" },
+        "spec": { "policyName": "no-forbidden-classes", "validationActions": ["Deny"] },
+    }));
+    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    let probe: DeviceClass = from_json(json!({ "metadata": { "name": "forbidden-probe" } }));
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    eventually("the policy in force", async || {
+        match classes.create(&dry_run, &probe).await {
+            Err(kube::Error::Api(status)) if status.code == 403 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    let alert = alert.silent(&scrape());
+
+    let forbidden = configuration(&client, "forbidden").await;
+    let series = "akri_driver_controller_reconciles_total{result=\"error\"}";
+    eventually("a failed reconciliation", async || {
+        (akri_testing::metric(&metrics.encode(), series)? >= 1.0).then_some(())
+    })
+    .await;
+    (alert.pending(&scrape(), &[&[]])).check();
+    assert!(classes.get_opt(&forbidden).await.unwrap().is_none());
+    controller.abort();
+}

@@ -8,6 +8,7 @@ mod cluster;
 use akri_api::v0::Configuration;
 use akri_api::v1::DiscoveryConfiguration;
 use akri_testing::ControlPlane;
+use akri_testing::monitoring::Alert;
 use cluster::{
     Healthy, NODE_LOST_GRACE, allocated_slot, cluster, eventually, expect_view, kubelet_view,
     registered, slot, start_pod,
@@ -354,6 +355,85 @@ async fn a_held_slot_outlives_its_vanished_device_and_is_never_given_twice() {
             .then_some(())
     })
     .await;
+}
+
+/// A slot the API server will not let the node write (an admission policy here, as a
+/// cluster's policy engine or a broken RBAC role would): the plugin refuses the Allocate, the
+/// pod fails admission with the API server's reason, and the chart's alert of refused
+/// allocations is pending on what the node's /metrics then say, silent before. (A slot taken
+/// by another node is not such a refusal: the plugin advertises it unhealthy and the kubelet
+/// does not ask.)
+#[tokio::test]
+async fn a_slot_the_api_server_refuses_fails_the_allocation_and_the_alert_says_so() {
+    use k8s_openapi::api::admissionregistration::v1::{
+        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+    };
+    let c = cluster(1, Duration::from_secs(600)).await;
+    let a = &c.nodes[0];
+    let config = ControlPlane::unique_name("cam");
+    let [cam] = c.configuration(&config, &["cam0"], 1, true).await;
+    let il = format!("akri.sh/{cam}");
+    registered(a, &il, 1).await;
+    let scrape = || [(a.name.as_str(), a.agent.metrics().encode())];
+    let alert = Alert::named("AkriLegacyAllocationsFailing").silent(&scrape());
+
+    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "no-held-slots" },
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": { "resourceRules": [{
+                "apiGroups": ["akri.sh"], "apiVersions": ["*"],
+                "operations": ["UPDATE"], "resources": ["instances"],
+            }] },
+            "validations": [{
+                "expression": "object.spec.?deviceUsage.orValue({}).all(k, object.spec.deviceUsage[k] == '')",
+                "message": "no slot may be held here",
+            }],
+        },
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicy>::all(c.client.clone())
+        .create(&PostParams::default(), &policy)
+        .await
+        .unwrap();
+    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "no-held-slots" },
+        "spec": { "policyName": "no-held-slots", "validationActions": ["Deny"] },
+    }))
+    .unwrap();
+    Api::<ValidatingAdmissionPolicyBinding>::all(c.client.clone())
+        .create(&PostParams::default(), &binding)
+        .await
+        .unwrap();
+    // In force once a dry-run update holding a slot is refused.
+    eventually("the policy in force", async || {
+        let mut held = c.instances().get(&cam).await.ok()?;
+        let slot = held.spec.device_usage.keys().next()?.clone();
+        held.spec.device_usage.insert(slot, a.name.clone());
+        let dry_run = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        match c.instances().replace(&cam, &dry_run, &held).await {
+            Err(kube::Error::Api(status)) if status.code == 422 => Some(()),
+            _ => None,
+        }
+    })
+    .await;
+    let alert = alert.silent(&scrape());
+
+    c.pod("refused", &[("broker", &il, 1)]).await;
+    let error = a
+        .peer
+        .allocate(&c.ns, "refused", "broker")
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("no slot may be held here"),
+        "{error}"
+    );
+    assert_eq!(c.usage(&cam, false).await, [""], "no slot held");
+    (alert.pending(&scrape(), &[&[("pod", a.name.as_str())]])).check();
 }
 
 /// A node that stays NotReady (powered off, its Node object kept) past the node-lost grace
