@@ -44,7 +44,7 @@ if $real; then
   hack/push.sh localhost:5000/akri --plain-http >/dev/null
 fi
 echo "== akri binaries"
-cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo
+cargo build -p akri-kubelet-plugin -p akri-driver-controller -p akri-demo -p akri-inventory
 target=$(cargo metadata --format-version 1 --no-deps |
   sed -n 's/.*"target_directory":"\([^"]*\)".*/\1/p')
 if $real; then

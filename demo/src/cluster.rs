@@ -26,6 +26,8 @@ pub const NODES: [(&str, &str); 2] = [("node-a", ""), ("node-b", "dock")];
 pub struct Binaries {
     pub kubelet_plugin: PathBuf,
     pub driver_controller: PathBuf,
+    /// The kubectl plugin the user guide's `kubectl akri devices` runs.
+    pub kubectl_akri: PathBuf,
 }
 
 impl Binaries {
@@ -34,7 +36,7 @@ impl Binaries {
             let path = dir.join(name);
             anyhow::ensure!(
                 path.is_file(),
-                "{} is missing: build it with `cargo build -p {name}` (hack/demo.sh does)",
+                "{} is missing: build it with `cargo build --bin {name}` (hack/demo.sh does)",
                 path.display()
             );
             Ok(path)
@@ -42,6 +44,7 @@ impl Binaries {
         Ok(Binaries {
             kubelet_plugin: find("akri-kubelet-plugin")?,
             driver_controller: find("akri-driver-controller")?,
+            kubectl_akri: find("kubectl-akri")?,
         })
     }
 }

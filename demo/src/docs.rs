@@ -13,6 +13,17 @@ pub struct DocRun {
     /// simulated nodes.
     pub skipped: usize,
     pub failed: Vec<(DocCommand, String)>,
+    /// What each command that worked printed.
+    pub printed: Vec<(DocCommand, String)>,
+}
+
+impl DocRun {
+    /// What `command` printed, when it ran and worked.
+    pub fn printed(&self, command: &str) -> Option<&str> {
+        (self.printed.iter())
+            .find(|(c, _)| c.command == command)
+            .map(|(_, out)| out.as_str())
+    }
 }
 
 fn repo() -> PathBuf {
@@ -24,12 +35,14 @@ pub fn commands() -> std::io::Result<Vec<DocCommand>> {
     akri_testing::docs::documented(&repo(), "kubectl")
 }
 
-/// Runs each command with `sh` in the repository, this cluster's kubectl first on `PATH`.
-pub fn run(cluster: &Cluster, commands: Vec<DocCommand>) -> DocRun {
-    let kubectl_dir = cluster.kubectl.parent().unwrap_or(Path::new("."));
+/// Runs each command with `sh` in the repository, this cluster's kubectl first on `PATH` and
+/// then the directory of our kubectl plugin (`kubectl_akri`), as the user guide says to put it.
+pub fn run(cluster: &Cluster, commands: Vec<DocCommand>, kubectl_akri: &Path) -> DocRun {
+    let dir_of = |bin: &Path| bin.parent().unwrap_or(Path::new(".")).display().to_string();
     let path = format!(
-        "{}:{}",
-        kubectl_dir.display(),
+        "{}:{}:{}",
+        dir_of(&cluster.kubectl),
+        dir_of(kubectl_akri),
         std::env::var("PATH").unwrap_or_default()
     );
     let needs_containers =
@@ -38,7 +51,7 @@ pub fn run(cluster: &Cluster, commands: Vec<DocCommand>) -> DocRun {
         .into_iter()
         .partition(|c| cluster.real || !needs_containers(c));
     let ran = commands.len();
-    let mut failed = Vec::new();
+    let (mut failed, mut printed) = (Vec::new(), Vec::new());
     for command in commands {
         let output = std::process::Command::new("sh")
             .args(["-c", &command.command])
@@ -47,7 +60,10 @@ pub fn run(cluster: &Cluster, commands: Vec<DocCommand>) -> DocRun {
             .env("KUBECONFIG", cluster.cp.kubeconfig())
             .output();
         match output {
-            Ok(output) if output.status.success() => {}
+            Ok(output) if output.status.success() => printed.push((
+                command,
+                String::from_utf8_lossy(&output.stdout).into_owned(),
+            )),
             Ok(output) => {
                 let why = String::from_utf8_lossy(&output.stderr).trim().to_string();
                 failed.push((command, why));
@@ -59,21 +75,27 @@ pub fn run(cluster: &Cluster, commands: Vec<DocCommand>) -> DocRun {
         ran,
         skipped: skipped.len(),
         failed,
+        printed,
     }
 }
 
 /// The README's sample of what the demo prints (the `text` block of "Run it"), line by line.
 pub fn readme_sample() -> anyhow::Result<Vec<String>> {
-    let readme = std::fs::read_to_string(repo().join("README.md"))?;
-    let section = readme
-        .split("\n## ")
-        .find(|s| s.starts_with("Run it\n"))
-        .ok_or_else(|| anyhow::anyhow!("README.md has no \"Run it\" section"))?;
+    sample("README.md", "Run it")
+}
+
+/// The first `text` block of section `heading` (a `## ` heading) of `file`, line by line:
+/// what the docs show a command printing.
+pub fn sample(file: &str, heading: &str) -> anyhow::Result<Vec<String>> {
+    let text = std::fs::read_to_string(repo().join(file))?;
+    let section = (text.split("\n## "))
+        .find(|s| s.starts_with(&format!("{heading}\n")))
+        .ok_or_else(|| anyhow::anyhow!("{file} has no \"{heading}\" section"))?;
     let block = section
         .split("```text\n")
         .nth(1)
         .and_then(|b| b.split("```").next())
-        .ok_or_else(|| anyhow::anyhow!("README.md's \"Run it\" has no text block"))?;
+        .ok_or_else(|| anyhow::anyhow!("{file}'s \"{heading}\" has no text block"))?;
     Ok(block.lines().map(str::to_string).collect())
 }
 

@@ -73,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
     };
     report.print();
     let documented = docs::commands()?;
-    let doc_run = docs::run(&cluster, documented);
+    let doc_run = docs::run(&cluster, documented, &binaries.kubectl_akri);
     println!(
         "\nThe docs' kubectl commands: {} ran against this cluster, {} failed{}",
         doc_run.ran,
@@ -108,6 +108,14 @@ async fn main() -> anyhow::Result<()> {
                     "README.md's \"Run it\" sample shows a line this run did not print: {line:?}"
                 ));
             }
+        }
+        // The user guide shows what its `kubectl akri devices` prints on this cluster.
+        let heading = "Device inventory: `kubectl akri devices`";
+        let inventory = doc_run.printed("kubectl akri devices").unwrap_or_default();
+        for line in docs::missing_from(&docs::sample("docs/user-guide.md", heading)?, inventory) {
+            problems.push(format!(
+                "docs/user-guide.md's \"{heading}\" shows a line `kubectl akri devices` did not print here: {line:?}\n{inventory}"
+            ));
         }
         if doc_run.ran == 0 {
             problems.push("no documented kubectl command was found to run".to_string());
