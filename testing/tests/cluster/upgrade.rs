@@ -371,6 +371,15 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
             "the kubelet's PrepareResources: {}",
             kubelet_prepare(&client).await
         );
+        // The bound, from the kubelet's view: no prepare of the run (at rest, through the
+        // upgrade and the rollback) waited for a plugin, as one would on a hand-over that
+        // left no plugin serving (the kubelet's gRPC timeout is 45 s).
+        let text = kubelet_metrics(&client).await;
+        let (count, within, bound) = kubelet_prepares_within(&text, 1.0);
+        assert!(
+            count > 0 && within == count,
+            "the kubelet timed {count} successful PrepareResources, {within} within {bound} s"
+        );
     }
 }
 
@@ -638,6 +647,40 @@ async fn kubelet_prepare(client: &kube::Client) -> String {
         })
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// Of the successful PrepareResources the kubelet timed (`dra_operations_duration_seconds`),
+/// how many in all and how many within `limit` seconds, by the largest bucket bound not above
+/// it (which is returned too).
+fn kubelet_prepares_within(metrics: &str, limit: f64) -> (u64, u64, f64) {
+    let (mut count, mut within, mut bound) = (0, 0, 0.0_f64);
+    for line in metrics.lines() {
+        let ours = line.contains("=\"PrepareResources\"") && line.contains("is_error=\"false\"");
+        let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        if !ours {
+            continue;
+        }
+        if line.starts_with("dra_operations_duration_seconds_count") {
+            count = value as u64;
+        } else if let Some(le) = (line.starts_with("dra_operations_duration_seconds_bucket"))
+            .then(|| {
+                line.split("le=\"")
+                    .nth(1)?
+                    .split('"')
+                    .next()?
+                    .parse::<f64>()
+                    .ok()
+            })
+            .flatten()
+            && le <= limit
+            && le >= bound
+        {
+            (within, bound) = (value as u64, le);
+        }
+    }
+    (count, within, bound)
 }
 
 /// The kubelet's log lines about failed prepares and unprepares, for a failure message (one
