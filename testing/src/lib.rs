@@ -19,6 +19,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod admission;
 pub mod akris_agent;
 mod bins;
 mod certs;

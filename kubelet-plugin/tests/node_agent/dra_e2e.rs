@@ -1168,43 +1168,23 @@ async fn a_driver_no_kubelet_takes_makes_the_plugin_not_ready_naming_the_directo
 /// `description`, in force when this returns (a probe Instance is refused).
 async fn refuse_instances_described(client: &kube::Client, ns: &str, description: &str) {
     let name = ControlPlane::unique_name("refuse-instances");
-    let policy: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy =
-        serde_json::from_value(json!({
-            "metadata": { "name": name },
-            "spec": {
-                "failurePolicy": "Fail",
-                "matchConstraints": { "resourceRules": [{
-                    "apiGroups": ["akri.sh"], "apiVersions": ["v0"],
-                    "operations": ["CREATE", "UPDATE"], "resources": ["instances"],
-                }] },
-                "validations": [{
-                    "expression": format!("object.spec.?brokerProperties[?'DEBUG_ECHO_DESCRIPTION'].orValue('') != '{description}'"),
-                    "message": format!("no {description} here"),
-                }],
-            },
-        }))
+    let expression = format!(
+        "object.spec.?brokerProperties[?'DEBUG_ECHO_DESCRIPTION'].orValue('') != '{description}'"
+    );
+    let denial = akri_testing::admission::Denial {
+        name: &name,
+        rule: json!({
+            "apiGroups": ["akri.sh"], "apiVersions": ["v0"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["instances"],
+        }),
+        expression: &expression,
+        message: &format!("no {description} here"),
+        forbidden: false,
+        namespace: Some(ns),
+    };
+    akri_testing::admission::deny_unless(client, denial)
+        .await
         .unwrap();
-    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy>::all(
-        client.clone(),
-    )
-    .create(&PostParams::default(), &policy)
-    .await
-    .unwrap();
-    let binding: k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding =
-        serde_json::from_value(json!({
-            "metadata": { "name": name },
-            "spec": {
-                "policyName": name, "validationActions": ["Deny"],
-                "matchResources": { "namespaceSelector": { "matchLabels": { "kubernetes.io/metadata.name": ns } } },
-            },
-        }))
-        .unwrap();
-    Api::<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding>::all(
-        client.clone(),
-    )
-    .create(&PostParams::default(), &binding)
-    .await
-    .unwrap();
     let instances = Api::<akri_api::v0::Instance>::namespaced(client.clone(), ns);
     let probe: akri_api::v0::Instance = serde_json::from_value(json!({
         "metadata": { "name": "probe" },

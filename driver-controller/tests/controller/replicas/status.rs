@@ -385,9 +385,6 @@ async fn a_filter_too_long_for_the_api_server_fails_alone() {
 #[tokio::test]
 async fn forbidden_class_writes_fail_reconciliations_and_the_alert_says_so() {
     use akri_testing::monitoring::Alert;
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
 
     let (_cp, client, namespace) = support::control_plane().await;
     let metrics = Metrics::default();
@@ -401,31 +398,18 @@ async fn forbidden_class_writes_fail_reconciliations_and_the_alert_says_so() {
     let scrape = || [("driver-controller", metrics.encode())];
     let alert = Alert::named("AkriDriverControllerReconcileErrors").silent(&scrape());
 
-    let policy: ValidatingAdmissionPolicy = from_json(json!({
-        "metadata": { "name": "no-forbidden-classes" },
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": { "resourceRules": [{
-                "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
-                "operations": ["CREATE", "UPDATE"], "resources": ["deviceclasses"],
-            }] },
-            "validations": [{
-                "expression": "!object.metadata.name.startsWith('forbidden')",
-                "message": "no forbidden classes here",
-                "reason": "Forbidden",
-            }],
-        },
-    }));
-    Api::<ValidatingAdmissionPolicy>::all(client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = from_json(json!({
-        "metadata": { "name": "no-forbidden-classes" },
-        "spec": { "policyName": "no-forbidden-classes", "validationActions": ["Deny"] },
-    }));
-    Api::<ValidatingAdmissionPolicyBinding>::all(client.clone())
-        .create(&PostParams::default(), &binding)
+    let denial = akri_testing::admission::Denial {
+        name: "no-forbidden-classes",
+        rule: json!({
+            "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+            "operations": ["CREATE", "UPDATE"], "resources": ["deviceclasses"],
+        }),
+        expression: "!object.metadata.name.startsWith('forbidden')",
+        message: "no forbidden classes here",
+        forbidden: true,
+        namespace: None,
+    };
+    akri_testing::admission::deny_unless(&client, denial)
         .await
         .unwrap();
     let probe: DeviceClass = from_json(json!({ "metadata": { "name": "forbidden-probe" } }));

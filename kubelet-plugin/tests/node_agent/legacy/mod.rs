@@ -365,9 +365,6 @@ async fn a_held_slot_outlives_its_vanished_device_and_is_never_given_twice() {
 /// does not ask.)
 #[tokio::test]
 async fn a_slot_the_api_server_refuses_fails_the_allocation_and_the_alert_says_so() {
-    use k8s_openapi::api::admissionregistration::v1::{
-        ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
-    };
     let c = cluster(1, Duration::from_secs(600)).await;
     let a = &c.nodes[0];
     let config = ControlPlane::unique_name("cam");
@@ -377,32 +374,18 @@ async fn a_slot_the_api_server_refuses_fails_the_allocation_and_the_alert_says_s
     let scrape = || [(a.name.as_str(), a.agent.metrics().encode())];
     let alert = Alert::named("AkriLegacyAllocationsFailing").silent(&scrape());
 
-    let policy: ValidatingAdmissionPolicy = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "no-held-slots" },
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": { "resourceRules": [{
-                "apiGroups": ["akri.sh"], "apiVersions": ["*"],
-                "operations": ["UPDATE"], "resources": ["instances"],
-            }] },
-            "validations": [{
-                "expression": "object.spec.?deviceUsage.orValue({}).all(k, object.spec.deviceUsage[k] == '')",
-                "message": "no slot may be held here",
-            }],
-        },
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicy>::all(c.client.clone())
-        .create(&PostParams::default(), &policy)
-        .await
-        .unwrap();
-    let binding: ValidatingAdmissionPolicyBinding = serde_json::from_value(serde_json::json!({
-        "metadata": { "name": "no-held-slots" },
-        "spec": { "policyName": "no-held-slots", "validationActions": ["Deny"] },
-    }))
-    .unwrap();
-    Api::<ValidatingAdmissionPolicyBinding>::all(c.client.clone())
-        .create(&PostParams::default(), &binding)
+    let denial = akri_testing::admission::Denial {
+        name: "no-held-slots",
+        rule: serde_json::json!({
+            "apiGroups": ["akri.sh"], "apiVersions": ["*"],
+            "operations": ["UPDATE"], "resources": ["instances"],
+        }),
+        expression: "object.spec.?deviceUsage.orValue({}).all(k, object.spec.deviceUsage[k] == '')",
+        message: "no slot may be held here",
+        forbidden: false,
+        namespace: None,
+    };
+    akri_testing::admission::deny_unless(&c.client, denial)
         .await
         .unwrap();
     // In force once a dry-run update holding a slot is refused.
