@@ -22,6 +22,16 @@ async fn start_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -
     start_node_with(cp, client, namespace, |_| {}).await
 }
 
+/// [`start_node`], once its kubelet has taken the debugEcho driver.
+async fn ready_node(cp: &ControlPlane, client: &kube::Client, namespace: &str) -> SimNode {
+    let node = start_node(cp, client, namespace).await;
+    node.peer
+        .wait_for_driver(DRIVER, Duration::from_secs(30))
+        .await
+        .unwrap();
+    node
+}
+
 /// [`start_node`] with the agent's configuration adjusted by `adjust`.
 async fn start_node_with(
     cp: &ControlPlane,
@@ -154,11 +164,7 @@ async fn broker_pod(client: &kube::Client, ns: &str, config: &str) {
 #[tokio::test]
 async fn a_claim_whose_device_left_fails_to_prepare_and_the_alert_says_so() {
     let (cp, client, ns, config) = cluster().await;
-    let node = start_node(&cp, &client, &ns).await;
-    node.peer
-        .wait_for_driver(DRIVER, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let node = ready_node(&cp, &client, &ns).await;
     let scrape = || [(node.name.as_str(), node.agent.metrics().encode())];
     let alert = Alert::named("AkriClaimPrepareFailing").silent(&scrape());
     echo_configuration(&client, &config).await;
@@ -456,11 +462,7 @@ async fn discovery_errors_show_in_the_configurations_status() {
     cp.install_crds(&akri_api::crds::all()).await.unwrap();
     let ns = cp.create_namespace("akri").await.unwrap();
     akri_testing::components::spawn_spec_mirror(&client, &ns);
-    let node = start_node(cp, &client, &ns).await;
-    node.peer
-        .wait_for_driver(DRIVER, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let node = ready_node(cp, &client, &ns).await;
     let scrape = || [(node.name.as_str(), node.agent.metrics().encode())];
     let alert = Alert::named("AkriDiscoveryFailing").silent(&scrape());
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
@@ -664,11 +666,7 @@ async fn an_unreadable_secret_keeps_discovery_running_and_passes_do_not_read_it(
         .unwrap();
     let reads = akri_testing::SlowLists::new();
     let plugin_client = reads.client(proxy.client_config(&config).unwrap()).unwrap();
-    let node = start_node(cp, &plugin_client, &ns).await;
-    node.peer
-        .wait_for_driver(DRIVER, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let node = ready_node(cp, &plugin_client, &ns).await;
 
     let name = ControlPlane::unique_name("creds");
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(admin.clone());
@@ -836,11 +834,7 @@ async fn pod_health(peer: &KubeletPeer, ns: &str, pod: &str) -> Vec<String> {
 async fn a_held_devices_health_stays_known_without_changes_and_turns_unhealthy_when_it_goes() {
     let (cp, client, ns, config) = cluster().await;
     let cp = &cp;
-    let node = start_node(cp, &client, &ns).await;
-    node.peer
-        .wait_for_driver(DRIVER, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let node = ready_node(cp, &client, &ns).await;
     prepared_broker(&node, &client, &ns, &config).await;
     eventually("the device healthy in the pod's status", async || {
         (pod_health(&node.peer, &ns, "broker").await == ["Healthy"]).then_some(())
@@ -1019,11 +1013,7 @@ async fn a_vanished_held_device_is_tainted_its_pod_evicted_and_replaced_and_it_r
 async fn first_available_subrequests_and_admin_access_claims_prepare() {
     use k8s_openapi::api::resource::v1::ResourceClaim;
     let (cp, client, ns, config) = cluster().await;
-    let node = start_node(&cp, &client, &ns).await;
-    node.peer
-        .wait_for_driver(DRIVER, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let node = ready_node(&cp, &client, &ns).await;
     echo_configuration(&client, &config).await;
     // The first subrequest matches nothing, so the scheduler takes the second.
     Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns)
@@ -1290,11 +1280,7 @@ async fn a_wedged_handlers_devices_turn_unknown_and_healthy_again_when_it_answer
 async fn an_admins_device_taint_rule_drains_a_device_and_keeps_it_unallocatable() {
     const SECTION: &str = "Taking a device out of service";
     let (cp, client, ns, config) = cluster().await;
-    let node = start_node(&cp, &client, &ns).await;
-    node.peer
-        .wait_for_driver(DRIVER, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let node = ready_node(&cp, &client, &ns).await;
     prepared_broker(&node, &client, &ns, &config).await;
     let device = pool_devices(&client, &node.name).await.remove(0);
 
