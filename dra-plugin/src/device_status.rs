@@ -166,7 +166,7 @@ pub const BATCH_WINDOW: std::time::Duration = std::time::Duration::from_millis(2
 /// dropped and nothing is left to write.
 #[derive(Clone, Debug)]
 pub struct Writer {
-    requests: tokio::sync::mpsc::UnboundedSender<(crate::ClaimRef, Vec<DeviceStatus>)>,
+    requests: tokio::sync::mpsc::UnboundedSender<Ask>,
 }
 
 impl Writer {
@@ -192,10 +192,29 @@ impl Writer {
     /// Makes `devices` the driver's entries of `claim`'s status, soon.
     pub fn write(&self, claim: &crate::ClaimRef, devices: Vec<DeviceStatus>) {
         // The task only ends once every sender is gone.
-        let _ = self.requests.send((claim.clone(), devices));
+        let _ = self.requests.send((claim.clone(), devices, Origin::Asked));
+    }
+
+    /// [`write`](Self::write) for a status recorded by an earlier process, which may have
+    /// written it: should the claim be unprepared before this one is applied, its entries are
+    /// still removed.
+    pub(crate) fn rewrite_recorded(&self, claim: &crate::ClaimRef, devices: Vec<DeviceStatus>) {
+        let _ = self
+            .requests
+            .send((claim.clone(), devices, Origin::Recorded));
     }
 }
 
+/// Where a status the writer is given comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// Asked by this process: nobody wrote it before.
+    Asked,
+    /// Recorded by an earlier process, which may have written it.
+    Recorded,
+}
+
+type Ask = (crate::ClaimRef, Vec<DeviceStatus>, Origin);
 type Pending = BTreeMap<String, (crate::ClaimRef, Vec<DeviceStatus>)>;
 
 /// The writer task's state.
@@ -205,15 +224,16 @@ struct Queue {
     pending: Pending,
     /// What it last wrote into each claim.
     written: BTreeMap<String, Vec<DeviceStatus>>,
-    /// The claims it was asked a status for. A claim neither written nor asked may hold
-    /// entries an earlier process wrote, so an empty status for it is written.
+    /// The claims this process asked a status for. A claim neither written nor asked may
+    /// hold entries an earlier process wrote (also one whose recorded status is queued), so
+    /// an empty status for it is written.
     asked: BTreeSet<String>,
 }
 
 impl Queue {
     /// Queues `devices` for `claim` (replacing what was queued).
-    fn take(&mut self, claim: crate::ClaimRef, devices: Vec<DeviceStatus>) {
-        if !devices.is_empty() {
+    fn take(&mut self, claim: crate::ClaimRef, devices: Vec<DeviceStatus>, origin: Origin) {
+        if !devices.is_empty() && origin == Origin::Asked {
             self.asked.insert(claim.uid.clone());
         }
         self.pending.insert(claim.uid.clone(), (claim, devices));
@@ -252,7 +272,7 @@ impl Queue {
 async fn write_all(
     client: kube::Client,
     driver: String,
-    mut received: tokio::sync::mpsc::UnboundedReceiver<(crate::ClaimRef, Vec<DeviceStatus>)>,
+    mut received: tokio::sync::mpsc::UnboundedReceiver<Ask>,
     mut queue: Queue,
     errors: Errors,
 ) {
@@ -262,13 +282,13 @@ async fn write_all(
     loop {
         if queue.pending.is_empty() {
             match received.recv().await {
-                Some((claim, devices)) => queue.take(claim, devices),
+                Some((claim, devices, origin)) => queue.take(claim, devices, origin),
                 None => return,
             };
             tokio::time::sleep(BATCH_WINDOW).await;
         }
-        while let Ok((claim, devices)) = received.try_recv() {
-            queue.take(claim, devices);
+        while let Ok((claim, devices, origin)) = received.try_recv() {
+            queue.take(claim, devices, origin);
         }
         let batch = queue.batch();
         let results: Vec<_> = futures::stream::iter(batch)
@@ -319,7 +339,7 @@ async fn write_all(
             tokio::select! {
                 _ = &mut sleep => break,
                 request = received.recv() => match request {
-                    Some((claim, devices)) => queue.take(claim, devices),
+                    Some((claim, devices, origin)) => queue.take(claim, devices, origin),
                     None => open = false,
                 },
             }
@@ -328,5 +348,72 @@ async fn write_all(
             sleep.await;
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{DeviceStatus, Origin, Queue};
+
+    fn claim(uid: &str) -> crate::ClaimRef {
+        crate::ClaimRef {
+            namespace: "ns".into(),
+            name: uid.into(),
+            uid: uid.into(),
+        }
+    }
+
+    fn status() -> Vec<DeviceStatus> {
+        vec![DeviceStatus {
+            pool: "pool".into(),
+            device: "dev".into(),
+            ..DeviceStatus::default()
+        }]
+    }
+
+    /// What a batch applies after the asks, as (uid, whether entries are written).
+    fn batch_after(asks: &[(&str, bool, Origin)]) -> Vec<(String, bool)> {
+        let mut queue = Queue::default();
+        for &(uid, prepared, origin) in asks {
+            let devices = if prepared { status() } else { Vec::new() };
+            queue.take(claim(uid), devices, origin);
+        }
+        (queue.batch().into_iter())
+            .map(|(claim, devices)| (claim.uid, !devices.is_empty()))
+            .collect()
+    }
+
+    #[test]
+    fn a_batch_writes_what_is_needed_and_skips_what_was_undone_unwritten() {
+        use Origin::{Asked, Recorded};
+        let cases: [(&str, &[(&str, bool, Origin)], &[(&str, bool)]); 5] = [
+            ("prepared: written", &[("a", true, Asked)], &[("a", true)]),
+            (
+                "prepared and unprepared in one window: nothing to undo",
+                &[("a", true, Asked), ("a", false, Asked)],
+                &[],
+            ),
+            (
+                "unprepared, never asked here: an earlier process may have written it",
+                &[("a", false, Asked)],
+                &[("a", false)],
+            ),
+            (
+                "recorded by an earlier process: written again",
+                &[("a", true, Recorded)],
+                &[("a", true)],
+            ),
+            (
+                "recorded, then unprepared in the first window: its entries removed",
+                &[("a", true, Recorded), ("a", false, Asked)],
+                &[("a", false)],
+            ),
+        ];
+        for (name, asks, expected) in cases {
+            let expected: Vec<(String, bool)> = (expected.iter())
+                .map(|&(u, w)| (u.to_string(), w))
+                .collect();
+            assert_eq!(batch_after(asks), expected, "{name}");
+        }
     }
 }

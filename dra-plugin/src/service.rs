@@ -299,7 +299,7 @@ impl<D: Driver> DraService<D> {
                     claim.name.clone(),
                     claim.uid.clone(),
                 );
-                writer.write(&reference, claim.status.clone());
+                writer.rewrite_recorded(&reference, claim.status.clone());
             }
         }
         self.status = Some(writer);
