@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Builds real Kubernetes control-plane binaries, the kubelet and kube-proxy (for the real test
-# node, with hack/node-bins.sh; kube-proxy gives its pods the `kubernetes` Service), our kubelet-peer harness and the Go reference DRA driver of dra-plugin's
-# benchmark (go-dra-driver, on upstream's kubeletplugin helper) from the Go module proxy, as
-# plain processes for tests: no containers, no downloads of prebuilt binaries.
+# node, with hack/node-bins.sh; kube-proxy gives its pods the `kubernetes` Service), our
+# kubelet-peer harness, and the DRA drivers dra-plugin's benchmarks compare with (our Go
+# driver on upstream's kubeletplugin helper, go-dra-driver, and upstream's own test driver,
+# dra-test-driver, from k8s.io/kubernetes/test/e2e/dra/test-driver) from the Go module proxy,
+# as plain processes for tests: no containers, no downloads of prebuilt binaries.
 #
 #   hack/k8s-bins.sh            # the main version (hack/k8s/VERSION), with the kubelet peer
 #   hack/k8s-bins.sh 1.34.4     # another version: control plane and kubelet (no peer)
@@ -54,7 +56,7 @@ stamp=$(stamp_inputs | sha256sum | cut -d' ' -f1)
 built() {
   local command
   for command in etcd "${commands[@]}"; do [ -x "$bin/$command" ] || return 1; done
-  ! $with_peer || [ -x "$bin/go-dra-driver" ]
+  ! $with_peer || { [ -x "$bin/go-dra-driver" ] && [ -x "$bin/dra-test-driver" ]; }
 }
 if [ -f "$work/stamp" ] && [ "$(cat "$work/stamp")" = "$stamp" ] && built; then
   log "v$version is up to date in $bin"
@@ -125,8 +127,9 @@ fi
 if $with_peer; then
   log "building kubelet-peer"
   (cd "$src" && go build -ldflags "$ldflags" -o "$bin/kubelet-peer" ./kubelet-peer)
-  log "building go-dra-driver"
+  log "building go-dra-driver and upstream's dra-test-driver"
   (cd "$src" && go build -ldflags "$ldflags" -o "$bin/go-dra-driver" ./go-dra-driver)
+  (cd "$src" && go build -ldflags "$ldflags" -o "$bin/dra-test-driver" k8s.io/kubernetes/test/e2e/dra/test-driver)
 fi
 log "built v$version in $(( $(date +%s) - start ))s"
 echo "$stamp" >"$work/stamp"

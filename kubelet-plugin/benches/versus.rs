@@ -1,6 +1,8 @@
 //! The kubelet-plugin's own prepare path side by side with dra-plugin's example driver and the
 //! Go driver on upstream's `kubeletplugin` helper, in one run, each with 100 devices, one API
-//! server, one gRPC client, alternating blocks (`akri_testing::side_by_side`):
+//! server, one gRPC client, blocks in rotated order over `BENCH_RUNS` runs (3), with the
+//! spread, and the API requests each makes per claim held past the status window
+//! (`akri_testing::side_by_side`):
 //! `cargo bench -p akri-kubelet-plugin --bench versus` (after `hack/k8s-bins.sh`, which builds
 //! the Go driver). The kubelet-plugin is its release binary with the embedded debugEcho
 //! handler; its devices are discovered and published as on a node; its prepare also writes
@@ -19,6 +21,8 @@ use serde_json::json;
 const DEVICES: usize = 100;
 const ROUNDS: usize = 200;
 const BLOCKS: usize = 4;
+/// Claims prepared, held and unprepared per contender while API requests are counted.
+const CLAIMS_COUNTED: usize = 10;
 const DRIVER: &str = "debugecho.akri.sh";
 
 /// The kubelet-plugin's binary on `node` with `DEVICES` debugEcho devices, once published.
@@ -60,16 +64,9 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
     cp.install_crds(&akri_api::crds::all()).await?;
     let node = "bench-node";
     cp.create_node(node).await?;
-    // The example first: the ratios printed are to it. The kubelet-plugin writes device
-    // metadata files (KEP-5304), so the example also runs with them, like for like.
+    // The like-for-like peer first, the base of the ratios: the example writing device
+    // metadata files (KEP-5304), as the kubelet-plugin does for every claim.
     let mut contenders = vec![
-        start(
-            "example",
-            Peer::Example { metadata: false },
-            (&cp, node),
-            DEVICES,
-        )
-        .await?,
         start(
             "examplemd",
             Peer::Example { metadata: true },
@@ -77,28 +74,27 @@ async fn bench() -> Result<(), Box<dyn std::error::Error>> {
             DEVICES,
         )
         .await?,
-        start("go", Peer::Go, (&cp, node), DEVICES).await?,
+        start(
+            "example",
+            Peer::Example { metadata: false },
+            (&cp, node),
+            DEVICES,
+        )
+        .await?,
+        start("go", Peer::Go { per_claim: false }, (&cp, node), DEVICES).await?,
         agent(&cp, node).await?,
     ];
-    // Warm up (connections, caches), then measure in alternating blocks.
-    for c in &mut contenders {
-        c.block(ROUNDS).await;
-        c.clear();
-    }
-    for _ in 0..BLOCKS {
-        for c in &mut contenders {
-            c.block(ROUNDS).await;
-        }
-    }
-    let resident: Vec<f64> = contenders.iter().map(Contender::resident_mib).collect();
     eprintln!(
-        "NodePrepareResources side by side: {} calls each, {ROUNDS} rounds x {BLOCKS} blocks, alternating; {DEVICES} devices each",
+        "NodePrepareResources side by side: per run {} calls each, {ROUNDS} rounds x {BLOCKS} blocks, rotated; {DEVICES} devices each",
         ROUNDS * BLOCKS
     );
-    let all: Vec<&Contender> = contenders.iter().collect();
-    side_by_side::print(&all, &resident);
-    eprintln!("\nLike for like, both writing device metadata:");
-    side_by_side::print(&[all[1], all[3]], &[resident[1], resident[3]]);
+    let runs = side_by_side::measure_runs(&mut contenders, (ROUNDS, BLOCKS)).await;
+    side_by_side::print_spread(&runs);
+    // The agent writes each claim's `status.devices` after dra-plugin's status window: a
+    // claim held past it costs that write, which the blocks above (a claim unprepared
+    // milliseconds after its prepare) never see.
+    let requests = side_by_side::requests_per_claim(&cp, &mut contenders, CLAIMS_COUNTED).await?;
+    side_by_side::print_requests(&contenders, &requests, CLAIMS_COUNTED);
     Ok(())
 }
 

@@ -9,9 +9,11 @@
 //   - otherwise one CDI spec per claim (GADGET_<DEVICE>=<device> per device), written to a
 //     temporary file and renamed into place, as the Go CDI library writes specs;
 //   - the prepared claims are stored in a checkpoint file (JSON, fsynced, renamed into
-//     place, as the kubelet's checkpoint manager stores) after each claim, as
-//     dra-example-driver does, before the kubelet hears of them;
-//   - unprepare removes the spec and stores the checkpoint again.
+//     place, the directory fsynced, as dra-plugin stores) before the kubelet hears of them:
+//     once per call, as dra-plugin stores (--checkpoint-per=call, the default), or after
+//     each claim, as dra-example-driver does (--checkpoint-per=claim);
+//   - unprepare removes the spec, fsyncs its directory (as dra-plugin does), and stores the
+//     checkpoint again, as often.
 //
 // Its devices (dev-0 ... dev-<n-1>, each with an "index" attribute) are published with the
 // helper's PublishResources, as the node's pool.
@@ -52,6 +54,7 @@ type options struct {
 	pluginDir   string
 	cdiDir      string
 	checkpoint  string
+	perClaim    bool
 	devices     int
 }
 
@@ -65,8 +68,16 @@ func main() {
 	flag.StringVar(&o.cdiDir, "cdi-dir", "", "where CDI specs are written (required)")
 	flag.StringVar(&o.checkpoint, "checkpoint", "", "the checkpoint file (required)")
 	flag.IntVar(&o.devices, "devices", 100, "how many devices the node publishes")
+	per := flag.String("checkpoint-per", "call", "when the checkpoint is stored: once per call (\"call\") or after each claim (\"claim\")")
 	klog.InitFlags(nil)
 	flag.Parse()
+	switch *per {
+	case "call", "claim":
+		o.perClaim = *per == "claim"
+	default:
+		fmt.Fprintf(os.Stderr, "--checkpoint-per must be \"call\" or \"claim\", not %q\n", *per)
+		os.Exit(2)
+	}
 	if err := run(o); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
@@ -90,7 +101,7 @@ func run(o options) error {
 			return err
 		}
 	}
-	d := &driver{name: o.driverName, cdiDir: o.cdiDir, checkpoint: o.checkpoint, prepared: map[types.UID]preparedClaim{}}
+	d := &driver{name: o.driverName, cdiDir: o.cdiDir, checkpoint: o.checkpoint, perClaim: o.perClaim, prepared: map[types.UID]preparedClaim{}}
 	if err := d.load(); err != nil {
 		return err
 	}
@@ -142,6 +153,7 @@ type driver struct {
 	name       string
 	cdiDir     string
 	checkpoint string
+	perClaim   bool
 	mutex      sync.Mutex
 	prepared   map[types.UID]preparedClaim
 }
@@ -188,26 +200,60 @@ func writeFile(path string, data []byte, sync bool) error {
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	return os.Rename(tmp.Name(), path)
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	if !sync {
+		return nil
+	}
+	return syncDir(filepath.Dir(path))
+}
+
+// syncDir makes a rename or removal in dir durable, as dra-plugin does after storing its
+// checkpoint and after removing a claim's CDI spec.
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 func (d *driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	d.mutex.Lock()
 	defer d.mutex.Unlock()
 	result := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
+	var added []types.UID
 	for _, claim := range claims {
-		devices, err := d.prepare(claim)
+		devices, isNew, err := d.prepare(claim)
 		result[claim.UID] = kubeletplugin.PrepareResult{Devices: devices, Err: err}
+		if isNew {
+			added = append(added, claim.UID)
+		}
+	}
+	if d.perClaim || len(added) == 0 {
+		return result, nil
+	}
+	// Once per call: the claims prepared by it are recorded together, or none is.
+	if err := d.store(); err != nil {
+		for _, uid := range added {
+			os.Remove(d.prepared[uid].SpecFile)
+			delete(d.prepared, uid)
+			result[uid] = kubeletplugin.PrepareResult{Err: err}
+		}
 	}
 	return result, nil
 }
 
-func (d *driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+// prepare prepares one claim; isNew says it was not prepared before (and, stored per call,
+// is not in the checkpoint yet).
+func (d *driver) prepare(claim *resourceapi.ResourceClaim) (devices []kubeletplugin.Device, isNew bool, err error) {
 	if prepared, ok := d.prepared[claim.UID]; ok {
-		return prepared.Devices, nil
+		return prepared.Devices, false, nil
 	}
 	if claim.Status.Allocation == nil {
-		return nil, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
+		return nil, false, fmt.Errorf("claim %s/%s is not allocated", claim.Namespace, claim.Name)
 	}
 	type cdiDevice struct {
 		Name           string `json:"name"`
@@ -215,7 +261,6 @@ func (d *driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 			Env []string `json:"env"`
 		} `json:"containerEdits"`
 	}
-	var devices []kubeletplugin.Device
 	var cdiDevices []cdiDevice
 	for _, r := range claim.Status.Allocation.Devices.Results {
 		if r.Driver != d.name {
@@ -234,29 +279,33 @@ func (d *driver) prepare(claim *resourceapi.ResourceClaim) ([]kubeletplugin.Devi
 		})
 	}
 	if len(devices) == 0 {
-		return nil, fmt.Errorf("claim %s/%s has no device of driver %s", claim.Namespace, claim.Name, d.name)
+		return nil, false, fmt.Errorf("claim %s/%s has no device of driver %s", claim.Namespace, claim.Name, d.name)
 	}
 	spec, err := json.Marshal(map[string]any{"cdiVersion": "0.6.0", "kind": cdiKind, "devices": cdiDevices})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	specFile := filepath.Join(d.cdiDir, "example.com-gadget-"+string(claim.UID)+".json")
 	if err := writeFile(specFile, spec, false); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	d.prepared[claim.UID] = preparedClaim{Devices: devices, SpecFile: specFile}
+	if !d.perClaim {
+		return devices, true, nil
+	}
 	if err := d.store(); err != nil {
 		delete(d.prepared, claim.UID)
 		os.Remove(specFile)
-		return nil, err
+		return nil, false, err
 	}
-	return devices, nil
+	return devices, false, nil
 }
 
 func (d *driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	d.mutex.Lock()
 	defer d.mutex.Unlock()
 	result := make(map[types.UID]error, len(claims))
+	var removed []types.UID
 	for _, claim := range claims {
 		prepared, ok := d.prepared[claim.UID]
 		if !ok {
@@ -267,8 +316,25 @@ func (d *driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			result[claim.UID] = err
 			continue
 		}
+		// The removal made durable before the checkpoint forgets the claim.
+		if err := syncDir(d.cdiDir); err != nil {
+			result[claim.UID] = err
+			continue
+		}
 		delete(d.prepared, claim.UID)
-		result[claim.UID] = d.store()
+		if d.perClaim {
+			result[claim.UID] = d.store()
+			continue
+		}
+		removed = append(removed, claim.UID)
+	}
+	if len(removed) > 0 {
+		// A failed store leaves the claims in the checkpoint: the kubelet asks again, and
+		// their spec files are already gone.
+		err := d.store()
+		for _, uid := range removed {
+			result[uid] = err
+		}
 	}
 	return result, nil
 }

@@ -1,19 +1,27 @@
 //! DRA kubelet plugins measured side by side, in one run: each is a process serving the DRA
 //! gRPC service on a node of one API server, with nine claims allocated to it by hand, and one
-//! gRPC client (this process) drives them block by block in turn, so that drift hits them
-//! all. Per plugin: NodePrepareResources p50/p99 with 1 and 8 claims per call, a re-prepare of
-//! a prepared claim, unprepare, the CPU time of the calls and resident memory. Used by
-//! dra-plugin's `versus_go` and the kubelet-plugin's `versus` benches.
+//! gRPC client (this process) drives them block by block, the order rotated per block, so that
+//! drift and each one's deferred work hit them all alike. Per plugin: NodePrepareResources
+//! p50/p99 with 1 and 8 claims per call, a re-prepare of a prepared claim, unprepare, the CPU
+//! time of the calls, resident memory, and the API requests per claim held past any status
+//! write window, counted by the API server. A bench repeats this over several runs (fresh
+//! processes each) and prints the spread. Used by dra-plugin's `versus_go` and the
+//! kubelet-plugin's `versus` benches.
+
+mod peers;
+mod report;
+
+pub use peers::{Peer, published_devices, release_build, start};
+pub use report::{Figures, print, print_requests, print_spread};
 
 use crate::ControlPlane;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kubelet_proto::dra::v1 as dra;
 use serde_json::json;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::{Duration, Instant};
-use tokio::io::AsyncBufReadExt;
 
 type BoxError = Box<dyn std::error::Error>;
 
@@ -25,6 +33,22 @@ pub const MEASURED: [&str; 5] = [
     "unprepare, 1 claim",
     "unprepare, 8 claims",
 ];
+
+/// How long a claim is held prepared when API requests are counted, and how long each block is
+/// followed by quiet: past dra-plugin's status write window, so that a plugin's deferred writes
+/// are made (and counted, and cost their CPU) inside its own turn, not the next plugin's. Twice
+/// `dra_plugin::device_status::BATCH_WINDOW` (200 ms; this library's lib does not link
+/// dra-plugin, and `versus_go` checks the two agree).
+pub const HOLD: Duration = Duration::from_millis(400);
+
+/// How many runs a bench makes: `BENCH_RUNS`, 3 unless set.
+pub fn runs() -> usize {
+    std::env::var("BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
+}
 
 /// One plugin under test.
 pub struct Contender {
@@ -132,7 +156,8 @@ impl Contender {
         took
     }
 
-    /// One block of `rounds`: 1 claim, a re-prepare, unprepare, 8 claims, unprepare.
+    /// One block of `rounds`: 1 claim, a re-prepare, unprepare, 8 claims, unprepare; then
+    /// [`HOLD`] of quiet, counted in its CPU time.
     pub async fn block(&mut self, rounds: usize) {
         let cpu_before = cpu_ticks(self.pid());
         let one = self.claims[..1].to_vec();
@@ -149,6 +174,7 @@ impl Contender {
             let t = self.unprepare(&eight).await;
             self.record(MEASURED[4], t);
         }
+        tokio::time::sleep(HOLD).await;
         self.cpu_ticks += cpu_ticks(self.pid()) - cpu_before;
     }
 
@@ -168,166 +194,100 @@ impl Contender {
     pub fn cpu_seconds(&self) -> f64 {
         self.cpu_ticks as f64 / 100.0
     }
-}
 
-/// Builds `what` (cargo arguments naming one binary or example) in release, for the target
-/// named by `BENCH_TARGET` if set (e.g. `x86_64-unknown-linux-musl`, what the images ship),
-/// else for the host, and returns that build's release directory. Built as a user builds it,
-/// so the contenders compared are built alike.
-pub fn release_build(what: &[&str]) -> Result<std::path::PathBuf, BoxError> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let target = std::env::var("BENCH_TARGET").ok();
-    let mut build = std::process::Command::new(cargo);
-    build.args(["build", "--release", "--quiet"]).args(what);
-    if let Some(target) = &target {
-        build.args(["--target", target]);
-    }
-    if !build.status()?.success() {
-        return Err(format!("cargo build --release {} failed", what.join(" ")).into());
-    }
-    // A bench's binary is <target dir>/release/deps/<bench>-<hash>.
-    let exe = std::env::current_exe()?;
-    let release = exe.parent().and_then(Path::parent).ok_or("no target dir")?;
-    Ok(match target {
-        Some(target) => release
-            .parent()
-            .ok_or("no target dir")?
-            .join(target)
-            .join("release"),
-        None => release.to_path_buf(),
-    })
-}
-
-/// Our driver's binary: the example, built as a driver author would build it.
-fn example_binary() -> Result<std::path::PathBuf, BoxError> {
-    let release = release_build(&["-p", "dra-plugin", "--example", "minimal"])?;
-    Ok(release.join("examples").join("minimal"))
-}
-
-/// Which driver a contender runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Peer {
-    /// The Go driver on upstream's helper (`hack/k8s/go-dra-driver`, built by
-    /// `hack/k8s-bins.sh`).
-    Go,
-    /// dra-plugin's example driver; with `metadata`, writing device metadata (KEP-5304) as
-    /// the kubelet-plugin does.
-    Example {
-        /// Whether it writes device metadata files.
-        metadata: bool,
-    },
-}
-
-/// Starts driver `<label>.bench.example.com` with `count` devices (dev-0..) on `node`, the
-/// `peer`; returns it once it has published them.
-pub async fn start(
-    label: &str,
-    peer: Peer,
-    (cp, node): (&ControlPlane, &str),
-    count: usize,
-) -> Result<Contender, BoxError> {
-    let name = format!("{label}.bench.example.com");
-    let dir = tempfile::Builder::new()
-        .prefix("versus-go-")
-        .tempdir()?
-        .keep();
-    let go = peer == Peer::Go;
-    let mut command = match peer {
-        Peer::Go => {
-            let mut c =
-                tokio::process::Command::new(crate::BinDir::from_env()?.require("go-dra-driver")?);
-            c.arg(format!("--kubeconfig={}", cp.kubeconfig().display()))
-                .arg(format!("--driver-name={name}"))
-                .arg(format!("--node-name={node}"))
-                .arg(format!("--registry-dir={}", dir.join("registry").display()))
-                .arg(format!("--plugin-dir={}", dir.join("plugin").display()))
-                .arg(format!("--cdi-dir={}", dir.join("cdi").display()))
-                .arg(format!(
-                    "--checkpoint={}",
-                    dir.join("checkpoint.json").display()
-                ))
-                .arg(format!("--devices={count}"));
-            c
+    /// What was measured, with resident memory now.
+    pub fn figures(&self) -> Figures {
+        Figures {
+            label: self.label.clone(),
+            quantiles: (MEASURED.iter())
+                .map(|&what| (what, (self.quantile(what, 0.5), self.quantile(what, 0.99))))
+                .collect(),
+            cpu_seconds: self.cpu_seconds(),
+            resident_mib: self.resident_mib(),
         }
-        Peer::Example { metadata } => {
-            // The example's own settings: its gadgets dev-0..dev-<count-1>, the kubelet's
-            // directories in `dir`.
-            let gadgets: Vec<String> = (0..count).map(|i| format!("dev-{i}")).collect();
-            let mut c = tokio::process::Command::new(example_binary()?);
-            c.env("KUBECONFIG", cp.kubeconfig())
-                .env("DRIVER_NAME", &name)
-                .env("NODE_NAME", node)
-                .env("GADGETS", gadgets.join(","))
-                .env("CDI_ROOT", dir.join("cdi"))
-                .env("KUBELET_DIR", &dir);
-            if metadata {
-                c.env("DEVICE_METADATA", "true");
-            }
-            c
-        }
-    };
-    let mut child = command
-        .stdout(match go {
-            true => std::process::Stdio::piped(),
-            false => std::process::Stdio::null(),
-        })
-        .kill_on_drop(true)
-        .spawn()?;
-    if go {
-        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
-        while lines.next_line().await?.ok_or("the driver exited")? != "READY" {}
     }
-    // Ours serves its socket before it publishes.
-    published_devices(cp, &name, count).await?;
-    let socket = match go {
-        true => dir.join("plugin/dra.sock"),
-        false => dir.join("plugins").join(&name).join("dra.sock"),
-    };
-    let devices: Vec<String> = (0..9).map(|i| format!("dev-{i}")).collect();
-    Contender::new(label, &name, child, &socket, (cp, node), &devices).await
 }
 
-/// Prints each contender's p50/p99 of what was measured, CPU time and `resident` memory (MiB,
-/// taken by the caller), each with its ratio to the first contender's.
-pub fn print(contenders: &[&Contender], resident: &[f64]) {
-    let base = contenders[0];
-    let mut header = format!("{:<24}", "");
-    for c in contenders {
-        header.push_str(&format!(" {:>18}", c.label));
+/// Measures `contenders`: a warm-up block each (connections, caches; then forgotten), then
+/// `blocks` blocks of `rounds` each, block `b` starting with contender `offset + b` and going
+/// round, so that no contender always follows the same one. Returns each one's figures.
+pub async fn measure(
+    contenders: &mut [Contender],
+    (rounds, blocks): (usize, usize),
+    offset: usize,
+) -> Vec<Figures> {
+    for c in contenders.iter_mut() {
+        c.block(rounds).await;
+        c.clear();
     }
-    for c in &contenders[1..] {
-        header.push_str(&format!(" {:>14}", format!("{}/{}", c.label, base.label)));
-    }
-    eprintln!("{header}");
-    for what in MEASURED {
-        let mut line = format!("{what:<24}");
-        for c in contenders {
-            let (p50, p99) = (c.quantile(what, 0.5), c.quantile(what, 0.99));
-            line.push_str(&format!(" {:>18}", format!("{p50:.2}/{p99:.2} ms")));
+    let n = contenders.len();
+    for b in 0..blocks {
+        for i in 0..n {
+            contenders[(offset + b + i) % n].block(rounds).await;
         }
-        let (b50, b99) = (base.quantile(what, 0.5), base.quantile(what, 0.99));
-        for c in &contenders[1..] {
-            let ratio = format!(
-                "{:.2}/{:.2}",
-                c.quantile(what, 0.5) / b50,
-                c.quantile(what, 0.99) / b99
-            );
-            line.push_str(&format!(" {ratio:>14}"));
+    }
+    contenders.iter().map(Contender::figures).collect()
+}
+
+/// [`measure`] [`runs`] times over, each run's rotation starting one contender further, each
+/// run's figures printed as it ends; returns them all.
+pub async fn measure_runs(
+    contenders: &mut [Contender],
+    (rounds, blocks): (usize, usize),
+) -> Vec<Vec<Figures>> {
+    let runs = runs();
+    let mut all = Vec::new();
+    for run in 0..runs {
+        let figures = measure(contenders, (rounds, blocks), run).await;
+        eprintln!("run {}/{runs}:", run + 1);
+        print(&figures);
+        all.push(figures);
+    }
+    all
+}
+
+/// The API requests each contender makes per claim it prepares, holds for [`HOLD`] (past any
+/// status write window) and unprepares, `claims` times, one contender after the other (each
+/// given [`HOLD`] to settle after its last): the API server's own `apiserver_request_total`,
+/// (reads: GET, LIST, WATCH; writes), Leases left out (none of these plugins leads). The
+/// claims' own reads by the library count: they are part of a prepare.
+pub async fn requests_per_claim(
+    cp: &ControlPlane,
+    contenders: &mut [Contender],
+    claims: usize,
+) -> Result<Vec<(f64, f64)>, BoxError> {
+    let client = cp.client().await?;
+    let mut all = Vec::new();
+    for c in contenders.iter_mut() {
+        let before = requests(&client).await?;
+        let one = c.claims[..1].to_vec();
+        for _ in 0..claims {
+            c.prepare(&one).await;
+            tokio::time::sleep(HOLD).await;
+            c.unprepare(&one).await;
+            tokio::time::sleep(HOLD).await;
         }
-        eprintln!("{line}");
+        let after = requests(&client).await?;
+        let per_claim = |i: usize| (after[i] - before[i]) / claims as f64;
+        all.push((per_claim(0), per_claim(1)));
     }
-    let mut cpu = format!("{:<24}", "CPU time of the calls");
-    let mut rss = format!("{:<24}", "resident memory");
-    for (c, mib) in contenders.iter().zip(resident) {
-        cpu.push_str(&format!(" {:>18}", format!("{:.2} s", c.cpu_seconds())));
-        rss.push_str(&format!(" {:>18}", format!("{mib:.1} MiB")));
+    Ok(all)
+}
+
+/// The API server's request counters so far: reads and writes, Leases left out.
+async fn requests(client: &kube::Client) -> Result<[f64; 2], BoxError> {
+    let mut counts = [0.0; 2];
+    for (labels, value) in crate::apiserver_samples(client, "apiserver_request_total").await? {
+        if labels.get("resource").is_none_or(|r| r == "leases") {
+            continue;
+        }
+        match labels.get("verb").map(String::as_str) {
+            Some("GET" | "LIST" | "WATCH") => counts[0] += value,
+            Some("POST" | "PUT" | "PATCH" | "DELETE" | "APPLY") => counts[1] += value,
+            _ => {}
+        }
     }
-    for (c, mib) in contenders.iter().zip(resident).skip(1) {
-        let cpu_ratio = c.cpu_seconds() / base.cpu_seconds().max(0.01);
-        cpu.push_str(&format!(" {cpu_ratio:>14.2}"));
-        rss.push_str(&format!(" {:>14.2}", mib / resident[0]));
-    }
-    eprintln!("{cpu}\n{rss}");
+    Ok(counts)
 }
 
 /// User + system CPU time of a process, in clock ticks (1/100 s).
@@ -344,37 +304,4 @@ pub fn cpu_ticks(pid: u32) -> u64 {
     };
     // utime and stime are fields 14 and 15 of stat; 12 and 13 after the name and state.
     field(11) + field(12)
-}
-
-/// Waits until `driver` has published `count` devices (its pools' current generations), and
-/// returns their names, sorted.
-pub async fn published_devices(
-    cp: &ControlPlane,
-    driver: &str,
-    count: usize,
-) -> Result<Vec<String>, BoxError> {
-    let slices = Api::<ResourceSlice>::all(cp.client().await?);
-    let fields = ListParams::default().fields(&format!("spec.driver={driver}"));
-    let start = Instant::now();
-    loop {
-        let listed = slices.list(&fields).await?.items;
-        let newest = listed
-            .iter()
-            .map(|s| s.spec.pool.generation)
-            .max()
-            .unwrap_or(0);
-        let mut names: Vec<String> = (listed.into_iter())
-            .filter(|s| s.spec.pool.generation == newest)
-            .flat_map(|s| s.spec.devices.unwrap_or_default())
-            .map(|d| d.name)
-            .collect();
-        if names.len() == count {
-            names.sort();
-            return Ok(names);
-        }
-        if start.elapsed() > Duration::from_secs(60) {
-            return Err(format!("{driver} did not publish {count} devices").into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
