@@ -422,8 +422,10 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
 }
 
 /// Runs `create` while the DiscoveryConfiguration CRD has no rules on the object (as before
-/// the CRD refused names that are not DNS labels), then puts the rules back.
-async fn without_name_rules(client: &kube::Client, create: impl AsyncFn()) {
+/// the CRD refused names that are not DNS labels), then puts the rules back. The API server
+/// takes a new schema a moment after the CRD's update: `create` is tried until it says it
+/// succeeded.
+async fn without_name_rules(client: &kube::Client, create: impl AsyncFn() -> bool) {
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let crds = Api::<CustomResourceDefinition>::all(client.clone());
     let name = "discoveryconfigurations.akri.sh";
@@ -441,9 +443,11 @@ async fn without_name_rules(client: &kube::Client, create: impl AsyncFn()) {
     crds.replace(name, &PostParams::default(), &lifted)
         .await
         .unwrap();
-    // The API server takes the new schema a moment later.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    create().await;
+    eventually(
+        "an object the rules refused, created without them",
+        async || create().await.then_some(()),
+    )
+    .await;
     let mut restored = crds.get(name).await.unwrap();
     restored.spec = original.spec;
     crds.replace(name, &PostParams::default(), &restored)
@@ -466,14 +470,16 @@ async fn discovery_errors_show_in_the_configurations_status() {
     let scrape = || [(node.name.as_str(), node.agent.metrics().encode())];
     let alert = Alert::named("AkriDiscoveryFailing").silent(&scrape());
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
-    let create = async |name: &str, handler: Value| {
-        let config: akri_api::v1::DiscoveryConfiguration = serde_json::from_value(json!({
+    let config_of = |name: &str, handler: Value| -> akri_api::v1::DiscoveryConfiguration {
+        serde_json::from_value(json!({
             "apiVersion": "akri.sh/v1", "kind": "DiscoveryConfiguration",
             "metadata": { "name": name }, "spec": { "discoveryHandler": handler },
         }))
-        .unwrap();
+        .unwrap()
+    };
+    let create = async |name: &str, handler: Value| {
         configs
-            .create(&PostParams::default(), &config)
+            .create(&PostParams::default(), &config_of(name, handler))
             .await
             .unwrap();
     };
@@ -492,12 +498,12 @@ async fn discovery_errors_show_in_the_configurations_status() {
     // A name stored before the CRD refused dots (the CRD's rules are lifted for it): its
     // devices would be named `old.dotted-<digest>`, which no slice may hold.
     let dotted = format!("old.{}", ControlPlane::unique_name("dotted"));
+    let dotted_config = config_of(
+        &dotted,
+        json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [dot0]" }),
+    );
     without_name_rules(&client, async || {
-        create(
-            &dotted,
-            json!({ "name": "debugEcho", "discoveryDetails": "descriptions: [dot0]" }),
-        )
-        .await;
+        (configs.create(&PostParams::default(), &dotted_config).await).is_ok()
     })
     .await;
     create(

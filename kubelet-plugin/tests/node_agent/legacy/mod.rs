@@ -234,10 +234,25 @@ async fn slots_return_after_the_pod_and_plugins_survive_restarts_and_deletion() 
     registered(a, &il, 2).await;
     c.pod("holder", &[("broker", &il, 1)]).await;
     a.peer.allocate(&c.ns, "holder", "broker").await.unwrap();
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    let slot_of = |usage: &BTreeMap<String, String>| {
+        (usage.iter()).find_map(|(slot, holder)| (holder == &a.name).then(|| slot.clone()))
+    };
+    let held = slot_of(&c.device_usage(&cam1).await).expect("the holder's slot");
+    // A later pod takes the other slot and is gone at once: once its slot is freed, past the
+    // grace period, the holder's has been past it as long.
+    c.pod("passing", &[("broker", &il, 1)]).await;
+    a.peer.allocate(&c.ns, "passing", "broker").await.unwrap();
+    let usage = c.device_usage(&cam1).await;
+    let passing = (usage.keys().find(|slot| **slot != held).cloned()).expect("two slots");
+    assert_eq!(usage[&passing], a.name, "{usage:?}");
+    a.peer.release(&c.ns, "passing").await.unwrap();
+    eventually("the passing pod's slot freed", async || {
+        (c.device_usage(&cam1).await[&passing].is_empty()).then_some(())
+    })
+    .await;
     assert_eq!(
-        c.usage(&cam1, false).await,
-        ["", a.name.as_str()],
+        c.device_usage(&cam1).await[&held],
+        a.name,
         "a running container's slot is kept past the grace period"
     );
     a.peer.release(&c.ns, "holder").await.unwrap();
