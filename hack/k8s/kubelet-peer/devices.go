@@ -58,7 +58,7 @@ type mountJSON struct {
 // POST /devices/allocate {"namespace","name","container"}: admits the pod through the
 // topology manager, whose Admit (policy "none") calls the device manager's Allocate for
 // every init and app container in order — this is the kubelet's pod admission
-// (GetAllocateResourcesPodAdmitHandler). Re-admitting an admitted pod reuses its devices.
+// (GetAllocateResourcesPodAdmitHandler, with the "add" operation of a new pod). Re-admitting an admitted pod reuses its devices.
 // Then GetDeviceRunContainerOptions for the requested container (as GetResources before
 // container creation, which also calls PreStartContainer if the plugin asks for it).
 func (p *peer) handleDevicesAllocate(w http.ResponseWriter, r *http.Request) {
@@ -94,7 +94,11 @@ func (p *peer) handleDevicesAllocate(w http.ResponseWriter, r *http.Request) {
 	err = p.withManagers(func(m *managers) error {
 		started := time.Now()
 		p.pods.mark(pod, nil, ptrTo(true)) // the pod being admitted counts as active
-		result := m.topology.Admit(p.ctx, &lifecycle.PodAdmitAttributes{Pod: pod})
+		// Admitted as the kubelet admits a new pod: the device manager allocates only for
+		// an "add" (it skips resizes), and without it the allocation would happen later, in
+		// GetDeviceRunContainerOptions' re-allocation, outside the admission.
+		attrs := &lifecycle.PodAdmitAttributes{Pod: pod, Operation: lifecycle.AddOperation}
+		result := m.topology.Admit(p.ctx, attrs)
 		if !result.Admit {
 			return fmt.Errorf("pod admission failed: %s: %s", result.Reason, result.Message)
 		}

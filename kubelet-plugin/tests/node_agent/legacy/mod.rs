@@ -430,6 +430,12 @@ async fn a_slot_the_api_server_refuses_fails_the_allocation_and_the_alert_says_s
         error.to_string().contains("no slot may be held here"),
         "{error}"
     );
+    // Refused by the kubelet's admission of the pod (UnexpectedAdmissionError), where a
+    // kubelet calls Allocate, not later when its container would start.
+    assert!(
+        error.to_string().contains("pod admission failed"),
+        "refused outside the pod's admission: {error}"
+    );
     assert_eq!(c.usage(&cam, false).await, [""], "no slot held");
     (alert.pending(&scrape(), &[&[("pod", a.name.as_str())]])).check();
 }
