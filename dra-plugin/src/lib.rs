@@ -6,17 +6,23 @@
 //! with [`Plugin::builder`]; the library does the rest. See the README for a walk-through
 //! and `examples/minimal.rs` for a complete driver.
 //!
-//! - [`builder`]: the entry point, [`Plugin::builder`].
+//! What a driver uses:
+//! - [`builder`]: the entry point, [`Plugin::builder`], and [`Plugin`], what a started plugin
+//!   offers (publishing devices, [`Plugin::publish_pools`] for several pools, health).
+//! - [`Driver`], [`Claim`], [`Prepared`]: the trait a driver implements, the checked claim it
+//!   is given, what it answers; [`BackgroundError`]: what goes wrong off the kubelet's path.
+//! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
+//! - [`metadata`]: device metadata, a file per request that containers read (KEP-5304).
+//!
+//! Lower level, for a plugin that assembles the pieces itself (this project's node agent
+//! does; a driver on the builder need not look further):
 //! - [`service`]: the `v1` and `v1beta1` DRA gRPC services over one [`Driver`].
 //! - [`claim`]: each claim read from the API server and checked (UID, allocation, node,
 //!   driver) before the driver sees it.
 //! - [`checkpoint`]: the prepared claims, on disk, so that a restarted plugin unprepares
 //!   exactly what it prepared and prepares again with the same CDI ids.
-//! - [`cdi`]: the CDI spec files through which the container runtime gets prepared devices.
 //! - [`slices`]: publishing pools of devices as ResourceSlices, generation by generation.
-//! - [`Plugin::publish_pools`]: a node's pools of one driver, kept as wanted and repaired.
 //! - [`health`]: the device health stream the kubelet reads.
-//! - [`metadata`]: device metadata, a file per request that containers read (KEP-5304).
 //! - [`registration`], [`plugin`], [`authority`]: the sockets the kubelet finds and calls.
 //! - [`vanished`]: keeping a device that disappeared published (tainted) while claims hold it.
 //! - [`api_support`]: which optional DRA fields the API server keeps (asked, not guessed).
