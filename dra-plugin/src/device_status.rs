@@ -371,8 +371,13 @@ mod tests {
         }]
     }
 
+    /// A claim's uid, whether it is prepared (has entries), and who asks.
+    type Ask = (&'static str, bool, Origin);
+    /// A claim's uid and whether its entries are written (or removed).
+    type Applied = (&'static str, bool);
+
     /// What a batch applies after the asks, as (uid, whether entries are written).
-    fn batch_after(asks: &[(&str, bool, Origin)]) -> Vec<(String, bool)> {
+    fn batch_after(asks: &[Ask]) -> Vec<(String, bool)> {
         let mut queue = Queue::default();
         for &(uid, prepared, origin) in asks {
             let devices = if prepared { status() } else { Vec::new() };
@@ -386,7 +391,7 @@ mod tests {
     #[test]
     fn a_batch_writes_what_is_needed_and_skips_what_was_undone_unwritten() {
         use Origin::{Asked, Recorded};
-        let cases: [(&str, &[(&str, bool, Origin)], &[(&str, bool)]); 5] = [
+        let cases: [(&str, &[Ask], &[Applied]); 5] = [
             ("prepared: written", &[("a", true, Asked)], &[("a", true)]),
             (
                 "prepared and unprepared in one window: nothing to undo",
