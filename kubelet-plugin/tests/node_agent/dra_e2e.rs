@@ -1491,8 +1491,20 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
     akri_kubelet_plugin::discovery::handler::register(&node.config.discovery_socket, &handler)
         .await
         .expect("the new agent serves the handlers' registration socket");
-    // ... and after a resync (3 s here) nothing it writes has changed.
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    // ... and after a whole pass of its own (its resync, every 3 s here: a pass begun after
+    // the next one ends) nothing it writes has changed.
+    let passes = || {
+        akri_testing::metric(
+            &node.agent.metrics().encode(),
+            "akri_kubelet_plugin_passes_total",
+        )
+        .expect("the passes counter")
+    };
+    let before = passes();
+    eventually("two passes of the new agent", async || {
+        (passes() >= before + 2.0).then_some(())
+    })
+    .await;
     assert_eq!(
         published(&client, &node.name, &ns).await,
         at_rest,
