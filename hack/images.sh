@@ -3,6 +3,12 @@
 #
 #   hack/images.sh            build the static (musl) release binaries, pack and check the images
 #   hack/images.sh --check    only check the images already in _output/images
+#   hack/images.sh --platform amd64 --image akri-kubelet-plugin   one platform, some images
+#
+# --platform (amd64 or arm64) and --image (repeated) build, pack and check only those: a quick
+# build for one machine, and the previous release the upgrade test installs (hack/previous.sh:
+# its node is amd64 and it runs three components). Every image's index then lists only that
+# platform.
 #
 # Images already packed and checked from the same binaries under the same tag are reused.
 #
@@ -68,11 +74,33 @@ COMPONENTS=(
 )
 
 check_only=false
-case "${1:-}" in
-  --check) check_only=true ;;
-  "") ;;
-  *) echo "usage: $0 [--check]" >&2; exit 2 ;;
-esac
+only_platform=""
+only_images=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --check) check_only=true; shift ;;
+    --platform) only_platform=${2:?--platform needs amd64 or arm64}; shift 2 ;;
+    --image) only_images+=("${2:?--image needs an image name}"); shift 2 ;;
+    *) echo "usage: $0 [--check] [--platform amd64|arm64] [--image <name>]..." >&2; exit 2 ;;
+  esac
+done
+if [ -n "$only_platform" ]; then
+  kept=()
+  for p in "${PLATFORMS[@]}"; do [ "${p%%|*}" != "$only_platform" ] || kept+=("$p"); done
+  [ ${#kept[@]} = 1 ] || { echo "images: no platform $only_platform (amd64, arm64)" >&2; exit 2; }
+  PLATFORMS=("${kept[@]}")
+fi
+if [ ${#only_images[@]} -gt 0 ]; then
+  kept=()
+  for image in "${only_images[@]}"; do
+    found=false
+    for c in "${COMPONENTS[@]}"; do [ "${c%%|*}" != "$image" ] || { kept+=("$c"); found=true; }; done
+    $found || { echo "images: no image $image" >&2; exit 2; }
+  done
+  COMPONENTS=("${kept[@]}")
+fi
+# What was asked for: part of what makes a build the same as one checked before.
+selection="${PLATFORMS[*]%%|*} ${COMPONENTS[*]%%|*}"
 
 for tool in cargo umoci skopeo jq file readelf flock sha256sum qemu-aarch64-static "$CC_aarch64_unknown_linux_musl"; do
   command -v "$tool" >/dev/null || { echo "images: $tool not found (.ci/run installs what is needed)" >&2; exit 1; }
@@ -142,7 +170,7 @@ built_digest() {
   done | sha256sum | cut -d' ' -f1
 }
 if ! $check_only; then
-  built="$tag $(built_digest)"
+  built="$tag $(built_digest) $selection"
   if [ "$(cat "$OUT/CHECKED" 2>/dev/null)" = "$built" ]; then
     echo "images: up to date, packed and checked before ($OUT, tag $tag)"
     echo "$tag"
@@ -230,6 +258,7 @@ if ! $check_only; then
   for p in "${PLATFORMS[@]}"; do
     IFS='|' read -r arch target _ _ <<<"$p"
     for command in akri-migrate kubectl-akri; do
+      [[ " ${all_bins[*]} " == *" $command "* ]] || continue
       install -D -m 0755 "$target_dir/$target/release/$command" "_output/bin/linux-$arch/$command"
       (cd "_output/bin/linux-$arch" && sha256sum "$command" >"$command.sha256")
     done
@@ -243,6 +272,7 @@ fail() { failures+=("$1: $2"); echo "FAIL $1: $2" >&2; }
 # The images/Dockerfile stage named $1 (FROM ... AS $1 up to the next FROM).
 dockerfile_stage() { awk -v s="$1" 'toupper($1) == "FROM" { on = (tolower($NF) == s) } on' images/Dockerfile; }
 
+want_platforms=$(for p in "${PLATFORMS[@]}"; do echo "linux/${p%%|*}"; done | sort | xargs)
 rows=()
 declare -A rootfs_of # "<image> <arch>" -> its unpacked rootfs
 check_image() {
@@ -257,7 +287,7 @@ check_image() {
   [ "$(jq -r .mediaType <<<"$index")" = application/vnd.oci.image.index.v1+json ] ||
     fail "$name" "$tag is a $(jq -r .mediaType <<<"$index"), want an OCI image index"
   platforms=$(jq -r '[.manifests[].platform | .os + "/" + .architecture] | sort | join(" ")' <<<"$index")
-  [ "$platforms" = "linux/amd64 linux/arm64" ] || fail "$name" "the index's platforms are [$platforms], want [linux/amd64 linux/arm64]"
+  [ "$platforms" = "$want_platforms" ] || fail "$name" "the index's platforms are [$platforms], want [$want_platforms]"
   for p in "${PLATFORMS[@]}"; do
     IFS='|' read -r arch _ machine runner <<<"$p"
     check_platform "$name" "$user" "$bins" "$version" "$index" "$arch" "$machine" "$runner"
