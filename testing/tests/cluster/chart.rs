@@ -166,7 +166,7 @@ async fn template_renders_the_components_with_default_values() {
     let container = &pod["containers"][0];
     assert_eq!(
         container["image"],
-        "ghcr.io/akri-dra/akri-kubelet-plugin:0.1.0"
+        format!("ghcr.io/akri-dra/akri-kubelet-plugin:{}", app_version())
     );
     assert_eq!(container["command"], json!(["akri-kubelet-plugin"]));
     let args = strings(&container["args"]);
@@ -251,7 +251,7 @@ async fn template_renders_the_components_with_default_values() {
     let container = &pod["containers"][0];
     assert_eq!(
         container["image"],
-        "ghcr.io/akri-dra/akri-driver-controller:0.1.0"
+        format!("ghcr.io/akri-dra/akri-driver-controller:{}", app_version())
     );
     assert_eq!(container["securityContext"]["readOnlyRootFilesystem"], true);
     let args = strings(&container["args"]);
@@ -480,7 +480,10 @@ async fn template_renders_every_option_of_the_full_values() {
     let broker = find(&objects, "Deployment", "edge-akri-broker-controller");
     assert_eq!(
         broker["spec"]["template"]["spec"]["containers"][0]["image"],
-        "registry.example.com/akri/broker-controller:0.1.0"
+        format!(
+            "registry.example.com/akri/broker-controller:{}",
+            app_version()
+        )
     );
     find(&objects, "ServiceAccount", "edge-akri-broker-controller");
     assert_eq!(
@@ -539,7 +542,10 @@ async fn template_renders_every_option_of_the_full_values() {
     let container = &udev["containers"][0];
     assert_eq!(
         container["image"],
-        "ghcr.io/akri-dra/akri-udev-discovery-handler:0.1.0"
+        format!(
+            "ghcr.io/akri-dra/akri-udev-discovery-handler:{}",
+            app_version()
+        )
     );
     assert_eq!(
         strings(&container["args"]),
@@ -609,7 +615,10 @@ async fn template_renders_every_option_of_the_full_values() {
         let container = &pod["containers"][0];
         assert_eq!(
             container["image"],
-            format!("ghcr.io/akri-dra/akri-{handler}-discovery-handler:0.1.0")
+            format!(
+                "ghcr.io/akri-dra/akri-{handler}-discovery-handler:{}",
+                app_version()
+            )
         );
         assert_eq!(strings(&container["args"]), args, "{handler}");
         assert_eq!(
@@ -1181,6 +1190,14 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
 /// `group/resource[/subresource]` (`core` for the core group), where (`cluster`: cluster-scoped
 /// or every namespace; `release`: the release namespace; `property`: a listed
 /// propertyNamespace; `other`: any other namespace), object name or `-`, and `yes` or `no`.
+/// The chart's `appVersion`, as charts/akri/Chart.yaml says it: the images' default tag.
+fn app_version() -> String {
+    let chart = std::fs::read_to_string(repo().join("charts/akri/Chart.yaml")).unwrap();
+    let line = (chart.lines().find_map(|l| l.strip_prefix("appVersion:")))
+        .expect("Chart.yaml has an appVersion");
+    line.trim().trim_matches('"').to_string()
+}
+
 const RBAC: &str = "
 kubelet-plugin     get     core/nodes                                cluster   -             yes
 kubelet-plugin     list    core/nodes                                cluster   -             no
