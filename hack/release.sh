@@ -26,6 +26,10 @@
 # version: `helm install akri oci://<registry>/charts/akri --version <version> --set
 # image.registry=<registry>`.
 #
+# After the release: move main to the next version (Cargo.toml, charts/akri/Chart.yaml,
+# images/Dockerfile, a new "## Unreleased" in CHANGELOG.md) and name the release in
+# hack/previous.sh (VERSION and COMMIT), which the upgrade test installs and upgrades from.
+#
 # .github/workflows/release.yml runs this on a tag push. Needs what hack/images.sh needs, and
 # Helm (hack/helm.sh builds it).
 set -euo pipefail

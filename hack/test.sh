@@ -166,7 +166,8 @@ stop_tree() {
 # The real nodes' kubelets change host settings; they are put back at the end.
 step "host settings the real nodes' kubelets change (hack/host-settings.sh)"
 hack/host-settings.sh save "$background/host-settings"
-trap 'for pid in $go_builds $images_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done; hack/registry.sh stop; hack/host-settings.sh restore "$background/host-settings"' EXIT
+previous_build=""
+trap 'for pid in $go_builds $images_build $previous_build ${lanes[@]+"${lanes[@]}"}; do stop_tree "$pid"; done; hack/registry.sh stop; hack/host-settings.sh restore "$background/host-settings"' EXIT
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -245,8 +246,16 @@ hack/push.sh localhost:5000/akri --plain-http
 echo 0 >"$background/pushed.status"
 step "the README's run command, checked (hack/demo.sh --check --real-nodes: the chart's pods on real nodes, a real container must print its device)"
 hack/demo.sh --check --real-nodes
-step "the move off Akri and an upgrade as docs/operations.md give them, and binding conditions on two nodes: the chart and our images from the registry on real nodes (one at a time: each runs kube-proxy); every helm line of the docs"
-counted cargo test --workspace --test cluster -- akri_move:: upgrade:: reachability:: uninstall:: chart::the_documented_helm_commands_work --test-threads=1
+# The previous release's images (hack/previous.sh: its tag's tree, amd64, three components) after
+# the demo, whose hack/images.sh would wait for it, and beside the next step's tests.
+build previous nice -n 10 ionice -c 3 hack/previous.sh &
+previous_build=$!
+step "the move off Akri and binding conditions on two nodes: the chart and our images from the registry on real nodes (one at a time: each runs kube-proxy); every helm line of the docs"
+counted cargo test --workspace --test cluster -- akri_move:: reachability:: uninstall:: chart::the_documented_helm_commands_work --test-threads=1
+step "the previous release, built from its tag (hack/previous.sh)"
+wait_for previous "$previous_build"
+step "an upgrade as docs/operations.md gives it, from the previous release to this checkout"
+counted cargo test --workspace --test cluster -- upgrade::
 step "Kubernetes 1.33 binaries (no resource.k8s.io: DRA is beta and off there)"
 wait_for k8s-1.33.13 "$go_builds"
 step "the legacy device plugins alone on Kubernetes 1.33: the chart on two real nodes, seed 000's walkthroughs in real containers"

@@ -21,6 +21,15 @@ pub fn repo() -> PathBuf {
         .to_path_buf()
 }
 
+/// A top-level field of the chart in `dir` (its `Chart.yaml`), e.g. `version` or `appVersion`.
+pub fn chart_field(dir: &Path, field: &str) -> Option<String> {
+    let text = std::fs::read_to_string(dir.join("Chart.yaml")).ok()?;
+    let value = text
+        .lines()
+        .find_map(|l| l.strip_prefix(field)?.strip_prefix(':'))?;
+    Some(value.trim().trim_matches('"').to_string())
+}
+
 /// What a node's containerd is told about the registry (`certs.d/localhost:5000/hosts.toml`):
 /// the README's Quickstart block, as a user writes it.
 pub fn hosts_toml() -> Result<String, Error> {
@@ -38,6 +47,8 @@ pub fn hosts_toml() -> Result<String, Error> {
 
 /// Our images in the registry: their names and the tag `hack/images.sh` gave them.
 pub struct Images {
+    /// Where `hack/images.sh` put them (OCI image layouts).
+    dir: PathBuf,
     names: Vec<String>,
     pub tag: String,
 }
@@ -46,15 +57,20 @@ impl Images {
     /// The images `hack/images.sh` built (`_output/images/<name>`, tagged `_output/images/TAG`),
     /// without asking the registry; an error that says to build them.
     pub fn built() -> Result<Images, Error> {
-        let dir = repo().join("_output/images");
-        let missing = || {
-            Error::Other(format!(
-                "no images in {}: run hack/images.sh",
-                dir.display()
-            ))
-        };
+        Images::built_in(&repo().join("_output/images"), "hack/images.sh")
+    }
+
+    /// The images of the previous release (`hack/previous.sh`), not yet in the registry.
+    pub fn previous() -> Result<Images, Error> {
+        let dir = repo().join("_output/previous/_output/images");
+        Images::built_in(&dir, "hack/previous.sh")
+    }
+
+    /// The images in `dir` (`<dir>/<name>`, tagged `<dir>/TAG`); an error that names `script`.
+    fn built_in(dir: &Path, script: &str) -> Result<Images, Error> {
+        let missing = || Error::Other(format!("no images in {}: run {script}", dir.display()));
         let tag = std::fs::read_to_string(dir.join("TAG")).map_err(|_| missing())?;
-        let mut names: Vec<String> = (std::fs::read_dir(&dir).map_err(|_| missing())?.flatten())
+        let mut names: Vec<String> = (std::fs::read_dir(dir).map_err(|_| missing())?.flatten())
             .filter(|entry| entry.path().join("index.json").is_file())
             .map(|entry| entry.file_name().to_string_lossy().into_owned())
             .collect();
@@ -63,6 +79,7 @@ impl Images {
         }
         names.sort();
         Ok(Images {
+            dir: dir.to_path_buf(),
             names,
             tag: tag.trim().to_string(),
         })
@@ -90,13 +107,24 @@ impl Images {
     }
 
     /// Pushes every image again under `tag` as well (a copy inside the registry: same
-    /// digests), e.g. a release before this one.
+    /// digests): the demo's rebuilt images.
     pub async fn push_as(&self, tag: &str) -> Result<(), Error> {
         for name in &self.names {
             let from = format!("docker://{REGISTRY}/{name}:{}", self.tag);
             let to = format!("docker://{REGISTRY}/{name}:{tag}");
             let args = ["copy", "--quiet", "--all", "--src-tls-verify=false"];
             skopeo(&[&args[..], &["--dest-tls-verify=false", &from, &to]].concat()).await?;
+        }
+        Ok(())
+    }
+
+    /// Pushes every image to the registry under its tag, as `hack/push.sh` does.
+    pub async fn push(&self) -> Result<(), Error> {
+        for name in &self.names {
+            let from = format!("oci:{}:{}", self.dir.join(name).display(), self.tag);
+            let to = format!("docker://{REGISTRY}/{name}:{}", self.tag);
+            let args = ["copy", "--quiet", "--all", "--dest-tls-verify=false"];
+            skopeo(&[&args[..], &[&from, &to]].concat()).await?;
         }
         Ok(())
     }

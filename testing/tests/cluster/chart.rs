@@ -1183,6 +1183,11 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
     }
 }
 
+/// The chart's `appVersion`, as charts/akri/Chart.yaml says it: the images' default tag.
+fn app_version() -> String {
+    product::chart_field(&repo().join("charts/akri"), "appVersion").expect("an appVersion")
+}
+
 /// What each component needs (read from its code and the README), and a selection of what
 /// it must not have, checked in the `edge` release (full values: propertyNamespaces listed,
 /// broker-controller on in the second of them only, which is also the one legacy namespace
@@ -1190,14 +1195,6 @@ async fn the_kubelet_plugin_cluster_role_is_the_documented_one() {
 /// `group/resource[/subresource]` (`core` for the core group), where (`cluster`: cluster-scoped
 /// or every namespace; `release`: the release namespace; `property`: a listed
 /// propertyNamespace; `other`: any other namespace), object name or `-`, and `yes` or `no`.
-/// The chart's `appVersion`, as charts/akri/Chart.yaml says it: the images' default tag.
-fn app_version() -> String {
-    let chart = std::fs::read_to_string(repo().join("charts/akri/Chart.yaml")).unwrap();
-    let line = (chart.lines().find_map(|l| l.strip_prefix("appVersion:")))
-        .expect("Chart.yaml has an appVersion");
-    line.trim().trim_matches('"').to_string()
-}
-
 const RBAC: &str = "
 kubelet-plugin     get     core/nodes                                cluster   -             yes
 kubelet-plugin     list    core/nodes                                cluster   -             no

@@ -1,8 +1,8 @@
 //! An upgrade of the installed product as docs/operations.md "Upgrades" gives it, its lines run
 //! as written, on a real node (containerd + the kubelet) with our images and the chart: from
-//! "the previous release" (the chart at another version whose BrokerTemplate CRD lacks a field,
-//! its images under another tag: the same binaries, so every pod is replaced, the external
-//! debugEcho handler's too) to this checkout's chart and images, while pods keep starting and
+//! the previous release (its tag's tree, chart and images as `hack/previous.sh` builds them;
+//! its BrokerTemplate CRD's spec described otherwise, a schema change the upgrade must make)
+//! to this checkout's chart and images, while pods keep starting and
 //! stopping on the node, each with a DRA claim (where the cluster serves DRA) and a legacy
 //! device-plugin resource. The kubelet-plugin DaemonSet rolls with `maxSurge: 1`: the new pod
 //! serves beside the old one, which leaves only once the new one is ready. Checked: every pod
@@ -27,8 +27,6 @@ const USERS: &str = "apps";
 const WAIT: Duration = Duration::from_secs(180);
 /// The DiscoveryConfiguration the chart installs with `discoveryConfigurations.debugEcho`.
 const CLASS: &str = "akri-debug-echo";
-/// The previous release: its chart's version and appVersion, its images' tag.
-const PREVIOUS: &str = "0.0.0-previous";
 
 #[tokio::test]
 async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_slice() {
@@ -46,8 +44,9 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
     kubectl(&cp, &["apply", "-f", "examples/akri-namespace.yaml"]).unwrap();
     let helm = Helm::new().unwrap();
     // Pushed as a release is: its images under its version, its chart by version.
-    let previous = PreviousRelease::new();
-    images.push_as(PREVIOUS).await.unwrap();
+    let previous_images = Images::previous().unwrap();
+    previous_images.push().await.unwrap();
+    let previous = PreviousRelease::new(&previous_images.tag);
     previous.push(&helm).await;
     let registry = images.values()[0].clone();
     // The users' namespace, whose v0 Configuration the legacy device plugins serve.
@@ -58,7 +57,7 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
         "akri",
         CHART,
         "--version",
-        PREVIOUS,
+        &previous.version,
         "--plain-http",
         "--namespace",
         "akri",
@@ -351,8 +350,8 @@ async fn helm_upgrade_replaces_the_plugin_without_a_failed_prepare_or_a_changed_
             let images: Vec<String> = (pods.items.iter())
                 .filter_map(|p| p.spec.as_ref()?.containers.first()?.image.clone())
                 .collect();
-            (!images.is_empty() && images.iter().all(|i| i.ends_with(&format!(":{PREVIOUS}"))))
-                .then_some(())
+            let previous_tag = format!(":{}", previous.version);
+            (!images.is_empty() && images.iter().all(|i| i.ends_with(&previous_tag))).then_some(())
         })
         .await;
     }
@@ -694,36 +693,38 @@ fn failed_calls(node: &akri_testing::RealNode) -> String {
     lines.collect::<Vec<_>>().join("\n")
 }
 
-/// "The previous release": this checkout's chart at version `<version>-previous`, whose
-/// BrokerTemplate CRD describes its spec otherwise (a schema the upgrade changes).
+/// The previous release's chart (`hack/previous.sh`: the release's tree), its BrokerTemplate
+/// CRD describing its spec otherwise: a schema change the upgrade's CRD line must make.
 struct PreviousRelease {
     dir: tempfile::TempDir,
+    /// Its version, its chart's `version` and `appVersion`: its images' tag.
+    version: String,
 }
 
 const BROKER_TEMPLATES: &str = "brokertemplates.akri.sh";
 
 impl PreviousRelease {
-    fn new() -> PreviousRelease {
+    fn new(images_tag: &str) -> PreviousRelease {
         let dir = tempfile::tempdir().unwrap();
         let copied = std::process::Command::new("cp")
-            .args(["-r", "charts/akri"])
+            .args(["-rL", "_output/previous/charts/akri"])
             .arg(dir.path())
             .current_dir(repo())
             .status()
             .unwrap();
-        assert!(copied.success());
-        let release = PreviousRelease { dir };
-        let chart_yaml = release.path("Chart.yaml");
-        let text = std::fs::read_to_string(&chart_yaml).unwrap();
-        let text = (text.lines())
-            .map(|line| match line.split_once(':') {
-                Some(("version", _)) => format!("version: {PREVIOUS}"),
-                Some(("appVersion", _)) => format!("appVersion: \"{PREVIOUS}\""),
-                _ => line.to_string(),
-            })
-            .collect::<Vec<_>>()
-            .join("\n");
-        std::fs::write(&chart_yaml, text).unwrap();
+        assert!(
+            copied.success(),
+            "the previous release's chart (hack/previous.sh)"
+        );
+        let field = |name: &str| akri_testing::product::chart_field(&dir.path().join("akri"), name);
+        let version = field("version").expect("the previous chart's version");
+        // The chart's default image tag is its appVersion: the release's images.
+        assert_eq!(field("appVersion").as_deref(), Some(version.as_str()));
+        assert_eq!(
+            version, images_tag,
+            "the previous release's chart and images"
+        );
+        let release = PreviousRelease { dir, version };
         let crd_file = release.path(&format!("crds/{BROKER_TEMPLATES}.yaml"));
         let mut crd: serde_yaml::Value =
             serde_yaml::from_str(&std::fs::read_to_string(&crd_file).unwrap()).unwrap();
@@ -743,7 +744,7 @@ impl PreviousRelease {
         helm.ok(&["package", &chart, "--destination", &out])
             .await
             .unwrap();
-        let package = format!("{out}/akri-{PREVIOUS}.tgz");
+        let package = format!("{out}/akri-{}.tgz", self.version);
         let registry = CHART.trim_end_matches("/akri");
         helm.ok(&["push", &package, registry, "--plain-http"])
             .await
