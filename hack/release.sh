@@ -46,8 +46,8 @@ while [ $# -gt 0 ]; do
 done
 fail() { echo "release: $*" >&2; exit 1; }
 
-version=$(cargo metadata --no-deps --format-version 1 |
-  jq -r '.packages[] | select(.name == "dra-plugin") | .version')
+metadata=$(cargo metadata --no-deps --format-version 1)
+version=$(jq -r '.packages[] | select(.name == "dra-plugin") | .version' <<<"$metadata")
 [ -z "$(git status --porcelain --untracked-files=normal)" ] ||
   fail "the tree has changes (git status): a release is built from its tag alone"
 git describe --exact-match --tags --match "v$version" HEAD >/dev/null 2>&1 ||
@@ -88,7 +88,9 @@ done
 
 echo "== the crates meant for others (cargo package, checked by building them from the package)"
 cargo package -p kubelet-proto -p node-io -p dra-plugin
-cp target/package/{kubelet-proto,node-io,dra-plugin}-"$version".crate "$out/crates/"
+# Where cargo put them: the target directory, wherever CARGO_TARGET_DIR or a config sets it.
+packaged=$(jq -r .target_directory <<<"$metadata")/package
+cp "$packaged"/{kubelet-proto,node-io,dra-plugin}-"$version".crate "$out/crates/"
 
 echo "$notes" >"$out/NOTES.md"
 

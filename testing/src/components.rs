@@ -24,6 +24,17 @@ pub struct SimNode {
 }
 
 impl SimNode {
+    /// Waits until two more passes have begun than now: the pass under way (if one is) has
+    /// ended and a whole pass has run after it, so whatever the agent had seen by now has been
+    /// acted on. A later event, in place of a quiet window.
+    pub async fn whole_pass(&self) {
+        let before = self.passes();
+        crate::eventually("two passes of the agent", async || {
+            (self.passes() >= before + 2.0).then_some(())
+        })
+        .await;
+    }
+
     /// Starts a node whose agent ([`AgentConfig::embedded`], pointed at the peer's kubelet
     /// directories) writes Instances to `instance_namespace`, after `adjust` had its say.
     pub async fn start(

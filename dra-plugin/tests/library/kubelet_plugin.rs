@@ -8,11 +8,12 @@ use dra_plugin::Plugin;
 use dra_plugin::cdi::CdiRoot;
 use dra_plugin::registration::RegistrationStatus;
 use dra_plugin::service::{ClaimRef, DraService, DriverOnNode};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{
     Device, DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kubelet_proto::pluginregistration::InfoRequest;
 use kubelet_proto::pluginregistration::registration_client::RegistrationClient;
 use serde_json::json;
@@ -401,18 +402,21 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
         .clone()
         .unwrap();
 
-    // Someone edits the slice: one device fewer.
-    let mut edited = slices.get(&name).await.unwrap();
-    edited.spec.devices.as_mut().unwrap().truncate(1);
-    edited.metadata.managed_fields = None;
-    slices
-        .replace(&name, &PostParams::default(), &edited)
-        .await
-        .unwrap();
-    wait_until("the edited slice repaired", async || {
-        devices().await == ["g0", "g1"]
-    })
-    .await;
+    // Someone edits the slice: one device fewer. The plugin puts it back.
+    let edit_and_wait_for_the_repair = async |mut slice: ResourceSlice| {
+        let name = slice.metadata.name.clone().unwrap();
+        slice.spec.devices.as_mut().unwrap().truncate(1);
+        slice.metadata.managed_fields = None;
+        slices
+            .replace(&name, &PostParams::default(), &slice)
+            .await
+            .unwrap();
+        wait_until("the edited slice repaired", async || {
+            devices().await == ["g0", "g1"]
+        })
+        .await;
+    };
+    edit_and_wait_for_the_repair(slices.get(&name).await.unwrap()).await;
 
     // Someone deletes it (as a restarting kubelet does).
     slices.delete(&name, &Default::default()).await.unwrap();
@@ -432,17 +436,42 @@ async fn slices_changed_or_deleted_behind_its_back_are_repaired() {
             .collect::<Vec<_>>()
     );
 
-    // At rest the repair writes nothing: its own writes' events find nothing to do.
-    let settled = slices.list(&ours).await.unwrap().items[0]
-        .metadata
-        .resource_version
-        .clone();
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let later = slices.list(&ours).await.unwrap().items[0]
-        .metadata
-        .resource_version
-        .clone();
-    assert_eq!(settled, later, "no write at rest");
+    // At rest the repair writes nothing: its own writes' events find nothing to do. The proof
+    // is a later event: one more edit, whose repair the watch brings after every event before
+    // it. From the settled slice on, the API server's watch then shows the edit and its repair,
+    // and nothing the repair wrote in between.
+    let settled = slices.list(&ours).await.unwrap().items[0].clone();
+    edit_and_wait_for_the_repair(settled.clone()).await;
+    // The repair of the deletion made it anew, maybe under another name.
+    let repaired = (slices.get(settled.metadata.name.as_ref().unwrap()).await).unwrap();
+    let from = settled.metadata.resource_version.clone().unwrap();
+    let events = slices
+        .watch(
+            &WatchParams::default().fields(&format!("spec.driver={driver}")),
+            &from,
+        )
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    futures::pin_mut!(events);
+    while let Some(event) = events.next().await {
+        let (WatchEvent::Added(slice) | WatchEvent::Modified(slice) | WatchEvent::Deleted(slice)) =
+            event.unwrap()
+        else {
+            continue;
+        };
+        let devices = slice.spec.devices.as_ref().map_or(0, Vec::len);
+        let done = slice.metadata.resource_version == repaired.metadata.resource_version;
+        seen.push(devices);
+        if done {
+            break;
+        }
+    }
+    assert_eq!(
+        seen,
+        [1, 2],
+        "the writes after the slice settled (devices in each): the edit and its repair only"
+    );
 }
 
 #[tokio::test]

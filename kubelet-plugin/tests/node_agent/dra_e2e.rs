@@ -360,7 +360,7 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
 
     // Prepares and unprepares set off no pass of the agent's loop: the kubelet's calls cost no
     // discovery sync, health vouching or publishing. (At most one pass from the 30 s resync.)
-    let passes = || passes_of(&node.agent);
+    let passes = || node.passes();
     let before = passes();
     for _ in 0..5 {
         node.peer.unprepare(&ns, "broker").await.unwrap();
@@ -1377,15 +1377,6 @@ async fn an_admins_device_taint_rule_drains_a_device_and_keeps_it_unallocatable(
 
 /// The slices of `node`'s pool (UID, generation) and the Instances of `ns` (name, resource
 /// version): what a hand-over must leave as it is.
-/// How many passes `agent`'s node loop has begun (its own counter, read in process).
-fn passes_of(agent: &akri_kubelet_plugin::agent::Agent) -> f64 {
-    akri_testing::metric(
-        &agent.metrics().encode(),
-        "akri_kubelet_plugin_passes_total",
-    )
-    .expect("the passes counter")
-}
-
 async fn published(
     client: &kube::Client,
     node: &str,
@@ -1496,12 +1487,7 @@ async fn a_new_agent_stands_by_beside_the_old_and_takes_over_without_a_failed_pr
         .expect("the new agent serves the handlers' registration socket");
     // ... and after a whole pass of its own (its resync, every 3 s here: a pass begun after
     // the next one ends) nothing it writes has changed.
-    let passes = || passes_of(&node.agent);
-    let before = passes();
-    eventually("two passes of the new agent", async || {
-        (passes() >= before + 2.0).then_some(())
-    })
-    .await;
+    node.whole_pass().await;
     assert_eq!(
         published(&client, &node.name, &ns).await,
         at_rest,
@@ -1576,7 +1562,7 @@ async fn status_writes_to_a_configuration_set_off_no_pass_and_spec_changes_do() 
             .then_some(())
     };
     eventually("the device's Instance", async || described("foo0").await).await;
-    let passes = || passes_of(&node.agent);
+    let passes = || node.passes();
     let configs = Api::<akri_api::v1::DiscoveryConfiguration>::all(client.clone());
     let before = passes();
     for i in 0..10 {

@@ -932,8 +932,9 @@ async fn a_v0_configuration_reads_secrets_of_its_own_namespace_only() {
         (instances_of(&own).await == 1).then_some(())
     })
     .await;
-    // Both were created before; give the refused one a few more passes.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Both were created before: the refused one had every pass the other had, and a whole
+    // pass more.
+    c.nodes[0].whole_pass().await;
     assert_eq!(
         instances_of(&foreign).await,
         0,
