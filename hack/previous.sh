@@ -8,8 +8,9 @@
 #                      # <version>)
 #
 # Its crates build in this checkout's target directory: the dependencies this checkout's
-# images compiled are reused (the same versions, flags and profile), only the workspace's
-# crates compile again. They differ by version from this checkout's (a release moves main to
+# images compiled are reused where they match (the same versions, flags, profile and features;
+# three packages unify some dependencies' features otherwise than eight do, and those compile
+# again), and the workspace's crates compile again (194 s in a CI run of 2026-11-30). They differ by version from this checkout's (a release moves main to
 # the next version), so the two never share an artifact: cargo names a workspace crate's
 # artifacts by its name and version, not by its path, and a tree at another path with the same
 # version would take the other's artifacts as its own. Hence the check below.
