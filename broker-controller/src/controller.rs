@@ -202,8 +202,9 @@ async fn reconcile(template: Arc<BrokerTemplate>, ctx: Arc<Context>) -> Result<A
 
 async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action, Error> {
     // Nothing is decided before both stores are listed: an empty store is not an empty cluster.
-    let _ = ctx.instances.wait_until_ready().await;
-    let _ = ctx.configurations.wait_until_ready().await;
+    if !(akri_runtime::listed(&ctx.instances) && akri_runtime::listed(&ctx.configurations)) {
+        return Ok(Action::requeue(akri_runtime::LISTED_POLL));
+    }
     if template.meta().deletion_timestamp.is_some() {
         // The garbage collector deletes what the template owns.
         return Ok(Action::await_change());

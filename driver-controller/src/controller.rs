@@ -324,9 +324,6 @@ const RECONCILE_CONCURRENCY: u16 = 2;
 /// How often a configuration is reconciled without any change.
 const RESYNC: Duration = Duration::from_secs(300);
 
-/// How soon a reconcile that came before the stores were listed looks again.
-const STORES_POLL: Duration = Duration::from_millis(200);
-
 /// The configurations whose devices a slice holds (Akri drivers only).
 fn slice_configurations(slice: &SliceView) -> BTreeSet<String> {
     slice
@@ -358,7 +355,7 @@ async fn reconcile(
     if !ctx.stores_ready() {
         // Never act on a partial picture (slices or filters not yet listed would look
         // deleted); look again shortly.
-        return Ok(Action::requeue(STORES_POLL));
+        return Ok(Action::requeue(akri_runtime::LISTED_POLL));
     }
     let name = config.name_any();
     let driver = akri_devices::driver_name(&config.spec.discovery_handler.name);
@@ -427,28 +424,16 @@ async fn reconcile(
 }
 
 impl Context {
-    /// Whether every store has been listed once. Asked without waiting: with one waiter per
-    /// pending reconcile, some of 10 reconciles waiting on `Store::wait_until_ready` were
-    /// never woken (seen with 10 configurations and 10,000 Instances), so a reconcile that
-    /// comes too early is requeued instead.
+    /// Whether every store has been listed once ([`akri_runtime::listed`]).
     fn stores_ready(&self) -> bool {
-        use futures::FutureExt;
-        let ready = [
-            self.instances.wait_until_ready().boxed().now_or_never(),
-            self.slices.wait_until_ready().boxed().now_or_never(),
-            self.filters.wait_until_ready().boxed().now_or_never(),
-            self.configurations
-                .wait_until_ready()
-                .boxed()
-                .now_or_never(),
-            self.nodes.wait_until_ready().boxed().now_or_never(),
-            self.claims.wait_until_ready().boxed().now_or_never(),
-            self.handler_leases
-                .wait_until_ready()
-                .boxed()
-                .now_or_never(),
-        ];
-        ready.iter().all(|r| matches!(r, Some(Ok(()))))
+        use akri_runtime::listed;
+        listed(&self.instances)
+            && listed(&self.slices)
+            && listed(&self.filters)
+            && listed(&self.configurations)
+            && listed(&self.nodes)
+            && listed(&self.claims)
+            && listed(&self.handler_leases)
     }
 
     fn params(&self) -> PatchParams {

@@ -118,9 +118,7 @@ pub async fn keep(
             }
         }
         // Before both first lists, a configuration not seen yet would look gone.
-        let configs_listed =
-            futures::FutureExt::now_or_never(configs.wait_until_ready()).is_some_and(|r| r.is_ok());
-        if !(configs_listed && mirrors_listed) {
+        if !(akri_runtime::listed(&configs) && mirrors_listed) {
             continue;
         }
         for write in plan(&configs.state(), &stored(&mirrors)) {

@@ -73,6 +73,29 @@ where
     (store, stream)
 }
 
+/// Whether `store` has been filled by its first LIST, asked without waiting. A reconcile
+/// that finds a store not yet listed comes back after [`LISTED_POLL`] instead of waiting.
+///
+/// Nothing here awaits kube's `Store::wait_until_ready` from more than one task: it keeps
+/// one waker (a oneshot receiver's), so of the reconciles waiting there before the first LIST
+/// only the one that looked last is woken and the others wait for ever (the driver-controller
+/// saw 5 of 10 configurations never reconciled; the broker-controller, a template that never
+/// got a status). This asks with `now_or_never`, whose no-op waker takes the place of a
+/// waiting task's: a store is asked only where no task waits on it, or where the one that
+/// waits is polled again anyway (kube's controller runner, woken by its own queue, waits on
+/// the store of the objects it reconciles).
+pub fn listed<K>(store: &Store<K>) -> bool
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    use futures::FutureExt;
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
+}
+
+/// How soon a reconcile that came before its stores were listed ([`listed`]) comes back.
+pub const LISTED_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// A flag for an optional API-server feature: `auto` asks the API server at start (the
 /// capability probes of `dra_plugin::api_support`), `on` and `off` force the answer, for
 /// clusters where the probe cannot be made or an operator wants one model on every node.
@@ -218,5 +241,39 @@ pub struct AbortOnDrop(pub tokio::task::JoinHandle<()>);
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listed;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::{reflector, watcher};
+
+    /// Why [`listed`] asks instead of waiting: of two tasks awaiting kube's
+    /// `Store::wait_until_ready` before the first LIST, only the second is woken. Should
+    /// kube fix this, the test fails and waiting can come back.
+    #[tokio::test]
+    async fn kube_wakes_only_the_last_waiter_of_a_store() {
+        let (store, mut writer) = reflector::store::<ConfigMap>();
+        let first = tokio::spawn({
+            let store = store.clone();
+            async move { store.wait_until_ready().await.is_ok() }
+        });
+        let second = tokio::spawn({
+            let store = store.clone();
+            async move { store.wait_until_ready().await.is_ok() }
+        });
+        // Both wait (a current-thread runtime: each ran to its first await).
+        tokio::task::yield_now().await;
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert!(listed(&store));
+        assert!(second.await.unwrap(), "the last waiter is woken");
+        for _ in 0..100 {
+            tokio::task::yield_now().await;
+        }
+        assert!(!first.is_finished(), "the first waiter was woken after all");
+        first.abort();
     }
 }

@@ -4,12 +4,13 @@
 
 use akri_api::v1::{BrokerTemplate, DiscoveryConfiguration, Instance};
 use akri_testing::monitoring::Alert;
-use akri_testing::{ControlPlane, ControlPlaneOptions};
+use akri_testing::{ControlPlane, ControlPlaneOptions, SlowLists};
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use std::time::Duration;
 
 use crate::support;
 
@@ -42,6 +43,11 @@ async fn setup() -> Setup {
 
 /// With `only_apps`, the broker-controller serves the apps namespace only (`--namespaces`).
 async fn setup_serving(only_apps: bool) -> Setup {
+    setup_with(only_apps, SlowLists::new()).await
+}
+
+/// [`setup_serving`], the broker-controller's LISTs slowed by `lists`.
+async fn setup_with(only_apps: bool, lists: SlowLists) -> Setup {
     let (cp, client, instances_ns, apps) = support::akri_and_apps(ControlPlaneOptions {
         controller_manager: true,
         ..Default::default()
@@ -50,8 +56,9 @@ async fn setup_serving(only_apps: bool) -> Setup {
     let node = ControlPlane::unique_name("node");
     cp.create_node(&node).await.unwrap();
     let served = [apps.as_str()];
+    let broker_client = lists.client(cp.client_config().await.unwrap()).unwrap();
     let (brokers, metrics) = support::spawn_broker_controller_serving(
-        &client,
+        &broker_client,
         &instances_ns,
         only_apps.then_some(&served[..]),
     );
@@ -176,6 +183,34 @@ fn pod_and_service_per_instance() -> Value {
               "spec": { "selector": { "configuration": "$(AKRI_CONFIGURATION)" }, "ports": [{ "port": 80 }] } },
         ],
     })
+}
+
+/// Templates whose reconciles begin before the broker-controller has listed its Instances
+/// are each reconciled once it has. (Each reconcile awaited kube's
+/// `Store::wait_until_ready`, which wakes only the last of its waiters: the others waited
+/// for ever and their templates never got a status. CI saw it once in about 30 runs of
+/// `a_template_outside_the_served_namespaces_makes_nothing_and_says_why`, whose two
+/// templates race.)
+#[tokio::test]
+async fn templates_reconciled_before_the_stores_are_listed_each_get_their_objects() {
+    const TEMPLATES: usize = 4;
+    // Long enough for every template below to be waiting when the Instances are listed.
+    let lists = SlowLists::new().delay("instances", Duration::from_secs(5));
+    let s = setup_with(false, lists).await;
+    let names: Vec<String> = (0..TEMPLATES).map(|i| format!("cams-{i}")).collect();
+    for name in &names {
+        let mut spec = pod_and_service_per_instance();
+        spec["discoveryReference"]["name"] = json!(name);
+        s.apply_template(name, spec).await;
+    }
+    for (i, name) in names.iter().enumerate() {
+        s.discovery(name).await;
+        s.instance(name, &format!("{name}-{i:06}"), "1080p").await;
+    }
+    for name in &names {
+        let (ready, message) = s.status(name, 1, 4).await;
+        assert_eq!(ready, "True", "{name}: {message}");
+    }
 }
 
 #[tokio::test]

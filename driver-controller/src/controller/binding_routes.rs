@@ -5,7 +5,7 @@
 //! or a delete when a node waits for nothing). What a replica finds at start is taken over:
 //! ConfigMaps of nodes that wait for nothing any more are deleted.
 
-use super::{Context, STORES_POLL};
+use super::Context;
 use akri_devices::binding::{
     CHECKS_LABEL, CHECKS_NODE_ANNOTATION, checks_config_map, chosen_node, waiting_results,
 };
@@ -45,7 +45,7 @@ pub(super) fn plan<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> R
 /// Writes the routes each time `changed` says a claim changed, until it ends.
 pub(super) async fn route(ctx: Arc<Context>, mut changed: futures::channel::mpsc::Receiver<()>) {
     while !ctx.stores_ready() {
-        tokio::time::sleep(STORES_POLL).await;
+        tokio::time::sleep(akri_runtime::LISTED_POLL).await;
     }
     let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ctx.config.instance_namespace);
     // What earlier replicas wrote: taken as written, so that what is no longer wanted goes.

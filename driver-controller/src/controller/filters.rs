@@ -2,7 +2,7 @@
 //! devices of its DiscoveryConfiguration, with a status that says what it compiled to or why
 //! it could not.
 
-use super::{Context, Error, STORES_POLL};
+use super::{Context, Error};
 use crate::device_class::{self, FILTER_LABEL};
 use crate::property_filter;
 use akri_api::v1::{
@@ -20,7 +20,7 @@ use std::time::Duration;
 /// reconciliation: look for them now and then.
 pub(super) async fn orphan_filters(ctx: Arc<Context>) {
     while !ctx.stores_ready() {
-        tokio::time::sleep(STORES_POLL).await;
+        tokio::time::sleep(akri_runtime::LISTED_POLL).await;
     }
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     loop {

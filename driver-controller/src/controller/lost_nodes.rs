@@ -6,7 +6,7 @@
 //! A node becomes lost by the clock, not by an event, so the set is looked at every
 //! [`CHECK`] and every configuration reconciled when it changes.
 
-use super::{Context, STORES_POLL};
+use super::Context;
 use akri_devices::node_lost;
 use kube::ResourceExt;
 use std::collections::BTreeSet;
@@ -19,7 +19,7 @@ const CHECK: Duration = Duration::from_secs(2);
 /// Signals `changed` whenever the set of lost nodes changes.
 pub(super) async fn watch(ctx: Arc<Context>, mut changed: futures::channel::mpsc::Sender<()>) {
     while !ctx.stores_ready() {
-        tokio::time::sleep(STORES_POLL).await;
+        tokio::time::sleep(akri_runtime::LISTED_POLL).await;
     }
     let mut last = ctx.lost_nodes();
     let mut tick = tokio::time::interval(CHECK);
