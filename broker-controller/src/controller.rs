@@ -195,16 +195,16 @@ fn error_policy(template: Arc<BrokerTemplate>, error: &Error, _: Arc<Context>) -
 }
 
 async fn reconcile(template: Arc<BrokerTemplate>, ctx: Arc<Context>) -> Result<Action, Error> {
+    // Nothing is decided before both stores are listed: an empty store is not an empty cluster.
+    if !(akri_runtime::listed(&ctx.instances) && akri_runtime::listed(&ctx.configurations)) {
+        return Ok(Action::requeue(akri_runtime::LISTED_POLL));
+    }
     let result = converge(template, &ctx).await;
     ctx.metrics.reconciled(result.is_ok());
     result
 }
 
 async fn converge(template: Arc<BrokerTemplate>, ctx: &Context) -> Result<Action, Error> {
-    // Nothing is decided before both stores are listed: an empty store is not an empty cluster.
-    if !(akri_runtime::listed(&ctx.instances) && akri_runtime::listed(&ctx.configurations)) {
-        return Ok(Action::requeue(akri_runtime::LISTED_POLL));
-    }
     if template.meta().deletion_timestamp.is_some() {
         // The garbage collector deletes what the template owns.
         return Ok(Action::await_change());
