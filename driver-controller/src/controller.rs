@@ -436,6 +436,14 @@ impl Context {
             && listed(&self.handler_leases)
     }
 
+    /// Returns once every store has been listed: where the background tasks begin. (Asked
+    /// every [`akri_runtime::LISTED_POLL`], never awaited: kube wakes only one waiter.)
+    async fn stores_listed(&self) {
+        while !self.stores_ready() {
+            tokio::time::sleep(akri_runtime::LISTED_POLL).await;
+        }
+    }
+
     fn params(&self) -> PatchParams {
         PatchParams::apply(&self.config.field_manager).force()
     }

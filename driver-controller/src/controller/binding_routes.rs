@@ -44,9 +44,7 @@ pub(super) fn plan<'a>(claims: impl IntoIterator<Item = &'a ResourceClaim>) -> R
 
 /// Writes the routes each time `changed` says a claim changed, until it ends.
 pub(super) async fn route(ctx: Arc<Context>, mut changed: futures::channel::mpsc::Receiver<()>) {
-    while !ctx.stores_ready() {
-        tokio::time::sleep(akri_runtime::LISTED_POLL).await;
-    }
+    ctx.stores_listed().await;
     let api = Api::<ConfigMap>::namespaced(ctx.client.clone(), &ctx.config.instance_namespace);
     // What earlier replicas wrote: taken as written, so that what is no longer wanted goes.
     let mut written = loop {

@@ -19,9 +19,7 @@ use std::time::Duration;
 /// Filters whose DiscoveryConfiguration does not exist are never reached by a configuration's
 /// reconciliation: look for them now and then.
 pub(super) async fn orphan_filters(ctx: Arc<Context>) {
-    while !ctx.stores_ready() {
-        tokio::time::sleep(akri_runtime::LISTED_POLL).await;
-    }
+    ctx.stores_listed().await;
     let mut tick = tokio::time::interval(Duration::from_secs(3));
     loop {
         tick.tick().await;

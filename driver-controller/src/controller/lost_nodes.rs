@@ -18,9 +18,7 @@ const CHECK: Duration = Duration::from_secs(2);
 
 /// Signals `changed` whenever the set of lost nodes changes.
 pub(super) async fn watch(ctx: Arc<Context>, mut changed: futures::channel::mpsc::Sender<()>) {
-    while !ctx.stores_ready() {
-        tokio::time::sleep(akri_runtime::LISTED_POLL).await;
-    }
+    ctx.stores_listed().await;
     let mut last = ctx.lost_nodes();
     let mut tick = tokio::time::interval(CHECK);
     loop {

@@ -94,7 +94,9 @@ async fn a_shared_device_binds_only_on_a_node_that_reaches_it() {
 
     // The second node's handler stops reporting the cameras; they stay listed there (grace).
     std::fs::write(&cluster.availability_files()[1], "cam0\ncam1").unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    for device in [&instance, &other] {
+        cluster.wait_unreported(1, device).await;
+    }
     let nodes = support::shared_device_nodes(&cluster.client, &instance)
         .await
         .unwrap();

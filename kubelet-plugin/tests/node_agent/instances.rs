@@ -442,12 +442,9 @@ async fn two_agents_whose_device_names_collide_keep_an_instance_each() {
         instances.get_opt(&name).await.unwrap().is_some(),
         "one of them keeps the Akri name {name}"
     );
-    // At rest (two more passes of each agent, each applying what it sees): unchanged.
-    let from = (a.passes(), b.passes());
-    eventually("two passes of each agent at rest", async || {
-        (a.passes() >= from.0 + 2.0 && b.passes() >= from.1 + 2.0).then_some(())
-    })
-    .await;
+    // At rest (a whole pass of each agent, each applying what it sees): unchanged.
+    a.whole_pass().await;
+    b.whole_pass().await;
     assert_eq!(owners().await.unwrap(), settled);
 }
 

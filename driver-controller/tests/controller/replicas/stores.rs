@@ -21,7 +21,7 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
     use futures::{StreamExt, TryStreamExt};
     use k8s_openapi::api::resource::v1::ResourceSlice;
     use kube::runtime::watcher;
-    use std::collections::BTreeMap;
+    use std::collections::{BTreeMap, BTreeSet};
     use std::sync::{Arc, Mutex};
 
     const INSTANCES: usize = 1000;
@@ -44,29 +44,30 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
         .await
         .unwrap();
     let instances = Api::<Instance>::namespaced(client.clone(), &namespace);
+    let create = |i: usize| {
+        let (instances, name) = (instances.clone(), name.clone());
+        let (a, b) = (a.clone(), b.clone());
+        async move {
+            let instance: Instance = from_json(json!({
+                "apiVersion": "akri.sh/v0", "kind": "Instance",
+                "metadata": {
+                    "name": format!("{name}-{i:06x}"),
+                    "labels": { INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION },
+                },
+                "spec": {
+                    "configurationName": name,
+                    "cdiName": format!("akri.sh/{name}={i}"),
+                    "capacity": 2,
+                    "brokerProperties": { "ROOM": if i.is_multiple_of(2) { "a" } else { "b" } },
+                    "shared": true,
+                    "nodes": [a, b],
+                },
+            }));
+            instances.create(&PostParams::default(), &instance).await
+        }
+    };
     futures::stream::iter(0..INSTANCES)
-        .map(|i| {
-            let (instances, name) = (instances.clone(), name.clone());
-            let (a, b) = (a.clone(), b.clone());
-            async move {
-                let instance: Instance = from_json(json!({
-                    "apiVersion": "akri.sh/v0", "kind": "Instance",
-                    "metadata": {
-                        "name": format!("{name}-{i:06x}"),
-                        "labels": { INSTANCE_SOURCE_LABEL: INSTANCE_SOURCE_DISCOVERY_CONFIGURATION },
-                    },
-                    "spec": {
-                        "configurationName": name,
-                        "cdiName": format!("akri.sh/{name}={i}"),
-                        "capacity": 2,
-                        "brokerProperties": { "ROOM": if i % 2 == 0 { "a" } else { "b" } },
-                        "shared": true,
-                        "nodes": [a, b],
-                    },
-                }));
-                instances.create(&PostParams::default(), &instance).await
-            }
-        })
+        .map(create)
         .buffer_unordered(32)
         .try_collect::<Vec<_>>()
         .await
@@ -102,11 +103,17 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
     .await;
     first.abort();
 
-    // Everything that must not happen, as the API server sees it.
+    // Everything that must not happen, as the API server sees it; and the devices and
+    // DeviceClasses the watches saw written, which show when they have seen a later write.
     let violations = Arc::new(Mutex::new(Vec::<String>::new()));
+    let (devices_seen, classes_seen) = (
+        Arc::new(Mutex::new(BTreeSet::<String>::new())),
+        Arc::new(Mutex::new(BTreeSet::<String>::new())),
+    );
     let slices_ready = Arc::new(tokio::sync::Notify::new());
     let slice_watch = tokio::spawn({
         let (violations, ready) = (violations.clone(), slices_ready.clone());
+        let seen_devices = devices_seen.clone();
         let api = Api::<ResourceSlice>::all(client.clone());
         let selector = format!("{SHARED_CONFIGURATION_LABEL}={name}");
         async move {
@@ -137,6 +144,8 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
                             ));
                         }
                         *seen = (*seen).max(slice.spec.pool.generation);
+                        let names = slice.spec.devices.iter().flatten().map(|d| d.name.clone());
+                        seen_devices.lock().unwrap().extend(names);
                     }
                     watcher::Event::Delete(slice) => violations.lock().unwrap().push(format!(
                         "slice {} deleted",
@@ -149,7 +158,7 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
         }
     });
     let class_watch = tokio::spawn({
-        let violations = violations.clone();
+        let (violations, seen_classes) = (violations.clone(), classes_seen.clone());
         async move {
             let mut events = std::pin::pin!(watcher(classes, watcher::Config::default()));
             while let Some(event) = events.next().await {
@@ -161,11 +170,16 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
                         break;
                     }
                 };
-                if let watcher::Event::Delete(class) = event {
-                    violations.lock().unwrap().push(format!(
+                match event {
+                    watcher::Event::Delete(class) => violations.lock().unwrap().push(format!(
                         "DeviceClass {} deleted",
                         class.metadata.name.unwrap_or_default()
-                    ));
+                    )),
+                    watcher::Event::Apply(class) | watcher::Event::InitApply(class) => {
+                        let name = class.metadata.name.unwrap_or_default();
+                        seen_classes.lock().unwrap().insert(name);
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => {}
                 }
             }
         }
@@ -187,7 +201,25 @@ async fn a_restarted_controller_waits_for_its_stores_before_acting() {
     })
     .await;
     let first_reconcile = restarted.elapsed();
-    tokio::time::sleep(Duration::from_secs(8).saturating_sub(restarted.elapsed())).await;
+    // Later writes of the restarted controller, each watch in order: one more Instance
+    // published in the configuration's pool and a new configuration's DeviceClass. Once the
+    // watches have seen them, they have seen whatever it did while its stores filled.
+    let marker = create(INSTANCES).await.unwrap().metadata.name.unwrap();
+    let later = configuration(&client, "later").await;
+    eventually(
+        "the later Instance and configuration published",
+        async || {
+            let slot = |device: &String| {
+                (device.strip_prefix(marker.as_str()))
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('-'))
+            };
+            let device = devices_seen.lock().unwrap().iter().any(slot);
+            let class = classes_seen.lock().unwrap().contains(&later);
+            (device && class).then_some(())
+        },
+    )
+    .await;
+    let published = published + devices_per_instance(&cp, 2);
     eventually("every device still published", async || {
         let status = configs.get(&name).await.ok()?.status?;
         (status.devices_published == published).then_some(())

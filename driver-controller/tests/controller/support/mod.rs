@@ -47,7 +47,7 @@ pub struct Cluster {
     pub nodes: Vec<String>,
     pub metrics: Metrics,
     availability: Vec<std::path::PathBuf>,
-    _agents: Vec<agent::Agent>,
+    agents: Vec<agent::Agent>,
     _dirs: Vec<tempfile::TempDir>,
     controller: tokio::task::JoinHandle<()>,
 }
@@ -131,7 +131,7 @@ impl Cluster {
             nodes: names,
             metrics,
             availability,
-            _agents: agents,
+            agents,
             _dirs: dirs,
             controller,
         }
@@ -140,6 +140,26 @@ impl Cluster {
     /// Each node's debugEcho availability file ("OFFLINE" hides every device).
     pub fn availability_files(&self) -> &[std::path::PathBuf] {
         &self.availability
+    }
+
+    /// Waits until node `index`'s agent has heard from its handler that `device` (a DRA
+    /// device name of [`DRIVER`]) is gone: what that node's binding check consults. Within
+    /// the shared grace nothing in the API shows it (the device stays listed there), so the
+    /// agent's own view is the event to wait for; what the tests assert is still read from
+    /// the API server.
+    pub async fn wait_unreported(&self, index: usize, device: &str) {
+        let (node, agent) = (&self.nodes[index], &self.agents[index]);
+        eventually(
+            &format!("{node}'s handler no longer reports {device}"),
+            async || {
+                agent
+                    .devices()
+                    .lookup(DRIVER, device)
+                    .is_none()
+                    .then_some(())
+            },
+        )
+        .await;
     }
 
     /// A debugEcho DiscoveryConfiguration finding `descriptions`.

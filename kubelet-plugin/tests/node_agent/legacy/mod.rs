@@ -334,7 +334,22 @@ async fn a_held_slot_outlives_its_vanished_device_and_is_never_given_twice() {
     for node in [a, b] {
         std::fs::write(&node.availability, "cam0\n").unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // node-b, which holds nothing, leaves the Instance at once (or it is gone: asserted
+    // below); node-a has a whole pass after its handler stopped reporting the camera.
+    eventually("node-b gone from the Instance", async || {
+        let instance = c.instances().get_opt(&cam).await.ok()?;
+        (instance.is_none_or(|i| i.spec.nodes == [a.name.clone()])).then_some(())
+    })
+    .await;
+    eventually(
+        "node-a's handler no longer reports the camera",
+        async || {
+            let seen = a.agent.devices().seen(&c.ns);
+            seen.iter().all(|(d, _, _)| d.instance != cam).then_some(())
+        },
+    )
+    .await;
+    a.whole_pass().await;
     let kept = c.instances().get_opt(&cam).await.unwrap();
     assert_eq!(
         kept.map(|i| i.spec.device_usage.into_values().collect::<Vec<_>>()),
