@@ -58,6 +58,8 @@ impl Cluster {
             let node = support::start_node(&cp, &client, &akri, |config, _| {
                 std::fs::write(&config.debug_echo_mut().availability_file, hidden).unwrap();
                 config.instance_grace.shared = shared_grace;
+                // A pass at rest every 2 s (30 s in the product): tests wait for passes.
+                config.resync = Duration::from_secs(2);
             })
             .await;
             nodes.push(node);
@@ -476,7 +478,14 @@ async fn a_camera_rebooting_within_the_shared_grace_keeps_its_brokers() {
         assert_eq!(uids().await, before, "during the reboot");
     }
     std::fs::write(&c.nodes[0].availability, "").unwrap();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Back: the node's agent hears it from its handler and has a whole pass after that.
+    let node = &c.nodes[0];
+    let driver = akri_devices::driver_name("debugEcho");
+    eventually("the camera reported again", async || {
+        node.agent.devices().lookup(&driver, instance).map(|_| ())
+    })
+    .await;
+    node.whole_pass().await;
     assert_eq!(uids().await, before, "after the reboot");
 
     // Gone for good: the Instance, and with it the broker and its Service, leave after the

@@ -757,14 +757,20 @@ async fn an_unreadable_secret_keeps_discovery_running_and_passes_do_not_read_it(
     // Passes of the agent (each change of the configuration causes one) read no Secret.
     let read_at_start = reads.reads("/secrets");
     assert_eq!(read_at_start, 1, "one LIST of the one Secret");
-    for touch in 0..3 {
+    // Four changes, each waiting for its pass to begin: three whole passes (one task runs
+    // them, so the fourth began after the third ended).
+    for touch in 0..4 {
+        let before = node.passes();
         let mut changed = configs.get(&name).await.unwrap();
         changed.metadata.labels = Some([("touched".to_string(), touch.to_string())].into());
         configs
             .replace(&name, &PostParams::default(), &changed)
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        eventually("the change's pass", async || {
+            (node.passes() > before).then_some(())
+        })
+        .await;
     }
     assert_eq!(
         reads.reads("/secrets"),

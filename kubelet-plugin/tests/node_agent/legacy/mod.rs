@@ -540,13 +540,6 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
                     == Some(name.clone())
             })
     };
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(
-            !offered().await,
-            "offered to DRA while the v0 Configuration serves it"
-        );
-    }
     let status = async || {
         let config = v1.get(&name).await.ok()?;
         let errors = config.status?.discovery_errors;
@@ -562,6 +555,11 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
             c.ns
         )),
         "{held}"
+    );
+    // The pass that held it back would have published it before writing that status.
+    assert!(
+        !offered().await,
+        "offered to DRA while the v0 Configuration serves it"
     );
     let version = async || {
         c.instances()
@@ -593,13 +591,23 @@ async fn a_v0_and_a_v1_configuration_of_one_name_never_offer_a_device_twice() {
         .delete(&name, &DeleteParams::default())
         .await
         .unwrap();
-    for _ in 0..5 {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        assert!(
-            !offered().await,
-            "offered to DRA while a legacy slot holds it"
-        );
-    }
+    let left = eventually("held back for the Instance left", async || {
+        let held = status().await?;
+        held.contains("Instances of the deleted v0 Configuration")
+            .then_some(held)
+    })
+    .await;
+    assert!(left.contains(&format!("{}/{cam}", c.ns)), "{left}");
+    // That pass, and a whole pass after it.
+    assert!(
+        !offered().await,
+        "offered to DRA while a legacy slot holds it"
+    );
+    a.whole_pass().await;
+    assert!(
+        !offered().await,
+        "offered to DRA while a legacy slot holds it"
+    );
     // Released: the legacy Instance goes with its slot, and the device moves to DRA.
     a.peer.release(&c.ns, "holder").await.unwrap();
     eventually("the device offered to DRA", async || {
