@@ -11,6 +11,22 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
+/// Waits until `agent`'s handlers report `device` of `driver` (its DRA device name: an
+/// Instance name, or a slot device; for the legacy path the driver is the namespace) or, with
+/// `reported` false, no longer do: what the agent acts on next. Within a grace nothing in the
+/// API shows it, so the agent's own view is the event to wait for; what a test asserts is
+/// still read from the API server.
+pub async fn wait_reported(agent: &agent::Agent, (driver, device): (&str, &str), reported: bool) {
+    let what = match reported {
+        true => format!("{device} reported"),
+        false => format!("{device} no longer reported"),
+    };
+    crate::eventually(&what, async || {
+        (agent.devices().lookup(driver, device).is_some() == reported).then_some(())
+    })
+    .await;
+}
+
 /// A node: a Node object, the kubelet's own managers (peer) and the node agent.
 pub struct SimNode {
     pub name: String,

@@ -481,10 +481,7 @@ async fn a_camera_rebooting_within_the_shared_grace_keeps_its_brokers() {
     // Back: the node's agent hears it from its handler and has a whole pass after that.
     let node = &c.nodes[0];
     let driver = akri_devices::driver_name("debugEcho");
-    eventually("the camera reported again", async || {
-        node.agent.devices().lookup(&driver, instance).map(|_| ())
-    })
-    .await;
+    support::wait_reported(&node.agent, (&driver, instance), true).await;
     node.whole_pass().await;
     assert_eq!(uids().await, before, "after the reboot");
 

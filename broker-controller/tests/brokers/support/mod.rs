@@ -6,7 +6,7 @@
 use akri_kubelet_plugin::agent::AgentConfig;
 pub use akri_testing::components::{
     SimNode, akri_and_apps, instances, spawn_broker_controller, spawn_broker_controller_serving,
-    spawn_driver_controller,
+    spawn_driver_controller, wait_reported,
 };
 use akri_testing::{ControlPlane, KubeletPeer};
 

@@ -142,11 +142,10 @@ impl Cluster {
         &self.availability
     }
 
-    /// Waits until node `index`'s agent has heard from its handler that `device` (a DRA
-    /// device name of [`DRIVER`]) is gone: what that node's binding check consults. Within
-    /// the shared grace nothing in the API shows it (the device stays listed there), so the
-    /// agent's own view is the event to wait for; what the tests assert is still read from
-    /// the API server.
+    /// Waits until node `index`'s agent no longer has `device` (of [`DRIVER`]) from its
+    /// handler: what that node's binding check consults. As
+    /// `akri_testing::components::wait_reported` does; this suite builds akri-testing without
+    /// its components, which would build this crate a second time.
     pub async fn wait_unreported(&self, index: usize, device: &str) {
         let (node, agent) = (&self.nodes[index], &self.agents[index]);
         eventually(

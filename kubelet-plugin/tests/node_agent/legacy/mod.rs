@@ -341,14 +341,7 @@ async fn a_held_slot_outlives_its_vanished_device_and_is_never_given_twice() {
         (instance.is_none_or(|i| i.spec.nodes == [a.name.clone()])).then_some(())
     })
     .await;
-    eventually(
-        "node-a's handler no longer reports the camera",
-        async || {
-            let seen = a.agent.devices().seen(&c.ns);
-            seen.iter().all(|(d, _, _)| d.instance != cam).then_some(())
-        },
-    )
-    .await;
+    akri_testing::components::wait_reported(&a.agent, (&c.ns, &cam), false).await;
     a.whole_pass().await;
     let kept = c.instances().get_opt(&cam).await.unwrap();
     assert_eq!(
