@@ -34,9 +34,15 @@ async fn a_configuration_naming_a_handler_no_node_has_is_not_ready_and_says_why(
             .find(|c| c.type_ == CONDITION_READY)?;
         (ready.reason == reason).then(|| (ready.status.clone(), ready.message.clone()))
     };
-    let (status, message) = eventually("Ready=False, NoDiscoveryHandler", async || {
-        ready("NoDiscoveryHandler").await
-    })
+    // The message follows the Leases as they come: wait until it counts both nodes (the
+    // controller may reconcile first with one node's Lease in its store).
+    let (status, message) = eventually(
+        "Ready=False, NoDiscoveryHandler, both nodes counted",
+        async || {
+            (ready("NoDiscoveryHandler").await)
+                .filter(|(_, message)| message.contains("the 2 nodes"))
+        },
+    )
     .await;
     assert_eq!(status, "False");
     assert_eq!(
