@@ -20,7 +20,25 @@ pub struct TcpProxy {
     /// Connections numbered below this are closed.
     closed_below: watch::Sender<u64>,
     accepted: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Connections whose bytes it still moves.
+    open: watch::Sender<usize>,
     accept: tokio::task::JoinHandle<()>,
+}
+
+/// Counts one open connection until dropped.
+struct Open(watch::Sender<usize>);
+
+impl Open {
+    fn new(open: &watch::Sender<usize>) -> Open {
+        open.send_modify(|n| *n += 1);
+        Open(open.clone())
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        self.0.send_modify(|n| *n -= 1);
+    }
 }
 
 impl Drop for TcpProxy {
@@ -42,6 +60,8 @@ impl TcpProxy {
         let (down, _) = watch::channel(false);
         let (frozen_below, _) = watch::channel(0);
         let (closed_below, _) = watch::channel(0);
+        let (open, _) = watch::channel(0);
+        let opened = open.clone();
         let closer = closed_below.clone();
         let accepted = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
         let gate = stalled.clone();
@@ -63,7 +83,9 @@ impl TcpProxy {
                 };
                 let mut outage = outage.subscribe();
                 let mut closed = closer.subscribe();
+                let counted = Open::new(&opened);
                 tokio::spawn(async move {
+                    let _counted = counted;
                     // A connection made while stalled waits like the others.
                     gate.clone().open().await;
                     let Ok(server) = TcpStream::connect(upstream).await else {
@@ -92,6 +114,7 @@ impl TcpProxy {
             frozen_below,
             closed_below,
             accepted,
+            open,
             accept,
         })
     }
@@ -132,6 +155,13 @@ impl TcpProxy {
     /// ones are closed as soon as they are accepted, until [`resume`](Self::resume).
     pub fn go_down(&self) {
         self.down.send_replace(true);
+    }
+
+    /// Waits until no connection is open through the proxy: each one's client closed it and
+    /// the upstream answered what it had sent (or closed it too). After a client is dropped,
+    /// the event that proves the API server has seen the last of its requests.
+    pub async fn all_closed(&self) {
+        let _ = self.open.subscribe().wait_for(|n| *n == 0).await;
     }
 
     /// A copy of `config` whose requests go through this proxy (same credentials; the

@@ -402,9 +402,14 @@ async fn a_leader_cut_off_from_the_api_server_stops_before_a_standby_takes_over(
     );
 
     // The network comes back: what waited in it does not make the old leader act again, and
-    // the Lease stays with the new one.
+    // the Lease stays with the new one. Its run ended and its client goes, so each of its
+    // connections closes once the API server has answered what waited in it: then the API
+    // server has seen the last of its requests.
+    drop(cut_off);
     proxy.resume();
-    tokio::time::sleep(4 * lease.retry_period).await;
+    tokio::time::timeout(Duration::from_secs(60), proxy.all_closed())
+        .await
+        .expect("the old leader's connections close once what waited in them is answered");
     assert!(!is_leader(&first) && is_leader(&second));
     assert_eq!(
         holder(&client, &namespace).await,

@@ -492,7 +492,8 @@ async fn a_second_plugin_waits_for_the_first() {
             .then_some(())
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // No quiet window: the second touches nothing until it holds the lock. Its log below says
+    // that it served only after taking over, and the sockets are the first's up to its end.
     assert_eq!(
         inode(&socket),
         dra_socket,
@@ -516,6 +517,11 @@ async fn a_second_plugin_waits_for_the_first() {
     };
     assert_eq!(serving(), 1, "only the first plugin serves");
 
+    assert_eq!(inode(&socket), dra_socket, "the first's socket, to its end");
+    assert!(
+        second.try_wait().unwrap().is_none(),
+        "the second still waits"
+    );
     first.kill().await.unwrap();
     eventually("the second takes over and serves", async || {
         let taken = std::fs::read_to_string(&log)
@@ -524,6 +530,18 @@ async fn a_second_plugin_waits_for_the_first() {
         (taken && serving() == 2).then_some(())
     })
     .await;
+    // The later event that says what the second did while it waited: it served only after
+    // it took over.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let (waiting, taken) = text.split_once("taking over").unwrap();
+    assert_eq!(
+        (
+            waiting.matches("serving DRA plugin").count(),
+            taken.matches("serving DRA plugin").count()
+        ),
+        (1, 1),
+        "the first served before the takeover, the second only after it"
+    );
     peer.wait_for_driver(DRIVER, Duration::from_secs(30))
         .await
         .unwrap();
