@@ -279,6 +279,43 @@ pub(crate) async fn poll<T, F: AsyncFn() -> Option<T>>(
     }
 }
 
+/// The API server's record of one object's changes: every version of `name` it gives a watch
+/// from `version` on, until one that is `done` (or the watch ends). The later event a test
+/// waits for, after which the versions before it are all in (they come in order), so that "no
+/// change came before it" is a check rather than a quiet window.
+pub fn modifications_until<K>(
+    api: kube::Api<K>,
+    name: &str,
+    version: &str,
+    done: impl Fn(&K) -> bool + Send + 'static,
+) -> tokio::task::JoinHandle<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::api::{WatchEvent, WatchParams};
+    let (name, version) = (name.to_string(), version.to_string());
+    tokio::spawn(async move {
+        let params = WatchParams::default().fields(&format!("metadata.name={name}"));
+        let stream = api
+            .watch(&params, &version)
+            .await
+            .expect("watch from the version");
+        futures::pin_mut!(stream);
+        let mut modified = Vec::new();
+        while let Some(event) = stream.next().await {
+            if let WatchEvent::Modified(object) = event.expect("a watch event") {
+                let finished = done(&object);
+                modified.push(object);
+                if finished {
+                    break;
+                }
+            }
+        }
+        modified
+    })
+}
+
 /// A running pod's identity, once it runs: its UID, its first container's id and restart count
 /// (the kubelet reports a started container a moment after it started). Equal before and after
 /// means the pod was neither replaced nor restarted.

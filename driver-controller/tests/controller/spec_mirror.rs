@@ -4,9 +4,8 @@
 use crate::support::{Cluster, eventually};
 use akri_api::v1::DiscoveryConfiguration;
 use akri_api::v1::spec_mirror::{MIRRORED_MARKER, config_map_name};
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 
 /// A node (running as the chart's kubelet-plugin, which may not read DiscoveryConfigurations)
@@ -24,22 +23,8 @@ async fn a_mirror_changes_with_the_spec_and_never_with_status_writes() {
     let version = mirror.metadata.resource_version.clone().unwrap();
 
     // The API server's events of the mirror from now on, until it shows the spec change.
-    let watched = mirrors.clone();
-    let events = tokio::spawn(async move {
-        let params = WatchParams::default().fields(&format!("metadata.name={cm}"));
-        let stream = watched.watch(&params, &version).await.unwrap();
-        futures::pin_mut!(stream);
-        let mut modified = Vec::new();
-        while let Some(event) = stream.next().await {
-            if let WatchEvent::Modified(cm) = event.unwrap() {
-                let data = cm.data.clone().unwrap_or_default();
-                modified.push(data);
-                if modified.last().unwrap().values().any(|v| v.contains("m1")) {
-                    return modified;
-                }
-            }
-        }
-        modified
+    let events = akri_testing::modifications_until(mirrors.clone(), &cm, &version, |cm| {
+        (cm.data.iter().flatten()).any(|(_, v)| v.contains("m1"))
     });
 
     // Status writes as nodes make them (each its own entry), ten of them.
@@ -71,7 +56,7 @@ async fn a_mirror_changes_with_the_spec_and_never_with_status_writes() {
         modified.len(),
         1,
         "one write of the mirror, the spec's; none for the 10 status writes (the last: {:?})",
-        modified.last()
+        modified.last().map(|cm| &cm.data)
     );
     c.wait_published(&name, 2).await;
 

@@ -244,6 +244,30 @@ impl Cluster {
         .await;
     }
 
+    /// Waits until `node`'s kubelet holds `count` healthy devices of `resource`, in its device
+    /// manager's own record: the checkpoint it writes on every `ListAndWatch` update, with the
+    /// healthy ids of each resource. That is what it admits a pod against; the node status
+    /// in the API may be up to 10 s older.
+    async fn kubelet_healthy(&self, node: &str, resource: &str, count: usize) {
+        let real = (self.nodes.iter())
+            .find(|n| n.node_name() == node)
+            .expect("one of the real nodes");
+        let checkpoint = real.device_plugin_dir().join("kubelet_internal_checkpoint");
+        akri_testing::eventually_within(
+            &format!("{node}'s kubelet has {count} healthy {resource}"),
+            WAIT,
+            async || {
+                let text = std::fs::read_to_string(&checkpoint).ok()?;
+                let record: serde_json::Value = serde_json::from_str(&text).ok()?;
+                let healthy = record["Data"]["RegisteredDevices"][resource]
+                    .as_array()
+                    .map_or(0, Vec::len);
+                (healthy == count).then_some(())
+            },
+        )
+        .await;
+    }
+
     /// A pod on `node` whose one container asks for `resources` (limits) and prints its
     /// environment's device variables.
     async fn pod(&self, name: &str, node: &str, resources: &[(&str, u32)]) {
@@ -580,6 +604,9 @@ async fn two_nodes_racing_for_a_shared_slot_never_both_get_it() {
         let winner = running[0];
         let holder = NODES[winner];
         c.usage_becomes(&solo, &[holder]).await;
+        // The other kubelet sees the slot taken (Unhealthy): so the healthy slot waited for
+        // below is its view after the slot was freed, not one from before this round.
+        c.kubelet_healthy(NODES[1 - winner], &il, 0).await;
         c.pods()
             .delete(&pods[1 - winner], &DeleteParams::default())
             .await
@@ -589,9 +616,11 @@ async fn two_nodes_racing_for_a_shared_slot_never_both_get_it() {
         for node in NODES {
             c.allocatable_becomes(node, &il, 1).await;
         }
-        // The node status may be up to 10 s old; the plugins re-advertise within a second of
-        // the Instance changing. Let both kubelets' device managers see the free slot.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        // The node status may be up to 10 s old: the next round starts once both kubelets'
+        // device managers hold the slot healthy again.
+        for node in NODES {
+            c.kubelet_healthy(node, &il, 1).await;
+        }
     }
 }
 
