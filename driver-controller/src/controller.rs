@@ -141,6 +141,8 @@ pub struct Context {
     claims: Store<ResourceClaim>,
     /// The nodes' handler Leases: which discovery handlers each node has ([`handlers`]).
     handler_leases: Store<Lease>,
+    /// Which time each claim waits for a binding check (`binding_routes.rs`).
+    binding_rounds: binding_routes::Rounds,
     /// The configurations that keep a vanished device while claims hold it: a released
     /// claim no longer names the device it held, so any claim change looks at these again.
     keeping_vanished: Arc<Mutex<BTreeSet<String>>>,
@@ -252,6 +254,7 @@ pub async fn run(
         nodes,
         claims,
         handler_leases,
+        binding_rounds: binding_routes::Rounds::default(),
         keeping_vanished: Arc::default(),
         shared_pools: Mutex::default(),
         metrics,
@@ -272,6 +275,7 @@ pub async fn run(
         ctx.metrics.clone(),
     )));
     let keeping_vanished = ctx.keeping_vanished.clone();
+    let binding_rounds = ctx.binding_rounds.clone();
     controller
         .owns(
             Api::<DeviceClass>::all(client),
@@ -290,7 +294,10 @@ pub async fn run(
         })
         // A released claim may let a vanished shared device go; an allocated one may wait
         // for its node's binding check (full: a routing is pending already).
-        .watches_stream(claim_stream, move |_: ResourceClaim| {
+        .watches_stream(claim_stream, move |claim: ResourceClaim| {
+            // Every event, before the store takes the next: the routing reads the store once
+            // per burst and would miss a claim that stopped waiting and waits again.
+            binding_rounds.note(&claim);
             let _ = routes_changed.clone().try_send(());
             let keeping = keeping_vanished.lock().expect("lock").clone();
             keeping.into_iter().map(|c| ObjectRef::new(&c))
