@@ -51,4 +51,5 @@ pub use background::BackgroundError;
 pub use builder::{Builder, KUBELET_DIR, Plugin};
 pub use checkpoint::{PreparedClaim, PreparedDevice};
 pub use claim::{Claim, ClaimError, ClaimRef, Prepared};
+pub use node_pools::Repairs;
 pub use service::{ClaimFailure, Driver};

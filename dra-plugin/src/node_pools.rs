@@ -33,6 +33,24 @@ pub struct NodePools {
     state: tokio::sync::Mutex<State>,
     /// Whether the repair watch runs: only then does an unchanged publish trust `State::left`.
     repairing: std::sync::atomic::AtomicBool,
+    /// What the repair watch has looked at so far.
+    repairs: tokio::sync::watch::Sender<Repairs>,
+}
+
+/// What the slice repair has looked at since the plugin started ([`NodePools::repairs`]):
+/// bursts of events on the node's slices of this driver, and how many of them were only the
+/// plugin's own writes (nothing read, nothing written). The others were someone else's edit
+/// or deletion (a restarting kubelet deletes them all), or the watch's list: the pools were
+/// read again and repaired where they differ. A driver may count them (a metric of how often
+/// its slices are changed behind its back).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Repairs {
+    /// Bursts of events judged (a burst ends after half a second without an event), the
+    /// repair done where one was needed.
+    pub bursts: u64,
+    /// Of those, the ones that were all the plugin's own writes.
+    pub own: u64,
 }
 
 #[derive(Default)]
@@ -71,7 +89,14 @@ impl NodePools {
             field_manager: field_manager.to_string(),
             state: tokio::sync::Mutex::default(),
             repairing: false.into(),
+            repairs: tokio::sync::watch::Sender::default(),
         }
+    }
+
+    /// What the repair watch has looked at so far, changing after each burst it judged
+    /// (never, unless [`Builder::repair_slices`](crate::Builder::repair_slices) is on).
+    pub fn repairs(&self) -> tokio::sync::watch::Receiver<Repairs> {
+        self.repairs.subscribe()
     }
 
     /// Makes the node's pools of this driver exactly `pools` (pool name to devices): each
@@ -233,35 +258,44 @@ async fn repair(
             return;
         };
         let mut state = pools.state.lock().await;
-        if seen.take_all_left_by(state.left.as_ref()) {
-            continue;
+        let own = seen.take_all_left_by(state.left.as_ref());
+        if !own {
+            repair_burst(&pools, &mut state, &errors).await;
         }
-        // Nothing asked for yet: nothing to repair.
-        let Some(wanted) = state.wanted.as_ref().map(|wanted| {
-            wanted
-                .iter()
-                .map(|(pool, devices)| {
-                    (
-                        pool.clone(),
-                        serde_json::from_str(devices).unwrap_or_default(),
-                    )
-                })
-                .collect::<BTreeMap<String, Vec<Device>>>()
-        }) else {
-            continue;
-        };
-        match pools.sync(&mut state, &wanted).await {
-            Ok(published) => {
-                for (pool, done) in published {
-                    if done.written + done.deleted > 0 {
-                        tracing::info!(%pool, generation = done.generation, written = done.written, deleted = done.deleted, "repaired the pool's slices");
-                    }
+        drop(state);
+        pools.repairs.send_modify(|repairs| {
+            repairs.bursts += 1;
+            repairs.own += u64::from(own);
+        });
+    }
+}
+
+/// Makes the stored pools what the driver last asked for (nothing before it asked).
+async fn repair_burst(pools: &NodePools, state: &mut State, errors: &Errors) {
+    let Some(wanted) = state.wanted.as_ref().map(|wanted| {
+        wanted
+            .iter()
+            .map(|(pool, devices)| {
+                (
+                    pool.clone(),
+                    serde_json::from_str(devices).unwrap_or_default(),
+                )
+            })
+            .collect::<BTreeMap<String, Vec<Device>>>()
+    }) else {
+        return;
+    };
+    match pools.sync(state, &wanted).await {
+        Ok(published) => {
+            for (pool, done) in published {
+                if done.written + done.deleted > 0 {
+                    tracing::info!(%pool, generation = done.generation, written = done.written, deleted = done.deleted, "repaired the pool's slices");
                 }
             }
-            Err(error) => {
-                tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change");
-                errors.report(BackgroundError::SliceRepair(error.to_string()));
-            }
+        }
+        Err(error) => {
+            tracing::warn!(%error, "repairing the node's slices failed; retrying on the next change");
+            errors.report(BackgroundError::SliceRepair(error.to_string()));
         }
     }
 }

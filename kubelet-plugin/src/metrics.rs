@@ -27,6 +27,13 @@ pub struct PrepareLabels {
     pub result: String,
 }
 
+/// Whether a change of the prepared claims needed a pass of the node loop.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WakeLabels {
+    /// `pass` (a vanished device waited for its release) or `quiet`.
+    pub outcome: String,
+}
+
 /// Shared, cheap to clone.
 #[derive(Clone)]
 pub struct Metrics {
@@ -35,6 +42,7 @@ pub struct Metrics {
     devices_published: Family<DriverLabels, Gauge>,
     discovery_errors: Gauge,
     passes: Counter,
+    claim_wakes: Family<WakeLabels, Counter>,
     legacy: Arc<OnceLock<Arc<Counters>>>,
 }
 
@@ -70,6 +78,17 @@ impl Default for Metrics {
             "Passes of the node agent's loop (discovery brought in line with the configurations, the changed drivers published); prepares and unprepares set off none",
             passes.clone(),
         );
+        let claim_wakes = Family::<WakeLabels, Counter>::default();
+        registry.register(
+            "claim_wakes",
+            "Changes of the prepared claims the node loop took, by whether they needed a pass (only the release of a vanished device does)",
+            claim_wakes.clone(),
+        );
+        for outcome in ["pass", "quiet"] {
+            drop(claim_wakes.get_or_create(&WakeLabels {
+                outcome: outcome.into(),
+            }));
+        }
         let legacy = Arc::new(OnceLock::new());
         registry.register_collector(Box::new(LegacyCollector(legacy.clone())));
         Metrics {
@@ -78,6 +97,7 @@ impl Default for Metrics {
             devices_published,
             discovery_errors,
             passes,
+            claim_wakes,
             legacy,
         }
     }
@@ -121,6 +141,16 @@ impl Metrics {
 
     pub fn passed(&self) {
         self.passes.inc();
+    }
+
+    /// The node loop took a change of the prepared claims; `pass` whether one follows.
+    pub fn claims_woke(&self, pass: bool) {
+        let outcome = if pass { "pass" } else { "quiet" };
+        (self.claim_wakes)
+            .get_or_create(&WakeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
     }
 
     /// Where the legacy path puts its allocation counters once its plugins run; they are

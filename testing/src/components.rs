@@ -100,10 +100,15 @@ impl SimNode {
     /// The passes the node's agent has made (its `akri_kubelet_plugin_passes_total`): a clock
     /// for "at rest" checks, which wait for passes instead of time.
     pub fn passes(&self) -> f64 {
+        self.metric("akri_kubelet_plugin_passes_total")
+    }
+
+    /// The value of one series of the node agent's metrics, `name{labels}` as exposed.
+    pub fn metric(&self, series: &str) -> f64 {
         (self.agent.metrics().encode().lines())
-            .find_map(|l| l.strip_prefix("akri_kubelet_plugin_passes_total "))
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
             .and_then(|n| n.parse().ok())
-            .expect("the agent counts its passes")
+            .unwrap_or_else(|| panic!("the agent exposes {series}"))
     }
 
     /// Waits until the node's kubelet took the debugEcho DRA driver (a pod can be prepared).

@@ -486,21 +486,37 @@ async fn its_own_writes_do_not_send_the_repair_watch_back_to_list() {
     let plugin = plugin_without_kubelet(&client, &driver, &node, dir.path(), true).await;
     let names: Vec<String> = (0..130).map(|i| format!("g{i}")).collect();
     let names: Vec<&str> = names.iter().map(String::as_str).collect();
-    let quiet = async |what: &str| {
-        // Longer than the repair's settling time, for the events of the writes to arrive.
+    // The repair watch says when it judged a burst of events (and repaired if it had to), so
+    // the LISTs are counted once it judged the burst of a publish's writes: no window.
+    let mut repairs = plugin.pools().repairs();
+    let judged = async |repairs: &mut tokio::sync::watch::Receiver<dra_plugin::Repairs>,
+                        after: u64| {
+        let judged = repairs.wait_for(|r| r.bursts > after);
+        *tokio::time::timeout(Duration::from_secs(30), judged)
+            .await
+            .expect("the repair watch judges the burst")
+            .unwrap()
+    };
+    // Its first list, a burst of its own.
+    let mut last = judged(&mut repairs, 0).await;
+    let mut publish = async |devices: &[&str], what: &str| {
+        // The publish itself lists the pool; what counts is what its events set off.
+        let published = plugin.publish(gadgets(devices)).await.unwrap();
         let before = lists.count("resourceslices");
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        let now = judged(&mut repairs, last.bursts).await;
         assert_eq!(lists.count("resourceslices"), before, "LISTs after {what}");
+        assert_eq!(now.own, last.own + 1, "{what}: its own writes");
+        last = now;
+        published
     };
 
     // Two slices written, then one rewritten and one deleted: every event the repair watch
     // sees is the plugin's own doing, and reading the pool again would find nothing to do.
-    let first = plugin.publish(gadgets(&names)).await.unwrap();
+    let first = publish(&names, "the first publish").await;
     assert_eq!(first.written, 2);
-    quiet("the first publish").await;
-    let second = plugin.publish(gadgets(&names[..3])).await.unwrap();
+    let what = "a publish that rewrote one slice and deleted one";
+    let second = publish(&names[..3], what).await;
     assert_eq!((second.written, second.deleted), (1, 1));
-    quiet("a publish that rewrote one slice and deleted one").await;
 
     // Someone else's edit still brings it back to read the pool, and repair it.
     let slices = Api::<ResourceSlice>::all(cp.client().await.unwrap());

@@ -155,6 +155,7 @@ impl DraSink {
                 if waits {
                     self.dirty.insert(driver);
                 }
+                self.metrics.claims_woke(waits);
                 waits
             }
             _ = sleep_until_some(self.next_registration_check) => {

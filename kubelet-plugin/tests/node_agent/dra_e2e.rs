@@ -360,19 +360,37 @@ async fn debug_echo_devices_are_scheduled_prepared_and_tracked() {
 
     // Prepares and unprepares set off no pass of the agent's loop: the kubelet's calls cost no
     // discovery sync, health vouching or publishing. (At most one pass from the 30 s resync.)
-    let passes = || node.passes();
-    let before = passes();
-    for _ in 0..5 {
-        node.peer.unprepare(&ns, "broker").await.unwrap();
-        node.peer.prepare(&ns, "broker").await.unwrap();
+    // After each call the test waits until the loop took its change of the prepared claims
+    // (it takes one input at a time, so a pass it set off began before the next was taken).
+    let wakes = |outcome: &str| {
+        node.metric(&format!(
+            "akri_kubelet_plugin_claim_wakes_total{{outcome=\"{outcome}\"}}"
+        ))
+    };
+    let taken = || wakes("pass") + wakes("quiet");
+    let (before, passing) = (node.passes(), wakes("pass"));
+    for round in 0..10 {
+        let was = taken();
+        if round % 2 == 0 {
+            node.peer.unprepare(&ns, "broker").await.unwrap();
+        } else {
+            node.peer.prepare(&ns, "broker").await.unwrap();
+        }
+        eventually("the agent's loop took the claims' change", async || {
+            (taken() > was).then_some(())
+        })
+        .await;
     }
-    // Whatever the calls set off has run by now.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = passes();
+    let after = node.passes();
     assert!(
         after - before <= 1.0,
         "5 unprepares and prepares set off {} passes",
         after - before
+    );
+    assert_eq!(
+        wakes("pass") - passing,
+        0.0,
+        "5 unprepares and prepares asked for passes"
     );
 
     // The device disappears while the pod holds it: it stays in the slice, tainted so that
